@@ -1,0 +1,57 @@
+// swift-tools-version: 6.2
+import PackageDescription
+
+/// Targets that must contain no unmarked unsafe code: everything but the libuv transport.
+let safeSettings: [SwiftSetting] = [.strictMemorySafety()]
+
+let package = Package(
+    name: "Switchboard",
+    products: [
+        .library(name: "SwitchboardCodec", targets: ["SwitchboardCodec"]),
+        .library(name: "SwitchboardWire", targets: ["SwitchboardWire"]),
+        .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
+        .executable(name: "switchboard", targets: ["switchboard"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CLibUV",
+            pkgConfig: "libuv",
+            providers: [.apt(["libuv1-dev"])]
+        ),
+        .target(name: "SwitchboardCodec", swiftSettings: safeSettings),
+        .target(name: "SwitchboardWire", dependencies: ["SwitchboardCodec"], swiftSettings: safeSettings),
+        .target(name: "SwitchboardTransport", dependencies: ["CLibUV"]),
+        .target(
+            name: "SwitchboardServer",
+            dependencies: [
+                "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: safeSettings
+        ),
+        .executableTarget(
+            name: "switchboard",
+            dependencies: [
+                "SwitchboardServer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "SwitchboardCodecTests",
+            dependencies: ["SwitchboardCodec", .product(name: "PropertyBased", package: "swift-property-based")]
+        ),
+        .testTarget(
+            name: "SwitchboardServerTests",
+            dependencies: [
+                "SwitchboardServer", "SwitchboardWire", "SwitchboardCodec",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+    ]
+)

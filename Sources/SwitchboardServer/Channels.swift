@@ -1,0 +1,351 @@
+import Synchronization
+import SwitchboardCodec
+import SwitchboardTransport
+import SwitchboardWire
+
+/// A named channel of method calls, answered by a handler on the server: Flutter's `MethodChannel`.
+///
+/// ```swift
+/// let math = MethodChannel(name: "math", server: server)
+/// math.setMethodCallHandler { call in
+///     guard call.method == "double", let n = call.arguments.intValue else { throw MethodNotImplemented() }
+///     return .int(n * 2)
+/// }
+/// ```
+public final class MethodChannel: Sendable {
+    /// The channel's name.
+    public let name: String
+    /// How calls and envelopes are encoded.
+    public let codec: any MethodCodec
+    let server: Server
+
+    /// Makes a channel on `server`; it answers nothing until a handler is set.
+    public init(name: String, codec: any MethodCodec = StandardMethodCodec(), server: Server) {
+        self.name = name
+        self.codec = codec
+        self.server = server
+    }
+
+    /// Sets (or, with nil, removes) the handler. It runs on the server's loop thread and must answer
+    /// through `result` exactly once, from any thread, now or later.
+    public func setMethodCallHandler(_ handler: (@Sendable (MethodCall, MethodResult) -> Void)?) {
+        let name = self.name, codec = self.codec
+        server.onLoop { core in
+            core.setChannel(name, handler.map { .method(MethodEntry(codec: codec, handler: $0)) })
+        }
+    }
+
+    /// Sets an async handler: its return value is the success result; a thrown ``ChannelError`` is an
+    /// error envelope, ``MethodNotImplemented`` a not-implemented reply, any other error an error
+    /// envelope with code `error`. A CANCEL from the caller cancels the task.
+    public func setMethodCallHandler(_ handler: @escaping @Sendable (MethodCall) async throws -> ChannelValue) {
+        setMethodCallHandler { call, result in
+            let task = Task {
+                do {
+                    result.success(try await handler(call))
+                } catch let error as ChannelError {
+                    result.error(error)
+                } catch is MethodNotImplemented {
+                    result.notImplemented()
+                } catch {
+                    result.error(ChannelError(code: "error", message: "\(error)"))
+                }
+            }
+            result.onCancel { task.cancel() }
+        }
+    }
+
+    /// Calls `method` on a connected client's handler of this channel; `completion` runs on the loop thread.
+    public func invokeMethod(
+        _ method: String, arguments: ChannelValue = .null, on client: ClientID,
+        completion: @escaping @Sendable (Result<ChannelValue, InvokeError>) -> Void
+    ) {
+        let name = self.name, codec = self.codec
+        server.onLoop { core in
+            let payload: [UInt8]
+            do throws(CodecError) { payload = try codec.encodeMethodCall(MethodCall(method: method, arguments: arguments)) } catch {
+                return completion(.failure(.codec(error)))
+            }
+            core.sendRequest(to: client, channel: name, payload: payload) { reply in
+                switch reply {
+                case .failure(let error): completion(.failure(error))
+                case .success(nil): completion(.failure(.notImplemented))
+                case .success(let bytes?):
+                    do throws(CodecError) {
+                        switch try codec.decodeEnvelope(bytes) {
+                        case .success(let value): completion(.success(value))
+                        case .failure(let error): completion(.failure(.error(error)))
+                        }
+                    } catch { completion(.failure(.codec(error))) }
+                }
+            }
+        }
+    }
+}
+
+/// Thrown by an async method handler for "not implemented" (a null reply).
+public struct MethodNotImplemented: Error, Sendable {
+    /// Makes the error.
+    public init() {}
+}
+
+/// The one answer to one method call: success, error or not implemented. Callable from any thread;
+/// only the first answer counts.
+public final class MethodResult: Sendable {
+    private let request: LoopBound<PendingRequest>
+    private let codec: any MethodCodec
+    private let isDone = Atomic<Bool>(false)
+    private let cancelHandler = Mutex<(@Sendable () -> Void)?>(nil)
+    /// The caller.
+    public let client: ClientID
+
+    init(request: PendingRequest, codec: any MethodCodec, loop: LoopHandle, client: ClientID) {
+        self.request = LoopBound(request, loop: loop)
+        self.codec = codec
+        self.client = client
+    }
+
+    /// Answers with a success envelope.
+    public func success(_ value: ChannelValue) { complete(.success(value, codec)) }
+    /// Answers with an error envelope.
+    public func error(_ error: ChannelError) { complete(.failure(error, codec)) }
+    /// Answers with a null reply ("not implemented").
+    public func notImplemented() { complete(.notImplemented) }
+
+    /// Whether an answer was already given (or the caller cancelled).
+    public var isComplete: Bool { isDone.load(ordering: .acquiring) }
+
+    /// Runs `body` if the caller cancels (CANCEL frame) before an answer is given. The cancel itself is
+    /// answered with the error code `cancelled`; later answers are ignored.
+    public func onCancel(_ body: @escaping @Sendable () -> Void) {
+        cancelHandler.withLock { $0 = body }
+    }
+
+    /// Called on the loop when a CANCEL arrives for this request; true if it was still open.
+    func cancel() -> Bool {
+        guard isDone.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else {
+            return false
+        }
+        cancelHandler.withLock { $0 }?()
+        return true
+    }
+
+    private func complete(_ answer: Answer) {
+        guard isDone.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        let request = self.request
+        if request.loop.isInLoopThread {
+            request.value.answer(answer)
+        } else {
+            request.loop.execute { request.value.answer(answer) }
+        }
+    }
+}
+
+/// A named channel of event streams: Flutter's `EventChannel`. Each listening client gets its own
+/// ``EventSink``; ``broadcast(_:)`` reaches every current listener with one encoding.
+public final class EventChannel: Sendable {
+    /// The channel's name.
+    public let name: String
+    /// How `listen`/`cancel` calls and event envelopes are encoded.
+    public let codec: any MethodCodec
+    /// What happens when a listener's queue is full.
+    public let overflow: OverflowPolicy
+    /// Per-listener queue length; nil = the server's default.
+    public let queueLimit: Int?
+    let server: Server
+
+    /// Makes a channel on `server`.
+    public init(name: String, codec: any MethodCodec = StandardMethodCodec(), overflow: OverflowPolicy = .dropOldest,
+                queueLimit: Int? = nil, server: Server) {
+        self.name = name
+        self.codec = codec
+        self.overflow = overflow
+        self.queueLimit = queueLimit
+        self.server = server
+    }
+
+    /// Sets (or removes) the stream handler; its methods run on the loop thread.
+    public func setStreamHandler(_ handler: (any StreamHandler)?) {
+        let name = self.name, codec = self.codec, overflow = self.overflow, queueLimit = self.queueLimit
+        server.onLoop { core in
+            core.setChannel(name, handler.map {
+                .event(EventEntry(name: name, codec: codec, handler: $0, overflow: overflow,
+                                  queueLimit: queueLimit ?? core.config.eventQueueLimit))
+            })
+        }
+    }
+
+    /// Sends `value` to every current listener, encoded once per wire encoding. Callable from any thread.
+    public func broadcast(_ value: ChannelValue) {
+        let name = self.name
+        server.onLoop { core in core.broadcast(on: name, .data(value)) }
+    }
+
+    /// Sends an error event to every current listener. Callable from any thread.
+    public func broadcastError(_ error: ChannelError) {
+        let name = self.name
+        server.onLoop { core in core.broadcast(on: name, .error(error)) }
+    }
+}
+
+/// Produces one client's event stream: Flutter's `StreamHandler`. Both methods run on the loop thread.
+public protocol StreamHandler: Sendable {
+    /// A client started listening; return an error to refuse (sent as the listen reply).
+    func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError?
+    /// The client's stream ended: it cancelled, listened again, disconnected, or the server is stopping.
+    func onCancel(arguments: ChannelValue, sink: EventSink)
+}
+
+/// A ``StreamHandler`` made of two closures.
+public struct StreamHandlerClosures: StreamHandler {
+    let listen: @Sendable (ChannelValue, EventSink) -> ChannelError?
+    let cancel: @Sendable (ChannelValue, EventSink) -> Void
+
+    /// Makes a handler.
+    public init(onListen: @escaping @Sendable (ChannelValue, EventSink) -> ChannelError?,
+                onCancel: @escaping @Sendable (ChannelValue, EventSink) -> Void = { _, _ in }) {
+        listen = onListen
+        cancel = onCancel
+    }
+
+    public func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? { listen(arguments, sink) }
+    public func onCancel(arguments: ChannelValue, sink: EventSink) { cancel(arguments, sink) }
+}
+
+/// One listener's end of an event stream: Flutter's `EventSink`. `success`, `error` and `endOfStream`
+/// may be called from any thread; after the stream ends they do nothing.
+public final class EventSink: Sendable {
+    private let stream: LoopBound<EventStream>
+    /// The listening client.
+    public let client: ClientID
+
+    init(stream: EventStream, loop: LoopHandle, client: ClientID) {
+        self.stream = LoopBound(stream, loop: loop)
+        self.client = client
+    }
+
+    /// Sends an event.
+    public func success(_ value: ChannelValue) { send(.data(value)) }
+    /// Sends an error event; the stream goes on.
+    public func error(_ error: ChannelError) { send(.error(error)) }
+    /// Ends the stream.
+    public func endOfStream() { send(.end) }
+
+    private func send(_ content: EventContent) {
+        let stream = self.stream
+        if stream.loop.isInLoopThread {
+            stream.value.emit(content)
+        } else {
+            stream.loop.execute { stream.value.emit(content) }
+        }
+    }
+
+    /// Loop thread only: whether an event sent now goes straight out (the stream is live, has credit,
+    /// nothing waits before it, and the connection is under its outbound limit).
+    public var isReady: Bool { stream.value.isReady }
+
+    /// Loop thread only: the listener's outstanding credit; nil when the stream is in push mode.
+    public var outstandingCredit: UInt32? { stream.value.outstandingCredit }
+
+    /// Loop thread only: whether the stream is still live.
+    public var isActive: Bool { stream.value.isActive }
+
+    /// Loop thread only: runs `body` once, the next time the sink becomes ready (see ``isReady``).
+    public func onReady(_ body: @escaping () -> Void) { stream.value.readyCallback = body }
+
+    /// Loop thread only: the loop this sink's stream lives on, for producers that need timers.
+    public var eventLoop: EventLoop { stream.value.connection.core.eventLoop }
+}
+
+/// A named channel of messages: Flutter's `BasicMessageChannel`.
+public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
+    /// The channel's name.
+    public let name: String
+    /// How messages are encoded.
+    public let codec: Codec
+    let server: Server
+
+    /// Makes a channel on `server`.
+    public init(name: String, codec: Codec, server: Server) {
+        self.name = name
+        self.codec = codec
+        self.server = server
+    }
+
+    /// Sets (or removes) the message handler; it runs on the loop thread and answers through `reply`.
+    public func setMessageHandler(_ handler: (@Sendable (Codec.Message, MessageReply<Codec>) -> Void)?) {
+        let name = self.name, codec = self.codec
+        server.onLoop { core in
+            core.setChannel(name, handler.map { handler in
+                .message(MessageEntry { input, request in
+                    let message: Codec.Message
+                    do throws(CodecError) {
+                        switch input {
+                        case .bytes(let payload): message = try codec.decode(payload)
+                        case .value(let value): message = try codec.message(from: value)
+                        }
+                    } catch {
+                        return request.answer(.error(.badPayload("message could not be decoded: \(error)")))
+                    }
+                    handler(message, MessageReply(request: request, codec: codec, loop: core.handle))
+                })
+            })
+        }
+    }
+
+    /// Sends `message` to a connected client's handler of this channel; `reply` runs on the loop thread.
+    public func send(_ message: Codec.Message, to client: ClientID,
+                     reply: @escaping @Sendable (Result<Codec.Message, InvokeError>) -> Void) {
+        let name = self.name, codec = self.codec
+        server.onLoop { core in
+            let payload: [UInt8]?
+            do throws(CodecError) { payload = try codec.encode(message) } catch { return reply(.failure(.codec(error))) }
+            core.sendRequest(to: client, channel: name, payload: payload) { answer in
+                switch answer {
+                case .failure(let error): reply(.failure(error))
+                case .success(let bytes):
+                    do throws(CodecError) { reply(.success(try codec.decode(bytes))) } catch { reply(.failure(.codec(error))) }
+                }
+            }
+        }
+    }
+}
+
+/// The one reply to one message. Callable from any thread; only the first reply counts.
+public final class MessageReply<Codec: MessageCodec>: Sendable {
+    private let request: LoopBound<PendingRequest>
+    private let codec: Codec
+    private let isDone = Atomic<Bool>(false)
+    /// The sender.
+    public let client: ClientID
+
+    init(request: PendingRequest, codec: Codec, loop: LoopHandle) {
+        self.request = LoopBound(request, loop: loop)
+        self.codec = codec
+        self.client = ClientID(request.connectionID)
+    }
+
+    /// Replies with `message`.
+    public func reply(_ message: Codec.Message) {
+        let codec = self.codec
+        complete { request in
+            if request.isText { return .messageValue(codec.value(of: message)) }
+            do throws(CodecError) { return .messageBytes(try codec.encode(message)) } catch {
+                return .error(.badPayload("reply could not be encoded: \(error)"))
+            }
+        }
+    }
+
+    /// Answers with an ERROR instead of a reply.
+    public func fail(_ error: WireError) { complete { _ in .error(error) } }
+
+    private func complete(_ makeAnswer: @escaping @Sendable (PendingRequest) -> Answer) {
+        guard isDone.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        let request = self.request
+        if request.loop.isInLoopThread {
+            request.value.answer(makeAnswer(request.value))
+        } else {
+            request.loop.execute { request.value.answer(makeAnswer(request.value)) }
+        }
+    }
+}

@@ -1,0 +1,420 @@
+import Logging
+import SwitchboardCodec
+import SwitchboardTransport
+import SwitchboardWire
+
+/// Why a connection was closed; counted in stats and logged.
+enum CloseReason: String {
+    case peerClosed, protocolError, unauthorized, slowConsumer, heartbeatTimeout, shutdown, ioError
+}
+
+/// One client connection. Loop thread only: all of its state belongs to the loop.
+///
+/// Replies and events made while handling input are appended to `outbound` and the connection is marked
+/// dirty; the server flushes every dirty connection once per loop turn, just before the loop blocks, so
+/// fifty pipelined calls cost one write.
+final class Connection {
+    enum Mode { case undecided, binary, text }
+
+    let id: UInt64
+    let transport: TCPConnection
+    unowned let core: ServerCore
+    var logger: Logger
+    private(set) var mode = Mode.undecided
+    private var inbound = InboundBuffer()
+    private let frameDecoder: FrameDecoder
+    var lineDecoder: LineDecoder
+    /// Bytes made but not yet handed to the transport.
+    var outbound: [UInt8] = []
+    var isDirty = false
+    private(set) var isClosed = false
+    private var isClosing = false
+    var closingSince: UInt64?
+    var isAuthenticated: Bool
+    /// Open requests from this client, by serial; binary ones are also indexed by their wire id.
+    private var requests: [UInt64: PendingRequest] = [:]
+    private var binaryRequests: [UInt32: PendingRequest] = [:]
+    private var nextSerial: UInt64 = 0
+    /// Server-initiated requests waiting for this client's REPLY.
+    private var outgoing: [UInt32: (Result<[UInt8]?, InvokeError>) -> Void] = [:]
+    private var nextOutgoingID: UInt32 = 0
+    /// Active event streams by channel.
+    var streams: [String: EventStream] = [:]
+    /// Credit that arrived before `listen`, by channel.
+    var pendingCredit: [String: Credit] = [:]
+    var overLimitSince: UInt64?
+    /// The peer half-closed; the connection closes when nothing it asked for is open any more.
+    private var peerFinishedSending = false
+    var lastInbound: UInt64
+    var lastPing: UInt64
+
+    init(id: UInt64, transport: TCPConnection, core: ServerCore) {
+        self.id = id
+        self.transport = transport
+        self.core = core
+        frameDecoder = FrameDecoder(maxFrame: core.config.maxFrame)
+        lineDecoder = LineDecoder(maxLine: Int(core.config.maxFrame))
+        isAuthenticated = core.config.token == nil
+        lastInbound = core.eventLoop.now
+        lastPing = lastInbound
+        logger = core.logger
+        logger[metadataKey: "connection.id"] = "\(id)"
+    }
+
+    var pendingBytes: Int { outbound.count + transport.queuedBytes }
+    var isOverOutboundLimit: Bool { pendingBytes >= core.config.outboundLimit }
+    var openRequestCount: Int { requests.count }
+    var isText: Bool { mode == .text }
+
+    // MARK: Input
+
+    func handle(_ event: TCPEvent) {
+        switch event {
+        case .data(let bytes):
+            guard !isClosing else { return }
+            core.stats.bytesIn += bytes.count
+            lastInbound = core.eventLoop.now
+            inbound.append(bytes)
+            processInput()
+        case .closed(let error?):
+            logger.debug("connection failed: \(error)")
+            close(.ioError)
+        case .closed(nil):
+            // The peer closed its sending side (as `printf … | nc -q1` does). What it asked for still
+            // arrives: close once no request or stream is open.
+            peerFinishedSending = true
+            closeIfPeerIsDone()
+        case .drained:
+            afterWrite()
+        }
+    }
+
+    private func processInput() {
+        if mode == .undecided {
+            mode = inbound.byte(at: 0) == UInt8(ascii: "{") ? .text : .binary
+            logger.debug("connection opened in \(mode) mode")
+        }
+        if mode == .text {
+            while !isClosing, let line = lineDecoder.next(from: &inbound) {
+                core.stats.framesIn += 1
+                TextMode.handle(line, on: self)
+            }
+            return
+        }
+        while !isClosing {
+            let decoded: FrameDecoder.Decoded?
+            do { decoded = try frameDecoder.next(from: &inbound) } catch {
+                let id: UInt32 = if case .malformedFrame = error { headerID() } else { 0 }
+                fail(error, id: id)
+                return
+            }
+            guard let decoded else { return }
+            core.stats.framesIn += 1
+            switch decoded {
+            case .frame(let frame): handleFrame(frame)
+            case .rejected(let error, let id): writeError(error, id: id)
+            }
+        }
+    }
+
+    /// The id of a frame whose header is in but is unusable; 0 when the header was never read.
+    private func headerID() -> UInt32 {
+        guard inbound.readableBytes >= 12 else { return 0 }
+        let length = (0..<4).reduce(UInt32(0)) { $0 << 8 | UInt32(inbound.byte(at: $1)) }
+        guard length >= 8 else { return 0 }
+        return (8..<12).reduce(0) { $0 << 8 | UInt32(inbound.byte(at: $1)) }
+    }
+
+    private func handleFrame(_ frame: Frame) {
+        if frame.kind.isServerOnly { return writeError(.badFrame("clients may not send \(frame.kind)"), id: frame.id) }
+        if !isAuthenticated, frame.kind != .hello, frame.kind != .ping { return fail(.unauthorized, id: frame.id) }
+        switch frame.kind {
+        case .hello: handleHello(payload: frame.payload, id: frame.id)
+        case .ping: writeFrame(.pong, id: frame.id, payload: frame.payload)
+        case .pong: break
+        case .message: handleMessage(frame)
+        case .reply: handleReply(frame)
+        case .cancel: cancelRequest(frame.id)
+        case .demand: handleDemand(frame)
+        case .register, .unregister:
+            writeError(.badFrame("broker routing (REGISTER/UNREGISTER) is not supported by this server yet"), id: frame.id)
+        case .welcome, .error, .goAway: break  // refused above
+        }
+    }
+
+    func handleHello(payload: [UInt8]?, id: UInt32) {
+        var hello: ChannelValue = .map([])
+        if let payload, !payload.isEmpty {
+            guard case .map = (try? JSONText.parse(payload)) ?? .null else {
+                return fail(.badHello("HELLO payload is not a JSON object"), id: id)
+            }
+            hello = (try? JSONText.parse(payload)) ?? .map([])
+        }
+        if let version = hello["version"] {
+            let isOne = switch version {
+            case .int32(1), .int64(1): true
+            case .float64(let d): d == 1
+            default: false
+            }
+            guard isOne else { return fail(.unsupportedVersion, id: id) }
+        }
+        if let token = core.config.token {
+            guard hello["token"] == .string(token) else { return fail(.unauthorized, id: id) }
+        }
+        isAuthenticated = true
+        let welcome = core.welcome
+        if mode == .text {
+            TextMode.writeLine(.stringMap(["welcome": welcome]), on: self)
+        } else {
+            writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
+        }
+    }
+
+    private func handleMessage(_ frame: Frame) {
+        if frame.id != 0, binaryRequests[frame.id] != nil { return writeError(.duplicateId, id: frame.id) }
+        if core.isDraining {
+            if frame.id != 0 { writeError(.goingAway, id: frame.id) }
+            return
+        }
+        let request = frame.id == 0 ? nil : openRequest(.binary(id: frame.id))
+        core.route(channel: frame.channel, input: .bytes(frame.payload), request: request, connection: self)
+    }
+
+    private func handleReply(_ frame: Frame) {
+        guard let completion = outgoing.removeValue(forKey: frame.id) else { core.stats.ignoredFrames += 1; return }
+        completion(.success(frame.payload))
+    }
+
+    private func handleDemand(_ frame: Frame) {
+        guard let payload = frame.payload, payload.count == 4 else {
+            return writeError(.badFrame("DEMAND payload must be exactly 4 bytes"), id: frame.id)
+        }
+        let n = payload.reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
+        guard n > 0 else { return writeError(.badFrame("DEMAND of 0"), id: frame.id) }
+        addDemand(n, channel: frame.channel)
+    }
+
+    /// Adds credit to the channel's active stream, or keeps it for the next `listen`.
+    func addDemand(_ n: UInt32, channel: String) {
+        if let stream = streams[channel] {
+            stream.addCredit(n)
+        } else if pendingCredit[channel] != nil || pendingCredit.count < 1024 {
+            pendingCredit[channel] = (pendingCredit[channel] ?? .unbounded).adding(n)
+        }
+    }
+
+    // MARK: Requests
+
+    /// Registers an open request from this client.
+    func openRequest(_ origin: PendingRequest.Origin) -> PendingRequest {
+        nextSerial += 1
+        let request = PendingRequest(connection: self, origin: origin, serial: nextSerial)
+        requests[nextSerial] = request
+        if case .binary(let id) = origin { binaryRequests[id] = request }
+        core.stats.repliesPending += 1
+        return request
+    }
+
+    private func cancelRequest(_ id: UInt32) {
+        guard let request = binaryRequests[id] else { core.stats.ignoredFrames += 1; return }
+        if let onCancel = request.onCancel, !onCancel() { return }  // already answered on another thread
+        request.answer(request.cancelAnswer)
+    }
+
+    /// Closes `request` and writes its answer in this connection's encoding.
+    func finish(_ request: PendingRequest, with answer: Answer) {
+        guard requests.removeValue(forKey: request.serial) != nil else { return }
+        core.stats.repliesPending -= 1
+        switch request.origin {
+        case .binary(let id):
+            binaryRequests.removeValue(forKey: id)
+            guard !isClosed else { return }
+            writeBinaryAnswer(answer, id: id)
+        case .text(let id, let kind):
+            guard !isClosed else { return }
+            TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
+        }
+        core.requestFinished()
+        closeIfPeerIsDone()
+    }
+
+    private func closeIfPeerIsDone() {
+        if peerFinishedSending, requests.isEmpty, streams.isEmpty { closeAfterFlush(.peerClosed) }
+    }
+
+    private func writeBinaryAnswer(_ answer: Answer, id: UInt32) {
+        switch answer {
+        case .success(let value, let codec):
+            do { writeFrame(.reply, id: id, payload: try codec.encodeSuccessEnvelope(value)) } catch {
+                writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
+            }
+        case .failure(let error, let codec):
+            if let payload = try? codec.encodeErrorEnvelope(error) {
+                writeFrame(.reply, id: id, payload: payload)
+            } else {
+                writeError(.badPayload("error envelope could not be encoded"), id: id)
+            }
+        case .notImplemented: writeFrame(.reply, id: id, payload: nil)
+        case .messageBytes(let bytes): writeFrame(.reply, id: id, payload: bytes)
+        case .messageValue: writeError(.badPayload("reply has no binary form"), id: id)
+        case .error(let error): writeError(error, id: id)
+        }
+    }
+
+    /// Answers every open request (for shutdown).
+    func answerAllOpenRequests(with answer: Answer) {
+        for request in requests.values.sorted(by: { $0.serial < $1.serial }) { request.answer(answer) }
+    }
+
+    /// Sends a server-initiated MESSAGE; `completion` gets the REPLY payload or why none came.
+    func sendRequest(channel: String, payload: [UInt8]?, completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) {
+        guard mode == .binary, !isClosing else { return completion(.failure(mode == .text ? .textClient : .disconnected)) }
+        repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0 || outgoing[nextOutgoingID] != nil
+        outgoing[nextOutgoingID] = completion
+        writeFrame(.message, id: nextOutgoingID, channel: channel, payload: payload)
+    }
+
+    // MARK: Output
+
+    func markDirty() {
+        if !isDirty {
+            isDirty = true
+            core.dirty.append(self)
+        }
+    }
+
+    func writeFrame(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) {
+        guard !isClosed else { return }
+        let before = outbound.count
+        Frame.write(kind, id: id, channel: channel, payload: payload, to: &outbound)
+        core.stats.framesOut += 1
+        core.stats.bytesOut += outbound.count - before
+        markDirty()
+    }
+
+    func writeRaw(_ bytes: [UInt8]) {
+        guard !isClosed else { return }
+        outbound.append(contentsOf: bytes)
+        core.stats.framesOut += 1
+        core.stats.bytesOut += bytes.count
+        markDirty()
+    }
+
+    /// Writes an ERROR frame (or text error line) that leaves the connection open.
+    func writeError(_ error: WireError, id: UInt32 = 0) {
+        if mode == .text {
+            TextMode.writeError(error, id: nil, on: self)
+            return
+        }
+        let body: ChannelValue = .stringMap(["code": .string(error.code), "message": .string(error.message)])
+        writeFrame(.error, id: id, payload: try? JSONText.serialize(body))
+    }
+
+    /// Writes an event in this connection's encoding; false if it could not be encoded (counted as a drop).
+    @discardableResult
+    func writeEvent(_ event: OutboundEvent) -> Bool {
+        guard let bytes = mode == .text ? event.textLine : event.binaryFrame else {
+            core.countDrop("unencodable")
+            return false
+        }
+        writeRaw(bytes)
+        return true
+    }
+
+    /// Hands `outbound` to the transport; called once per loop turn for dirty connections.
+    func flush() {
+        isDirty = false
+        guard !isClosed else { return }
+        if !outbound.isEmpty {
+            // The transport may report a failed write synchronously, and closing touches `outbound`:
+            // hand it a buffer of its own, then take the (emptied) buffer back to keep its capacity.
+            var bytes: [UInt8] = []
+            swap(&bytes, &outbound)
+            transport.write(&bytes)
+            if outbound.isEmpty, !isClosed { outbound = bytes }
+        }
+        afterWrite()
+    }
+
+    /// Tracks the outbound limit and lets waiting streams go once there is room.
+    private func afterWrite() {
+        guard !isClosed else { return }
+        if isOverOutboundLimit {
+            if overLimitSince == nil { overLimitSince = core.eventLoop.now }
+            return
+        }
+        overLimitSince = nil
+        for stream in Array(streams.values) { stream.pump() }
+    }
+
+    // MARK: Streams
+
+    /// Removes `stream`; with `notifyHandler` its handler's `onCancel` runs with `arguments`
+    /// (the cancel call's, or else the listen call's).
+    func endStream(_ stream: EventStream, notifyHandler: Bool, arguments: ChannelValue? = nil) {
+        guard streams[stream.entry.name] === stream else { return }
+        streams.removeValue(forKey: stream.entry.name)
+        stream.entry.streams.removeValue(forKey: id)
+        stream.stop(dropReason: "cancelled")
+        if notifyHandler { stream.entry.handler.onCancel(arguments: arguments ?? stream.arguments, sink: stream.sink) }
+        closeIfPeerIsDone()
+    }
+
+    // MARK: Closing
+
+    /// Sends `error` and closes (the errors that wire-v1 says end a connection).
+    func fail(_ error: WireError, id: UInt32) {
+        if mode == .text {
+            TextMode.writeError(error, id: nil, on: self)
+        } else {
+            let body: ChannelValue = .stringMap(["code": .string(error.code), "message": .string(error.message)])
+            writeFrame(.error, id: id, payload: try? JSONText.serialize(body))
+        }
+        let reason: CloseReason = switch error {
+        case .unauthorized: .unauthorized
+        case .slowConsumer: .slowConsumer
+        default: .protocolError
+        }
+        logger.debug("closing: \(error.code): \(error.message)")
+        closeAfterFlush(reason)
+    }
+
+    /// Stops reading, flushes what is queued, then closes.
+    func closeAfterFlush(_ reason: CloseReason) {
+        guard !isClosing else { return }
+        isClosing = true
+        closingSince = core.eventLoop.now
+        releaseState(reason)
+        flush()
+        transport.closeAfterWrites()
+        core.connectionClosed(self, reason: reason)
+    }
+
+    /// Closes at once (peer gone, I/O error, slow consumer).
+    func close(_ reason: CloseReason) {
+        guard !isClosed else { return }
+        if !isClosing {
+            isClosing = true
+            releaseState(reason)
+            core.connectionClosed(self, reason: reason)
+        }
+        isClosed = true
+        outbound = []
+        transport.closeNow()
+    }
+
+    /// Ends streams (handlers told), fails server-initiated requests, forgets open requests.
+    private func releaseState(_ reason: CloseReason) {
+        for stream in Array(streams.values) {
+            endStream(stream, notifyHandler: true)
+        }
+        let waiting = outgoing
+        outgoing = [:]
+        for completion in waiting.values { completion(.failure(.disconnected)) }
+        for request in requests.values { request.connection = nil }
+        core.stats.repliesPending -= requests.count
+        requests = [:]
+        binaryRequests = [:]
+        logger.debug("connection closed: \(reason.rawValue)")
+    }
+}

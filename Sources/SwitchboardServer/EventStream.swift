@@ -1,0 +1,218 @@
+import SwitchboardCodec
+import SwitchboardWire
+
+/// What one event carries.
+enum EventContent {
+    case data(ChannelValue)
+    case error(ChannelError)
+    case end
+}
+
+/// One event, encoded at most once per wire encoding however many listeners share it.
+final class OutboundEvent {
+    let channel: String
+    let content: EventContent
+    let codec: any MethodCodec
+    private var binary: [UInt8]??
+    private var text: [UInt8]??
+
+    init(channel: String, content: EventContent, codec: any MethodCodec) {
+        self.channel = channel
+        self.content = content
+        self.codec = codec
+    }
+
+    var isEnd: Bool { if case .end = content { true } else { false } }
+
+    /// The whole MESSAGE frame (id 0); nil if the codec cannot encode the value.
+    var binaryFrame: [UInt8]? {
+        if let binary { return binary }
+        var payload: [UInt8]?
+        switch content {
+        case .data(let value): payload = try? codec.encodeSuccessEnvelope(value)
+        case .error(let error): payload = try? codec.encodeErrorEnvelope(error)
+        case .end: payload = nil
+        }
+        var frame: [UInt8]?
+        if payload != nil || isEnd {
+            var out = [UInt8]()
+            Frame.write(.message, id: 0, channel: channel, payload: payload, to: &out)
+            frame = out
+        }
+        binary = .some(frame)
+        return frame
+    }
+
+    /// The text-mode line, newline included; nil if the value has no JSON form.
+    var textLine: [UInt8]? {
+        if let text { return text }
+        var fields: [ChannelValue.MapEntry] = [.init("event", .string(channel))]
+        switch content {
+        case .data(let value): fields.append(.init("data", value))
+        case .error(let error): fields.append(.init("error", TextMode.errorObject(error)))
+        case .end: fields.append(.init("end", true))
+        }
+        var line = try? JSONText.serialize(.map(fields), options: .textMode)
+        line?.append(UInt8(ascii: "\n"))
+        text = .some(line)
+        return line
+    }
+}
+
+/// Credit granted by DEMAND (wire-v1 section 7a).
+enum Credit: Equatable {
+    case unbounded
+    case counted(UInt32)
+
+    static let maxCounted: UInt32 = 0xFFFF_FFFE
+
+    /// Adds a DEMAND of `n` (0xFFFFFFFF = unbounded); a DEMAND after unbounded starts counting again.
+    func adding(_ n: UInt32) -> Credit {
+        if n == 0xFFFF_FFFF { return .unbounded }
+        switch self {
+        case .unbounded: return .counted(min(n, Credit.maxCounted))
+        case .counted(let c): return .counted(c > Credit.maxCounted - n ? Credit.maxCounted : c + n)
+        }
+    }
+}
+
+/// One listener's stream on one event channel. Loop thread only.
+///
+/// Events go straight to the connection while the stream is live, has credit, has nothing queued and the
+/// connection is under its outbound limit; otherwise they wait in a bounded queue under the channel's
+/// overflow policy, and every drop is counted. End of stream needs no credit but waits its turn.
+final class EventStream {
+    unowned let connection: Connection
+    let entry: EventEntry
+    let arguments: ChannelValue
+    var credit: Credit
+    private var queue: [OutboundEvent] = []
+    private var queueHead = 0
+    /// True until the listen reply has gone out: events wait, so the reply always comes first.
+    private var isStarting = true
+    private(set) var isActive = true
+    var readyCallback: (() -> Void)?
+    var sink: EventSink!
+
+    init(connection: Connection, entry: EventEntry, arguments: ChannelValue, credit: Credit) {
+        self.connection = connection
+        self.entry = entry
+        self.arguments = arguments
+        self.credit = credit
+    }
+
+    private var queuedCount: Int { queue.count - queueHead }
+    private var hasCredit: Bool { if case .counted(0) = credit { false } else { true } }
+
+    var isReady: Bool {
+        isActive && !isStarting && queuedCount == 0 && hasCredit && !connection.isOverOutboundLimit
+    }
+
+    /// The credit as a producer sees it: nil in push mode.
+    var outstandingCredit: UInt32? { if case .counted(let c) = credit { c } else { nil } }
+
+    /// An event from this stream's own sink.
+    func emit(_ content: EventContent) {
+        guard isActive else { return }
+        deliver(OutboundEvent(channel: entry.name, content: content, codec: entry.codec))
+    }
+
+    /// Sends or queues `event` (which may be shared with other listeners).
+    func deliver(_ event: OutboundEvent) {
+        guard isActive else { return }
+        if queuedCount == 0, !isStarting, event.isEnd || (hasCredit && !connection.isOverOutboundLimit) {
+            write(event)
+            return
+        }
+        enqueue(event)
+    }
+
+    private func enqueue(_ event: OutboundEvent) {
+        if event.isEnd || queuedCount < entry.queueLimit {
+            queue.append(event)
+            return
+        }
+        let reason = hasCredit ? "outboundLimit" : "noCredit"
+        switch entry.overflow {
+        case .dropNewest:
+            connection.core.countDrop(reason)
+        case .dropOldest:
+            connection.core.countDrop(reason)
+            queueHead += 1
+            queue.append(event)
+        case .keepLatest:
+            for _ in 0..<queuedCount { connection.core.countDrop(reason) }
+            queue.removeAll(keepingCapacity: true)
+            queueHead = 0
+            queue.append(event)
+        }
+        compact()
+    }
+
+    private func compact() {
+        if queueHead > 64, queueHead * 2 > queue.count {
+            queue.removeFirst(queueHead)
+            queueHead = 0
+        }
+    }
+
+    private func write(_ event: OutboundEvent) {
+        if event.isEnd {
+            connection.writeEvent(event)
+            connection.endStream(self, notifyHandler: false)
+            return
+        }
+        guard connection.writeEvent(event) else { return }
+        if case .counted(let c) = credit { credit = .counted(c - 1) }
+    }
+
+    /// The listen reply went out: from now on events flow.
+    func activate() {
+        isStarting = false
+        pump()
+    }
+
+    /// Sends what waits, as far as credit and the outbound limit allow; tells a waiting producer when ready.
+    func pump() {
+        while isActive, queuedCount > 0 {
+            let event = queue[queueHead]
+            guard event.isEnd || (hasCredit && !connection.isOverOutboundLimit) else { break }
+            queueHead += 1
+            write(event)
+        }
+        if queuedCount == 0 { queue.removeAll(keepingCapacity: true); queueHead = 0 } else { compact() }
+        if isReady, let callback = readyCallback {
+            readyCallback = nil
+            callback()
+        }
+    }
+
+    /// Adds credit from a DEMAND.
+    func addCredit(_ n: UInt32) {
+        credit = credit.adding(n)
+        pump()
+    }
+
+    /// Stops the stream: queued events are dropped (and counted) and nothing more is sent.
+    func stop(dropReason: String) {
+        guard isActive else { return }
+        isActive = false
+        readyCallback = nil
+        for _ in 0..<queuedCount where !queue[queueHead].isEnd { connection.core.countDrop(dropReason) }
+        queue = []
+        queueHead = 0
+    }
+
+    /// For shutdown: sends what credit allows, drops the rest, then sends end of stream.
+    func finishForShutdown() {
+        isStarting = false
+        while isActive, queuedCount > 0, !queue[queueHead].isEnd, hasCredit {
+            let event = queue[queueHead]
+            queueHead += 1
+            write(event)
+        }
+        guard isActive else { return }
+        stop(dropReason: "shutdown")
+        connection.writeEvent(OutboundEvent(channel: entry.name, content: .end, codec: entry.codec))
+    }
+}

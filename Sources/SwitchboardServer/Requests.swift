@@ -1,0 +1,106 @@
+import SwitchboardCodec
+import SwitchboardWire
+
+/// The one answer a request gets, before it is put in the requester's encoding.
+enum Answer {
+    case success(ChannelValue, any MethodCodec)
+    case failure(ChannelError, any MethodCodec)
+    /// A null reply: "not implemented" for calls, a null reply for messages.
+    case notImplemented
+    case messageBytes([UInt8]?)
+    case messageValue(ChannelValue)
+    case error(WireError)
+}
+
+/// What a text-mode request asked for, which decides the shape of its answer line.
+enum TextRequestKind { case call, listen, cancel, send, demand }
+
+/// A request (MESSAGE with id != 0, or a text-mode request) that has not been answered yet.
+/// Loop thread only. Answering removes it from its connection; a second answer is ignored.
+final class PendingRequest {
+    enum Origin {
+        case binary(id: UInt32)
+        case text(id: ChannelValue?, kind: TextRequestKind)
+    }
+
+    weak var connection: Connection?
+    let connectionID: UInt64
+    let origin: Origin
+    /// Key in the connection's table of open requests.
+    let serial: UInt64
+    /// What a CANCEL answers when the handler has produced nothing.
+    var cancelAnswer: Answer = .error(.cancelled)
+    /// Told when the requester cancels.
+    var onCancel: (() -> Bool)?
+    private(set) var isAnswered = false
+
+    init(connection: Connection, origin: Origin, serial: UInt64) {
+        self.connection = connection
+        self.connectionID = connection.id
+        self.origin = origin
+        self.serial = serial
+    }
+
+    /// A request nobody waits for (a MESSAGE with id 0): handlers run as usual, the answer goes nowhere.
+    private init(connectionID: UInt64) {
+        self.connectionID = connectionID
+        origin = .binary(id: 0)
+        serial = 0
+    }
+
+    static func detached(connectionID: UInt64) -> PendingRequest { PendingRequest(connectionID: connectionID) }
+
+    var isText: Bool { if case .text = origin { true } else { false } }
+
+    /// Sends the answer (if the requester is still connected) and closes the request.
+    func answer(_ answer: Answer) {
+        guard !isAnswered else { return }
+        isAnswered = true
+        connection?.finish(self, with: answer)
+    }
+}
+
+/// Input to a message handler: bytes from a binary client or a value from a text client.
+enum MessageInput {
+    case bytes([UInt8]?)
+    case value(ChannelValue)
+}
+
+/// A server-side channel as the router sees it.
+enum ChannelEntry {
+    case method(MethodEntry)
+    case event(EventEntry)
+    case message(MessageEntry)
+}
+
+final class MethodEntry {
+    let codec: any MethodCodec
+    let handler: @Sendable (MethodCall, MethodResult) -> Void
+    init(codec: any MethodCodec, handler: @escaping @Sendable (MethodCall, MethodResult) -> Void) {
+        self.codec = codec
+        self.handler = handler
+    }
+}
+
+final class MessageEntry {
+    let handle: (MessageInput, PendingRequest) -> Void
+    init(handle: @escaping (MessageInput, PendingRequest) -> Void) { self.handle = handle }
+}
+
+final class EventEntry {
+    let name: String
+    let codec: any MethodCodec
+    let handler: any StreamHandler
+    let overflow: OverflowPolicy
+    let queueLimit: Int
+    /// Active streams by connection id.
+    var streams: [UInt64: EventStream] = [:]
+
+    init(name: String, codec: any MethodCodec, handler: any StreamHandler, overflow: OverflowPolicy, queueLimit: Int) {
+        self.name = name
+        self.codec = codec
+        self.handler = handler
+        self.overflow = overflow
+        self.queueLimit = max(1, queueLimit)
+    }
+}

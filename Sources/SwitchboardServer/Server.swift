@@ -1,0 +1,86 @@
+import Logging
+import Synchronization
+import SwitchboardTransport
+
+/// A Switchboard server: one libuv loop serving binary and text-mode clients on one port.
+///
+/// Create it, attach channels (``MethodChannel``, ``EventChannel``, ``BasicMessageChannel``), then
+/// ``run(handlingSignals:)`` on the current thread or ``start()`` on a thread of its own.
+public final class Server: Sendable {
+    /// The settings it was made with.
+    public let configuration: ServerConfiguration
+    let core: LoopBound<ServerCore>
+    private let state = Mutex(RunState())
+    private let boundPort = Atomic<Int>(0)
+
+    private struct RunState {
+        var isStopped = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    /// Makes a server; nothing listens until it runs.
+    public init(configuration: ServerConfiguration = ServerConfiguration(),
+                logger: Logger = Logger(label: "switchboard")) throws(UVError) {
+        self.configuration = configuration
+        let core = try ServerCore(config: configuration, logger: logger)
+        self.core = LoopBound(core, loop: core.handle)
+    }
+
+    /// The port it listens on, once running (useful with port 0).
+    public var port: Int { boundPort.load(ordering: .acquiring) }
+
+    /// Runs `body` with the loop-owned core on the loop thread (queued until the loop runs).
+    func onLoop(_ body: @escaping @Sendable (ServerCore) -> Void) {
+        let core = self.core
+        core.loop.execute { body(core.value) }
+    }
+
+    /// Binds and serves on the calling thread until shut down; returns after a graceful stop.
+    public func run(handlingSignals: Bool = false) throws(UVError) {
+        let core = self.core.value
+        boundPort.store(try core.bind(), ordering: .releasing)
+        if handlingSignals { try core.handleSignals() }
+        core.logger.notice("listening on \(configuration.host):\(port)")
+        core.eventLoop.run()
+        markStopped()
+    }
+
+    /// Binds, then serves on a new thread; returns the bound port.
+    @discardableResult
+    public func start() throws(UVError) -> Int {
+        let port = try core.value.bind()
+        boundPort.store(port, ordering: .releasing)
+        let core = self.core
+        startThread { [self] in
+            core.value.eventLoop.run()
+            markStopped()
+        }
+        return port
+    }
+
+    /// Begins a graceful shutdown (wire-v1 section 7c). Callable from any thread.
+    public func shutdown() {
+        onLoop { $0.beginShutdown() }
+    }
+
+    /// Waits until the server has stopped.
+    public func waitUntilStopped() async {
+        await withCheckedContinuation { continuation in
+            let resumeNow = state.withLock { s in
+                if s.isStopped { return true }
+                s.waiters.append(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    private func markStopped() {
+        let waiters = state.withLock { s in
+            s.isStopped = true
+            defer { s.waiters = [] }
+            return s.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+}

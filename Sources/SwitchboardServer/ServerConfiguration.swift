@@ -1,0 +1,58 @@
+/// Everything a ``Server`` can be told at start-up. Times are in milliseconds.
+public struct ServerConfiguration: Sendable {
+    /// Address to listen on.
+    public var host = "127.0.0.1"
+    /// Port to listen on; 0 picks a free one.
+    public var port = 7420
+    /// Largest frame (or text line) accepted, in bytes; at most 1 GiB.
+    public var maxFrame: UInt32 = 16 << 20
+    /// Bytes the server may hold queued for one connection before events wait and the slow-consumer clock starts.
+    public var outboundLimit = 8 << 20
+    /// How long a connection may stay over ``outboundLimit`` before it is closed as a slow consumer.
+    public var slowConsumerGraceMs: UInt64 = 5000
+    /// Interval of server PINGs to binary connections; 0 = no heartbeat.
+    public var heartbeatMs: UInt64 = 0
+    /// A token clients must present in HELLO; nil = none required.
+    public var token: String?
+    /// How long shutdown waits for in-flight requests.
+    public var drainTimeoutMs: UInt64 = 5000
+    /// Default per-listener queue length of event channels.
+    public var eventQueueLimit = 1024
+
+    /// The defaults of wire-v1.
+    public init() {}
+}
+
+/// Identifies one connected client for server-initiated calls and messages.
+public struct ClientID: Hashable, Sendable, CustomStringConvertible {
+    /// The connection's serial number.
+    public let rawValue: UInt64
+    init(_ rawValue: UInt64) { self.rawValue = rawValue }
+    public var description: String { "client#\(rawValue)" }
+}
+
+/// What happens to an event that must wait while its listener's queue is full.
+public enum OverflowPolicy: Sendable {
+    /// Drop the oldest waiting event (the default).
+    case dropOldest
+    /// Drop the new event.
+    case dropNewest
+    /// Keep only the newest event: a new one replaces whatever waits.
+    case keepLatest
+}
+
+/// Why a server-initiated call or message got no value back.
+public enum InvokeError: Error, Equatable, Sendable {
+    /// The client answered with an error envelope.
+    case error(ChannelError)
+    /// The client has no handler for the channel or method (a null reply).
+    case notImplemented
+    /// The client disconnected (or was never connected) before answering.
+    case disconnected
+    /// The reply's bytes could not be decoded, or the message could not be encoded.
+    case codec(CodecError)
+    /// Text-mode clients cannot be called by the server.
+    case textClient
+}
+
+import SwitchboardCodec

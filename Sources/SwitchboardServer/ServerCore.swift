@@ -1,0 +1,306 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Logging
+import SwitchboardCodec
+import SwitchboardTransport
+import SwitchboardWire
+
+/// What a request carries into the router.
+enum RouteInput {
+    /// A binary MESSAGE payload, in the channel's codec.
+    case bytes([UInt8]?)
+    /// A text-mode call, listen or cancel.
+    case call(MethodCall)
+    /// A text-mode send.
+    case message(ChannelValue)
+}
+
+/// Server-wide counters, read by `switchboard/stats`.
+struct Counters {
+    var framesIn = 0, framesOut = 0, bytesIn = 0, bytesOut = 0
+    var repliesPending = 0
+    var slowConsumersClosed = 0
+    /// REPLY or CANCEL frames matching nothing pending.
+    var ignoredFrames = 0
+    var connectionsTotal = 0
+    var eventsDropped: [String: Int] = [:]
+    var closes: [String: Int] = [:]
+}
+
+/// The loop-owned heart of the server: connections, channels, limits, stats and shutdown.
+final class ServerCore {
+    enum Phase { case running, draining, closing, stopped }
+
+    let config: ServerConfiguration
+    let eventLoop: EventLoop
+    var handle: LoopHandle { eventLoop.handle }
+    let logger: Logger
+    var stats = Counters()
+    private(set) var phase = Phase.running
+    var isDraining: Bool { phase != .running }
+    private var listener: TCPListener?
+    private var connections: [UInt64: Connection] = [:]
+    private var closingConnections: [Connection] = []
+    private var nextConnectionID: UInt64 = 0
+    private(set) var channels: [String: ChannelEntry] = [:]
+    /// Connections with output made this turn; flushed once just before the loop blocks.
+    var dirty: [Connection] = []
+    private var beforeSleep: BeforeSleep?
+    private var housekeeping: Timer?
+    private var kick: Timer?
+    private var shutdownTimer: Timer?
+    private var signalWatchers: [SignalWatcher] = []
+    private let startedAt: UInt64
+
+    init(config: ServerConfiguration, logger: Logger) throws(UVError) {
+        self.config = config
+        self.logger = logger
+        eventLoop = try EventLoop()
+        startedAt = eventLoop.now
+    }
+
+    // MARK: Lifecycle
+
+    /// Binds the listener and starts the per-turn flush and the housekeeping timer; returns the port.
+    func bind() throws(UVError) -> Int {
+        let listener = try TCPListener(loop: eventLoop, host: config.host, port: config.port) { [unowned self] transport in
+            accept(transport)
+        }
+        self.listener = listener
+        beforeSleep = try BeforeSleep(loop: eventLoop) { [unowned self] in flushDirty() }
+        kick = try Timer(loop: eventLoop)
+        let housekeeping = try Timer(loop: eventLoop)
+        let interval = max(10, min(100, config.slowConsumerGraceMs / 4, config.heartbeatMs == 0 ? 100 : config.heartbeatMs / 4))
+        housekeeping.start(after: interval, repeat: interval) { [unowned self] in keepHouse() }
+        self.housekeeping = housekeeping
+        return listener.port
+    }
+
+    /// Stops gracefully on SIGINT or SIGTERM; a second signal stops at once.
+    func handleSignals() throws(UVError) {
+        for signal in [SIGINT, SIGTERM] {
+            signalWatchers.append(try SignalWatcher(loop: eventLoop, signal: signal) { [unowned self] in
+                if phase == .running { beginShutdown() } else { finishShutdown() }
+            })
+        }
+    }
+
+    private func accept(_ transport: TCPConnection) {
+        guard phase == .running else { return transport.closeNow() }
+        nextConnectionID += 1
+        let connection = Connection(id: nextConnectionID, transport: transport, core: self)
+        connections[connection.id] = connection
+        stats.connectionsTotal += 1
+        transport.start { event in connection.handle(event) }
+    }
+
+    func connectionClosed(_ connection: Connection, reason: CloseReason) {
+        guard connections.removeValue(forKey: connection.id) != nil else { return }
+        stats.closes[reason.rawValue, default: 0] += 1
+        if reason == .slowConsumer { stats.slowConsumersClosed += 1 }
+        if !connection.transport.isOpen { return }
+        closingConnections.append(connection)
+    }
+
+    var welcome: ChannelValue {
+        .stringMap(["version": 1, "server": .string("switchboard/\(switchboardVersion)"),
+                    "maxFrame": .int(Int(config.maxFrame)), "heartbeatMs": .int(Int(config.heartbeatMs))])
+    }
+
+    // MARK: Routing
+
+    func setChannel(_ name: String, _ entry: ChannelEntry?) {
+        if case .event(let old)? = channels[name] {
+            for stream in Array(old.streams.values) { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
+        }
+        channels[name] = entry
+    }
+
+    func route(channel name: String, input: RouteInput, request: PendingRequest?, connection: Connection) {
+        let request = request ?? PendingRequest.detached(connectionID: connection.id)
+        guard let entry = channels[name] else { return request.answer(.notImplemented) }
+        switch entry {
+        case .method(let method):
+            guard let call = methodCall(input, codec: method.codec, request: request) else { return }
+            request.cancelAnswer = .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), method.codec)
+            let result = MethodResult(request: request, codec: method.codec, loop: handle, client: ClientID(connection.id))
+            request.onCancel = { result.cancel() }
+            method.handler(call, result)
+        case .event(let event):
+            guard let call = methodCall(input, codec: event.codec, request: request) else { return }
+            switch call.method {
+            case "listen": listen(event, arguments: call.arguments, connection: connection, request: request)
+            case "cancel":
+                guard let stream = connection.streams[name] else {
+                    return request.answer(.failure(ChannelError(code: "error", message: "No active stream to cancel"), event.codec))
+                }
+                connection.endStream(stream, notifyHandler: true, arguments: call.arguments)
+                request.answer(.success(.null, event.codec))
+            default: request.answer(.notImplemented)
+            }
+        case .message(let message):
+            switch input {
+            case .bytes(let payload): message.handle(.bytes(payload), request)
+            case .message(let value): message.handle(.value(value), request)
+            case .call: request.answer(.error(.badRequest("\(name) is a message channel: use \"send\"")))
+            }
+        }
+    }
+
+    private func methodCall(_ input: RouteInput, codec: any MethodCodec, request: PendingRequest) -> MethodCall? {
+        switch input {
+        case .call(let call): return call
+        case .message: request.answer(.error(.badRequest("this is a method or event channel: use \"call\" or \"listen\"")))
+        case .bytes(let payload):
+            do throws(CodecError) { return try codec.decodeMethodCall(payload) } catch {
+                request.answer(.error(.badPayload("method call could not be decoded: \(error)")))
+            }
+        }
+        return nil
+    }
+
+    private func listen(_ entry: EventEntry, arguments: ChannelValue, connection: Connection, request: PendingRequest) {
+        if let old = connection.streams[entry.name] { connection.endStream(old, notifyHandler: true) }
+        let credit = connection.pendingCredit.removeValue(forKey: entry.name) ?? .unbounded
+        let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit)
+        stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
+        connection.streams[entry.name] = stream
+        entry.streams[connection.id] = stream
+        if let refusal = entry.handler.onListen(arguments: arguments, sink: stream.sink) {
+            connection.endStream(stream, notifyHandler: false)
+            return request.answer(.failure(refusal, entry.codec))
+        }
+        request.answer(.success(.null, entry.codec))
+        stream.activate()
+    }
+
+    func broadcast(on name: String, _ content: EventContent) {
+        guard case .event(let entry)? = channels[name] else { return }
+        let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
+        for stream in entry.streams.values { stream.deliver(event) }
+    }
+
+    func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
+                     completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) {
+        guard let connection = connections[client.rawValue] else { return completion(.failure(.disconnected)) }
+        connection.sendRequest(channel: channel, payload: payload, completion: completion)
+    }
+
+    func countDrop(_ reason: String) { stats.eventsDropped[reason, default: 0] += 1 }
+
+    // MARK: Per-turn work
+
+    private func flushDirty() {
+        var rounds = 0
+        while !dirty.isEmpty, rounds < 8 {
+            let batch = dirty
+            dirty.removeAll(keepingCapacity: true)
+            for connection in batch { connection.flush() }
+            rounds += 1
+        }
+        if !dirty.isEmpty { kick?.start(after: 0) {} }  // more output is ready: don't let the loop block
+    }
+
+    private func keepHouse() {
+        let now = eventLoop.now
+        for connection in Array(connections.values) {
+            if let since = connection.overLimitSince, connection.isOverOutboundLimit,
+               now - since >= config.slowConsumerGraceMs {
+                logger.info("closing slow consumer", metadata: ["connection.id": "\(connection.id)"])
+                connection.writeError(.slowConsumer)
+                connection.flush()
+                connection.close(.slowConsumer)
+                continue
+            }
+            guard config.heartbeatMs > 0, !connection.isText else { continue }
+            if now - connection.lastInbound >= 2 * config.heartbeatMs {
+                connection.close(.heartbeatTimeout)
+            } else if now - connection.lastPing >= config.heartbeatMs {
+                connection.lastPing = now
+                connection.writeFrame(.ping, payload: nil)
+            }
+        }
+        closingConnections.removeAll { connection in
+            guard connection.transport.isOpen else { return true }
+            if let since = connection.closingSince, now - since >= config.slowConsumerGraceMs {
+                connection.close(.slowConsumer)
+                return true
+            }
+            return false
+        }
+    }
+
+    // MARK: Shutdown
+
+    /// GOAWAY to everyone, refuse new requests, wait for in-flight ones up to the drain timeout.
+    func beginShutdown() {
+        guard phase == .running else { return }
+        phase = .draining
+        logger.notice("shutting down: draining \(stats.repliesPending) in-flight requests")
+        listener?.cancel()
+        listener = nil
+        for connection in connections.values {
+            if connection.isText {
+                TextMode.writeLine(.stringMap(["goaway": .stringMap(["reason": "server shutting down"])]), on: connection)
+            } else {
+                connection.writeFrame(.goAway, payload: try? JSONText.serialize(.stringMap(["reason": "server shutting down"])))
+            }
+        }
+        let timer = try? Timer(loop: eventLoop)
+        shutdownTimer = timer
+        timer?.start(after: config.drainTimeoutMs) { [unowned self] in finishShutdown() }
+        requestFinished()
+    }
+
+    /// Called whenever a request is answered: the drain may be over.
+    func requestFinished() {
+        guard phase == .draining, stats.repliesPending == 0 else { return }
+        kick?.start(after: 0) { [unowned self] in finishShutdown() }
+    }
+
+    /// Answers what is left with `going_away`, ends every stream, closes every connection, stops the loop.
+    func finishShutdown() {
+        guard phase == .draining || phase == .running else { return }
+        phase = .closing
+        for connection in Array(connections.values) {
+            connection.answerAllOpenRequests(with: .error(.goingAway))
+            for stream in Array(connection.streams.values) {
+                stream.finishForShutdown()
+                connection.endStream(stream, notifyHandler: true)
+            }
+            connection.closeAfterFlush(.shutdown)
+        }
+        var waited: UInt64 = 0
+        shutdownTimer?.stop()
+        shutdownTimer?.start(after: 10, repeat: 10) { [unowned self] in
+            waited += 10
+            closingConnections.removeAll { !$0.transport.isOpen }
+            guard closingConnections.isEmpty || waited >= 2000 else { return }
+            for connection in closingConnections { connection.close(.shutdown) }
+            phase = .stopped
+            logger.notice("stopped")
+            eventLoop.stop()
+        }
+    }
+
+    // MARK: Stats
+
+    var statsValue: ChannelValue {
+        .stringMap([
+            "connections": .int(connections.count),
+            "framesIn": .int(stats.framesIn), "framesOut": .int(stats.framesOut),
+            "bytesIn": .int(stats.bytesIn), "bytesOut": .int(stats.bytesOut),
+            "repliesPending": .int(stats.repliesPending),
+            "eventsDropped": .map(stats.eventsDropped.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "slowConsumersClosed": .int(stats.slowConsumersClosed),
+            "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
+            "connectionsTotal": .int(stats.connectionsTotal),
+            "ignoredFrames": .int(stats.ignoredFrames),
+            "closes": .map(stats.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+        ])
+    }
+}
+
+/// The server's version, reported in WELCOME.
+public let switchboardVersion = "0.1.0"

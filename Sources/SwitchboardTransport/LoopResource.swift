@@ -1,0 +1,133 @@
+import CLibUV
+
+/// Owns the memory of one libuv handle (the base of every transport handle type).
+///
+/// Lifetime rule (libuv's): the handle's `data` holds a +1 retain on its owner from init until the close
+/// callback, and only the close callback frees the handle's memory. Subclasses call `adopt()` right after
+/// a successful `uv_*_init`; if init fails they call `discard()` instead (no close callback will run).
+public class LoopResource {
+    let raw: UnsafeMutableRawPointer
+    private(set) var isClosing = false
+
+    /// Memory for a handle of `type`, zeroed.
+    init(type: uv_handle_type) {
+        let size = uv_handle_size(type)
+        raw = .allocate(byteCount: size, alignment: 16)
+        raw.initializeMemory(as: UInt8.self, repeating: 0, count: size)
+    }
+
+    var handle: UnsafeMutablePointer<uv_handle_t> { raw.assumingMemoryBound(to: uv_handle_t.self) }
+
+    /// Hands libuv a +1 on `self`, released by the close callback.
+    func adopt() { handle.pointee.data = Unmanaged.passRetained(self).toOpaque() }
+
+    /// Frees memory for a handle whose init failed: nothing was registered with the loop.
+    func discard() { raw.deallocate() }
+
+    /// Called once, just before `uv_close`; subclasses drop their callbacks here.
+    func willClose() {}
+
+    /// Closes the handle; its memory and the +1 on `self` go in the close callback. Idempotent.
+    func close() {
+        guard !isClosing else { return }
+        isClosing = true
+        willClose()
+        uv_close(handle) { handle in
+            guard let handle, let data = handle.pointee.data else { return }
+            let owner = Unmanaged<LoopResource>.fromOpaque(data).takeRetainedValue()
+            handle.pointee.data = nil
+            owner.raw.deallocate()
+        }
+    }
+
+    /// The owner of a handle from a callback (unretained: libuv's +1 keeps it alive).
+    static func owner<T: LoopResource>(_ handle: UnsafeMutableRawPointer?, as: T.Type) -> T? {
+        guard let handle, let data = handle.assumingMemoryBound(to: uv_handle_t.self).pointee.data else { return nil }
+        return Unmanaged<LoopResource>.fromOpaque(data).takeUnretainedValue() as? T
+    }
+}
+
+/// A one-shot or repeating timer on the loop.
+public final class Timer: LoopResource {
+    private var callback: (() -> Void)?
+
+    /// Makes a stopped timer.
+    public init(loop: EventLoop) throws(UVError) {
+        super.init(type: UV_TIMER)
+        let rc = uv_timer_init(loop.loop, raw.assumingMemoryBound(to: uv_timer_t.self))
+        guard rc == 0 else { discard(); throw UVError(code: rc, operation: "uv_timer_init") }
+        adopt()
+    }
+
+    /// Runs `body` after `milliseconds`, then every `repeatMilliseconds` if that is not 0.
+    public func start(after milliseconds: UInt64, repeat repeatMilliseconds: UInt64 = 0, _ body: @escaping () -> Void) {
+        guard !isClosing else { return }
+        callback = body
+        uv_timer_start(raw.assumingMemoryBound(to: uv_timer_t.self), { timer in
+            LoopResource.owner(UnsafeMutableRawPointer(timer), as: Timer.self)?.callback?()
+        }, milliseconds, repeatMilliseconds)
+    }
+
+    /// Stops the timer; it can be started again.
+    public func stop() {
+        guard !isClosing else { return }
+        uv_timer_stop(raw.assumingMemoryBound(to: uv_timer_t.self))
+    }
+
+    /// Keeps the loop from waiting for this timer alone.
+    public func unref() { uv_unref(handle) }
+
+    /// Stops and releases the timer.
+    public func cancel() { close() }
+
+    override func willClose() { callback = nil }
+}
+
+/// Runs a callback once per loop iteration, just before the loop blocks for I/O (Redis's `beforeSleep`).
+public final class BeforeSleep: LoopResource {
+    private var callback: (() -> Void)?
+
+    /// Starts calling `body` every iteration.
+    public init(loop: EventLoop, _ body: @escaping () -> Void) throws(UVError) {
+        super.init(type: UV_PREPARE)
+        let prepare = raw.assumingMemoryBound(to: uv_prepare_t.self)
+        let rc = uv_prepare_init(loop.loop, prepare)
+        guard rc == 0 else { discard(); throw UVError(code: rc, operation: "uv_prepare_init") }
+        adopt()
+        callback = body
+        uv_prepare_start(prepare) { prepare in
+            LoopResource.owner(UnsafeMutableRawPointer(prepare), as: BeforeSleep.self)?.callback?()
+        }
+        uv_unref(handle)  // never keeps the loop alive by itself
+    }
+
+    /// Stops and releases the hook.
+    public func cancel() { close() }
+
+    override func willClose() { callback = nil }
+}
+
+/// Calls back on the loop when the process receives a signal.
+public final class SignalWatcher: LoopResource {
+    private var callback: (() -> Void)?
+
+    /// Watches `signal` (such as SIGINT).
+    public init(loop: EventLoop, signal: Int32, _ body: @escaping () -> Void) throws(UVError) {
+        super.init(type: UV_SIGNAL)
+        let watcher = raw.assumingMemoryBound(to: uv_signal_t.self)
+        let rc = uv_signal_init(loop.loop, watcher)
+        guard rc == 0 else { discard(); throw UVError(code: rc, operation: "uv_signal_init") }
+        adopt()
+        callback = body
+        let started = uv_signal_start(watcher, { watcher, _ in
+            LoopResource.owner(UnsafeMutableRawPointer(watcher), as: SignalWatcher.self)?.callback?()
+        }, signal)
+        if started < 0 { close(); throw UVError(code: started, operation: "uv_signal_start") }
+        uv_unref(handle)
+    }
+
+    /// Stops watching.
+    public func cancel() { close() }
+
+    override func willClose() { callback = nil }
+}

@@ -1,0 +1,225 @@
+import CLibUV
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Accepts TCP connections on one address.
+public final class TCPListener: LoopResource {
+    private var onConnection: ((TCPConnection) -> Void)?
+    private unowned let eventLoop: EventLoop
+
+    /// Binds `host:port` (port 0 picks a free one) and starts listening.
+    public init(
+        loop: EventLoop, host: String, port: Int, backlog: Int32 = 1024,
+        onConnection: @escaping (TCPConnection) -> Void
+    ) throws(UVError) {
+        eventLoop = loop
+        super.init(type: UV_TCP)
+        let tcp = raw.assumingMemoryBound(to: uv_tcp_t.self)
+        let rc = uv_tcp_init(loop.loop, tcp)
+        guard rc == 0 else { discard(); throw UVError(code: rc, operation: "uv_tcp_init") }
+        adopt()
+        self.onConnection = onConnection
+        do throws(UVError) {
+            var storage = sockaddr_storage()
+            try withUnsafeMutableBytes(of: &storage) { (bytes) throws(UVError) in
+                let v4 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
+                if uv_ip4_addr(host, Int32(port), v4) != 0 {
+                    let v6 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
+                    try UVError.check(uv_ip6_addr(host, Int32(port), v6), "uv_ip6_addr(\(host))")
+                }
+                try UVError.check(
+                    uv_tcp_bind(tcp, bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self), 0), "uv_tcp_bind")
+            }
+            try UVError.check(uv_listen(stream, backlog) { server, status in
+                guard status == 0, let listener = LoopResource.owner(UnsafeMutableRawPointer(server), as: TCPListener.self)
+                else { return }
+                listener.acceptOne()
+            }, "uv_listen")
+        } catch {
+            close()
+            throw error
+        }
+    }
+
+    private var stream: UnsafeMutablePointer<uv_stream_t> { raw.assumingMemoryBound(to: uv_stream_t.self) }
+
+    private func acceptOne() {
+        guard let connection = try? TCPConnection(loop: eventLoop) else { return }
+        guard uv_accept(stream, connection.stream) == 0 else { connection.close(); return }
+        connection.didConnect()
+        onConnection?(connection)
+    }
+
+    /// The bound port (useful after binding port 0).
+    public var port: Int {
+        var storage = sockaddr_storage()
+        var length = Int32(MemoryLayout<sockaddr_storage>.size)
+        return withUnsafeMutableBytes(of: &storage) { bytes -> Int in
+            let address = bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self)
+            guard uv_tcp_getsockname(raw.assumingMemoryBound(to: uv_tcp_t.self), address, &length) == 0 else { return 0 }
+            let port = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self).pointee.sin_port
+            return Int(UInt16(bigEndian: port))
+        }
+    }
+
+    /// Stops listening.
+    public func cancel() { close() }
+
+    override func willClose() { onConnection = nil }
+}
+
+/// What a connection reports to its owner.
+public enum TCPEvent {
+    /// Bytes arrived (a fresh array; the owner may keep it).
+    case data([UInt8])
+    /// The peer closed its side, or the connection failed.
+    case closed(UVError?)
+    /// Everything queued has reached the kernel.
+    case drained
+}
+
+/// One TCP connection. Writes try `uv_try_write` first and copy only what the kernel did not take into a
+/// `uv_write` request, so the common case is one syscall and no copy.
+public final class TCPConnection: LoopResource {
+    private var handler: ((TCPEvent) -> Void)?
+    /// Bytes handed to `uv_write` whose callbacks have not run yet.
+    public private(set) var queuedBytes = 0
+    private var shutdownRequested = false
+
+    init(loop: EventLoop) throws(UVError) {
+        super.init(type: UV_TCP)
+        let rc = uv_tcp_init(loop.loop, raw.assumingMemoryBound(to: uv_tcp_t.self))
+        guard rc == 0 else { discard(); throw UVError(code: rc, operation: "uv_tcp_init") }
+        adopt()
+    }
+
+    var stream: UnsafeMutablePointer<uv_stream_t> { raw.assumingMemoryBound(to: uv_stream_t.self) }
+
+    func didConnect() { uv_tcp_nodelay(raw.assumingMemoryBound(to: uv_tcp_t.self), 1) }
+
+    /// Whether the connection can still be written to.
+    public var isOpen: Bool { !isClosing }
+
+    /// The peer's address as `host:port`.
+    public var peer: String {
+        var storage = sockaddr_storage()
+        var length = Int32(MemoryLayout<sockaddr_storage>.size)
+        return withUnsafeMutableBytes(of: &storage) { bytes -> String in
+            let address = bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self)
+            guard uv_tcp_getpeername(raw.assumingMemoryBound(to: uv_tcp_t.self), address, &length) == 0 else { return "?" }
+            var name = [CChar](repeating: 0, count: 64)
+            let v4 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
+            uv_ip4_name(v4, &name, name.count)
+            return "\(String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)):\(UInt16(bigEndian: v4.pointee.sin_port))"
+        }
+    }
+
+    /// Starts delivering events to `handler`.
+    public func start(_ handler: @escaping (TCPEvent) -> Void) {
+        self.handler = handler
+        let rc = uv_read_start(stream, { handle, _, buf in
+            guard let handle, let loop = handle.pointee.loop, let owner = loop.pointee.data else { return }
+            let eventLoop = Unmanaged<EventLoop>.fromOpaque(owner).takeUnretainedValue()
+            buf!.pointee = uv_buf_init(eventLoop.readBuffer.assumingMemoryBound(to: CChar.self),
+                                       UInt32(EventLoop.readBufferSize))
+        }, { stream, nread, buf in
+            guard let connection = LoopResource.owner(UnsafeMutableRawPointer(stream), as: TCPConnection.self) else { return }
+            if nread > 0 {
+                let bytes = [UInt8](UnsafeRawBufferPointer(start: buf!.pointee.base, count: nread))
+                connection.handler?(.data(bytes))
+            } else if nread < 0 {  // nread == 0 is "try again"; the buffer is the loop's, nothing to free
+                connection.stopReading()
+                connection.handler?(.closed(nread == Int(UV_EOF.rawValue) ? nil : UVError(code: Int32(nread), operation: "read")))
+            }
+        })
+        if rc < 0 { handler(.closed(UVError(code: rc, operation: "uv_read_start"))) }
+    }
+
+    /// Stops reading; queued writes continue.
+    public func stopReading() {
+        guard !isClosing else { return }
+        uv_read_stop(stream)
+    }
+
+    /// Writes all of `bytes` (in order after earlier writes) and empties the array, keeping its capacity.
+    public func write(_ bytes: inout [UInt8]) {
+        guard !isClosing, !bytes.isEmpty else { bytes.removeAll(keepingCapacity: true); return }
+        var written = 0
+        if queuedBytes == 0 {
+            let rc = bytes.withUnsafeBytes { raw -> Int32 in
+                var buf = uv_buf_init(UnsafeMutableRawPointer(mutating: raw.baseAddress!).assumingMemoryBound(to: CChar.self),
+                                      UInt32(raw.count))
+                return uv_try_write(stream, &buf, 1)
+            }
+            if rc > 0 {
+                written = Int(rc)
+            } else if rc < 0, rc != UV_EAGAIN.rawValue {
+                bytes.removeAll(keepingCapacity: true)
+                handler?(.closed(UVError(code: rc, operation: "uv_try_write")))
+                return
+            }
+        }
+        let remaining = bytes.count - written
+        if remaining > 0 { queueWrite(bytes, from: written) }
+        bytes.removeAll(keepingCapacity: bytes.capacity <= 1 << 20)
+    }
+
+    /// Copies the unwritten tail into one allocation holding the `uv_write_t` and the bytes; the write
+    /// callback frees it. The request's `data` carries the byte count.
+    private func queueWrite(_ bytes: [UInt8], from offset: Int) {
+        let count = bytes.count - offset
+        let requestSize = MemoryLayout<uv_write_t>.stride
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: requestSize + count, alignment: 16)
+        bytes.withUnsafeBytes { raw in
+            (memory + requestSize).copyMemory(from: raw.baseAddress! + offset, byteCount: count)
+        }
+        let request = memory.bindMemory(to: uv_write_t.self, capacity: 1)
+        request.initialize(to: uv_write_t())
+        request.pointee.data = UnsafeMutableRawPointer(bitPattern: count)
+        var buf = uv_buf_init((memory + requestSize).assumingMemoryBound(to: CChar.self), UInt32(count))
+        let rc = uv_write(request, stream, &buf, 1) { request, status in
+            guard let request else { return }
+            let count = Int(bitPattern: request.pointee.data)
+            let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
+            UnsafeMutableRawPointer(request).deallocate()
+            guard let connection else { return }
+            connection.queuedBytes -= count
+            if status < 0 {
+                if status != UV_ECANCELED.rawValue { connection.handler?(.closed(UVError(code: status, operation: "write"))) }
+            } else if connection.queuedBytes == 0 {
+                connection.handler?(.drained)
+            }
+        }
+        if rc < 0 {  // the callback will never run: release now
+            memory.deallocate()
+            handler?(.closed(UVError(code: rc, operation: "uv_write")))
+            return
+        }
+        queuedBytes += count
+    }
+
+    /// Closes once queued writes have reached the kernel (a TCP shutdown first), or at once if none are queued.
+    public func closeAfterWrites() {
+        guard !isClosing else { return }
+        stopReading()
+        guard queuedBytes > 0 else { close(); return }
+        guard !shutdownRequested else { return }
+        shutdownRequested = true
+        let request = UnsafeMutablePointer<uv_shutdown_t>.allocate(capacity: 1)
+        request.initialize(to: uv_shutdown_t())
+        let rc = uv_shutdown(request, stream) { request, _ in
+            guard let request else { return }
+            let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
+            request.deallocate()
+            connection?.close()
+        }
+        if rc < 0 { request.deallocate(); close() }
+    }
+
+    /// Closes now; queued writes are cancelled.
+    public func closeNow() { close() }
+
+    override func willClose() { handler = nil }
+}

@@ -1,0 +1,147 @@
+/// One binary frame of wire-v1 section 2.
+public struct Frame: Equatable, Sendable {
+    /// The frame type byte.
+    public enum Kind: UInt8, Sendable, CaseIterable {
+        case hello = 1, welcome, message, reply, ping, pong, error, goAway, register, unregister, cancel, demand
+
+        /// Whether the type requires a channel name (true), forbids one (false), or takes either (nil).
+        public var channelRule: Bool? {
+            switch self {
+            case .message, .register, .unregister, .demand: true
+            case .error: nil
+            default: false
+            }
+        }
+
+        /// Types only the server may send.
+        public var isServerOnly: Bool { self == .welcome || self == .error || self == .goAway }
+    }
+
+    /// The frame's type.
+    public var kind: Kind
+    /// The request id; 0 = none (no answer wanted).
+    public var id: UInt32
+    /// The channel name, empty for types that take none.
+    public var channel: String
+    /// The payload; nil is NULL_PAYLOAD, which is not the same as empty.
+    public var payload: [UInt8]?
+
+    /// Makes a frame.
+    public init(_ kind: Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) {
+        self.kind = kind
+        self.id = id
+        self.channel = channel
+        self.payload = payload
+    }
+
+    /// Size of the fixed header, length field included.
+    public static let headerSize = 12
+    /// Flag bit 0: the payload is absent.
+    public static let nullPayloadFlag: UInt8 = 1
+
+    /// Appends the frame's bytes to `out`.
+    public func write(to out: inout [UInt8]) {
+        Frame.write(kind, id: id, channel: channel, payload: payload, to: &out)
+    }
+
+    /// The frame's bytes.
+    public var bytes: [UInt8] {
+        var out = [UInt8]()
+        out.reserveCapacity(Frame.headerSize + channel.utf8.count + (payload?.count ?? 0))
+        write(to: &out)
+        return out
+    }
+
+    /// Appends a frame built from parts, without making a `Frame` first.
+    public static func write(
+        _ kind: Kind, id: UInt32, channel: String, payload: [UInt8]?, to out: inout [UInt8]
+    ) {
+        let channelBytes = channel.utf8
+        let length = 8 + channelBytes.count + (payload?.count ?? 0)
+        appendBigEndian(UInt32(length), to: &out)
+        out.append(kind.rawValue)
+        out.append(payload == nil ? nullPayloadFlag : 0)
+        out.append(UInt8(truncatingIfNeeded: channelBytes.count >> 8))
+        out.append(UInt8(truncatingIfNeeded: channelBytes.count))
+        appendBigEndian(id, to: &out)
+        out.append(contentsOf: channelBytes)
+        if let payload { out.append(contentsOf: payload) }
+    }
+
+    /// Appends a u32 in network byte order.
+    public static func appendBigEndian(_ value: UInt32, to out: inout [UInt8]) {
+        out.append(UInt8(truncatingIfNeeded: value >> 24))
+        out.append(UInt8(truncatingIfNeeded: value >> 16))
+        out.append(UInt8(truncatingIfNeeded: value >> 8))
+        out.append(UInt8(truncatingIfNeeded: value))
+    }
+}
+
+/// A protocol violation and the ERROR code wire-v1 names for it.
+public enum WireError: Error, Equatable, Sendable {
+    case malformedFrame(String)
+    case frameTooLarge(declared: UInt32)
+    case badFrame(String)
+    case badChannel(String)
+    case badPayload(String)
+    case duplicateId
+    case unauthorized
+    case badHello(String)
+    case unsupportedVersion
+    case badRequest(String)
+    case goingAway
+    case slowConsumer
+    case cancelled
+    case handlerGone
+    case channelTaken
+    case notRegistered
+
+    /// The `code` of the ERROR frame, as named in wire-v1.
+    public var code: String {
+        switch self {
+        case .malformedFrame: "malformed_frame"
+        case .frameTooLarge: "frame_too_large"
+        case .badFrame: "bad_frame"
+        case .badChannel: "bad_channel"
+        case .badPayload: "bad_payload"
+        case .duplicateId: "duplicate_id"
+        case .unauthorized: "unauthorized"
+        case .badHello: "bad_hello"
+        case .unsupportedVersion: "unsupported_version"
+        case .badRequest: "bad_request"
+        case .goingAway: "going_away"
+        case .slowConsumer: "slow_consumer"
+        case .cancelled: "cancelled"
+        case .handlerGone: "handler_gone"
+        case .channelTaken: "channel_taken"
+        case .notRegistered: "not_registered"
+        }
+    }
+
+    /// A human-readable message for the ERROR payload.
+    public var message: String {
+        switch self {
+        case .malformedFrame(let m), .badFrame(let m), .badChannel(let m), .badPayload(let m), .badHello(let m),
+             .badRequest(let m):
+            m
+        case .frameTooLarge(let declared): "frame of \(declared) bytes exceeds the server's maxFrame"
+        case .duplicateId: "a request with this id is still pending"
+        case .unauthorized: "a valid token is required"
+        case .unsupportedVersion: "only protocol version 1 is supported"
+        case .goingAway: "the server is shutting down"
+        case .slowConsumer: "the connection did not read its output in time"
+        case .cancelled: "the request was cancelled"
+        case .handlerGone: "the channel's handler went away"
+        case .channelTaken: "the channel already has a handler"
+        case .notRegistered: "this connection does not hold the channel"
+        }
+    }
+
+    /// Whether the server closes the connection after sending this error.
+    public var closesConnection: Bool {
+        switch self {
+        case .malformedFrame, .frameTooLarge, .unauthorized, .badHello, .unsupportedVersion, .slowConsumer: true
+        default: false
+        }
+    }
+}

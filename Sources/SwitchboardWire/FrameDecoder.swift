@@ -1,0 +1,77 @@
+/// Incremental binary-frame parser: feed it bytes as they arrive and take frames out.
+///
+/// Header fields are checked as soon as their bytes are in: an oversized length is refused after
+/// 4 bytes without buffering the body, and an impossible length or channel length after 8.
+public struct FrameDecoder: Sendable {
+    /// The largest `length` accepted.
+    public let maxFrame: UInt32
+
+    /// Makes a decoder.
+    public init(maxFrame: UInt32) { self.maxFrame = maxFrame }
+
+    /// The outcome of parsing one frame.
+    public enum Decoded: Equatable, Sendable {
+        /// A valid frame.
+        case frame(Frame)
+        /// A complete frame that breaks a non-fatal rule: answer ERROR with `id`, keep the connection.
+        case rejected(WireError, id: UInt32)
+    }
+
+    /// Parses the next frame from `buffer`; nil means more bytes are needed.
+    /// - Throws: `WireError.malformedFrame` or `.frameTooLarge`, after which the connection must close.
+    public func next(from buffer: inout InboundBuffer) throws(WireError) -> Decoded? {
+        let available = buffer.readableBytes
+        guard available >= 4 else { return nil }
+        let length = readU32(buffer, 0)
+        guard length <= maxFrame else { throw .frameTooLarge(declared: length) }
+        guard length >= 8 else { throw .malformedFrame("length \(length) is less than 8") }
+        guard available >= 8 else { return nil }
+        let channelLength = Int(buffer.byte(at: 6)) << 8 | Int(buffer.byte(at: 7))
+        guard channelLength <= Int(length) - 8 else {
+            throw .malformedFrame("channel length \(channelLength) exceeds frame length \(length)")
+        }
+        let total = 4 + Int(length)
+        guard available >= total else { return nil }
+        defer { buffer.consume(total) }
+
+        let typeByte = buffer.byte(at: 4)
+        let flags = buffer.byte(at: 5)
+        let id = readU32(buffer, 8)
+        let bytes = buffer.readable
+        let channelStart = bytes.startIndex + Frame.headerSize
+        let payloadStart = channelStart + channelLength
+        let payloadEnd = bytes.startIndex + total
+
+        guard let kind = Frame.Kind(rawValue: typeByte) else {
+            return .rejected(.badFrame("unknown frame type \(typeByte)"), id: id)
+        }
+        guard flags & ~Frame.nullPayloadFlag == 0 else {
+            return .rejected(.badFrame("reserved flag bits set"), id: id)
+        }
+        let isNull = flags & Frame.nullPayloadFlag != 0
+        if isNull, payloadEnd > payloadStart {
+            return .rejected(.badFrame("NULL_PAYLOAD with a payload"), id: id)
+        }
+        switch kind.channelRule {
+        case true?:
+            if channelLength == 0 { return .rejected(.badChannel("this frame type needs a channel name"), id: id) }
+        case false?:
+            if channelLength > 0 { return .rejected(.badFrame("this frame type takes no channel name"), id: id) }
+        case nil: break
+        }
+        var channel = ""
+        if channelLength > 0 {
+            guard let name = String(validating: bytes[channelStart..<payloadStart], as: UTF8.self) else {
+                return .rejected(.badChannel("channel name is not valid UTF-8"), id: id)
+            }
+            channel = name
+        }
+        let payload: [UInt8]? = isNull ? nil : Array(bytes[payloadStart..<payloadEnd])
+        return .frame(Frame(kind, id: id, channel: channel, payload: payload))
+    }
+
+    private func readU32(_ buffer: InboundBuffer, _ offset: Int) -> UInt32 {
+        UInt32(buffer.byte(at: offset)) << 24 | UInt32(buffer.byte(at: offset + 1)) << 16
+            | UInt32(buffer.byte(at: offset + 2)) << 8 | UInt32(buffer.byte(at: offset + 3))
+    }
+}

@@ -1,0 +1,66 @@
+import ArgumentParser
+import Logging
+import SwitchboardServer
+
+@main
+struct Switchboard: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "switchboard",
+        abstract: "Flutter platform channels over TCP.",
+        subcommands: [Serve.self]
+    )
+}
+
+struct Serve: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the server (with the demo channels unless --no-demo).",
+        discussion: """
+            Example:
+              switchboard serve --port 7420 --heartbeat 10000
+              printf '{"id":1,"call":"switchboard/echo","method":"echo","args":"hi"}\\n' | nc -q1 127.0.0.1 7420
+            SIGINT or SIGTERM drains gracefully (GOAWAY, in-flight replies, end of streams) and exits 0.
+            """
+    )
+
+    @Option(help: "Address to listen on.") var host = "127.0.0.1"
+    @Option(help: "Port to listen on (0 = any free port).") var port = 7420
+    @Option(help: "Largest frame or text line in bytes (at most 1 GiB).") var maxFrame: UInt32 = 16 << 20
+    @Option(help: "Bytes queued per connection before events wait and the slow-consumer clock starts.")
+    var outboundLimit = 8 << 20
+    @Option(help: "Milliseconds a connection may stay over the outbound limit before it is closed.")
+    var slowConsumerGrace: UInt64 = 5000
+    @Option(help: "Heartbeat interval in milliseconds (0 = none).") var heartbeat: UInt64 = 0
+    @Option(help: "Token clients must send in HELLO (default: $SWITCHBOARD_TOKEN).") var token: String?
+    @Option(help: "Milliseconds to wait for in-flight requests on shutdown.") var drainTimeout: UInt64 = 5000
+    @Flag(help: "Do not install the demo channels.") var noDemo = false
+    @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: Logger.Level = .notice
+
+    func validate() throws {
+        guard maxFrame >= 16, maxFrame <= 1 << 30 else { throw ValidationError("--max-frame must be 16 … 1073741824") }
+        guard (0...65535).contains(port) else { throw ValidationError("--port must be 0 … 65535") }
+        guard outboundLimit > 0 else { throw ValidationError("--outbound-limit must be positive") }
+    }
+
+    func run() throws {
+        let level = logLevel
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        var config = ServerConfiguration()
+        config.host = host
+        config.port = port
+        config.maxFrame = maxFrame
+        config.outboundLimit = outboundLimit
+        config.slowConsumerGraceMs = slowConsumerGrace
+        config.heartbeatMs = heartbeat
+        config.token = token ?? environment("SWITCHBOARD_TOKEN")
+        config.drainTimeoutMs = drainTimeout
+        let server = try Server(configuration: config)
+        if !noDemo { server.installDemoChannels() }
+        try server.run(handlingSignals: true)
+    }
+}
+
+extension Logger.Level: @retroactive ExpressibleByArgument {}

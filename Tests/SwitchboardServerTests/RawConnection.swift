@@ -1,0 +1,195 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Logging
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardWire
+
+struct TestFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A loopback socket that speaks raw bytes, for protocol tests. Reads are async and sleep briefly while
+/// nothing is there (time-out 5 s), so a waiting test never blocks a thread of the shared task pool that
+/// the server's own async handlers need.
+final class RawConnection {
+    let fd: Int32
+    private var buffer: [UInt8] = []
+    private let receiveTimeout: Duration
+
+    init(port: Int, receiveTimeout: Int = 5) throws {
+        self.receiveTimeout = Duration.seconds(receiveTimeout)
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestFailure("socket failed") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(port).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let socketFD = fd
+        let rc = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(socketFD, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard rc == 0 else { close(fd); throw TestFailure("connect failed: \(errno)") }
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+    }
+
+    deinit { close(fd) }
+
+    func send(_ bytes: [UInt8]) throws {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if n < 0, errno == EAGAIN {  // the server is not reading right now: wait for room
+                var pfd = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+                guard poll(&pfd, 1, 5000) > 0 else { throw TestFailure("send timed out") }
+                continue
+            }
+            guard n > 0 else { throw TestFailure("send failed: \(errno)") }
+            offset += n
+        }
+    }
+
+    func send(hex: String) throws { try send(Self.bytes(hex: hex)) }
+    func send(_ frame: Frame) throws { try send(frame.bytes) }
+    func send(line: String) throws { try send(Array((line + "\n").utf8)) }
+
+    /// Half-closes the sending side.
+    func finishSending() { shutdown(fd, Int32(SHUT_WR)) }
+
+    /// Reads at least `count` buffered bytes; nil on EOF.
+    private func fill(_ count: Int) async throws -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        let deadline = ContinuousClock.now + receiveTimeout
+        while buffer.count < count {
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n == 0 { return false }
+            if n < 0, errno == EAGAIN {
+                guard ContinuousClock.now < deadline else { throw TestFailure("timed out waiting for the server") }
+                try await Task.sleep(for: .milliseconds(1))
+                continue
+            }
+            guard n > 0 else { throw TestFailure("recv failed: errno \(errno)") }
+            buffer.append(contentsOf: chunk[0..<n])
+        }
+        return true
+    }
+
+    /// The next frame; nil at EOF.
+    func readFrame() async throws -> Frame? {
+        guard try await fill(4) else { return nil }
+        let length = Int(buffer[0]) << 24 | Int(buffer[1]) << 16 | Int(buffer[2]) << 8 | Int(buffer[3])
+        guard try await fill(4 + length) else { throw TestFailure("EOF inside a frame") }
+        var inbound = InboundBuffer()
+        inbound.append(Array(buffer[0..<(4 + length)]))
+        buffer.removeFirst(4 + length)
+        guard case .frame(let frame)? = try FrameDecoder(maxFrame: 1 << 30).next(from: &inbound) else {
+            throw TestFailure("server sent an invalid frame")
+        }
+        return frame
+    }
+
+    /// The next frame, which must exist.
+    func frame() async throws -> Frame {
+        guard let frame = try await readFrame() else { throw TestFailure("connection closed, frame expected") }
+        return frame
+    }
+
+    /// The next frame that is not a PING.
+    func nextNonPing() async throws -> Frame {
+        while true {
+            let f = try await frame()
+            if f.kind != .ping { return f }
+        }
+    }
+
+    /// The next text line, parsed; nil at EOF.
+    func readLine() async throws -> ChannelValue? {
+        while true {
+            if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = Array(buffer[..<newline])
+                buffer.removeFirst(newline + 1)
+                return try JSONText.parse(line)
+            }
+            guard try await fill(buffer.count + 1) else { return nil }
+        }
+    }
+
+    func line() async throws -> ChannelValue {
+        guard let line = try await readLine() else { throw TestFailure("connection closed, line expected") }
+        return line
+    }
+
+    /// True when the server has closed the connection (EOF after any remaining frames are skipped).
+    func isClosedByServer() async throws -> Bool {
+        while true {
+            do { guard try await fill(buffer.count + 1) else { return true } } catch { return false }
+            buffer.removeAll()
+        }
+    }
+
+    /// PING/PONG round trip: everything the server sent before the PONG has been read by then.
+    func barrier(id: UInt32 = 0xBA55) async throws -> [Frame] {
+        try send(Frame(.ping, id: id, payload: [1, 2]))
+        var before: [Frame] = []
+        while true {
+            let f = try await frame()
+            if f.kind == .pong, f.id == id { return before }
+            before.append(f)
+        }
+    }
+
+    static func bytes(hex: String) -> [UInt8] {
+        let digits = hex.filter { !$0.isWhitespace }
+        var out: [UInt8] = []
+        var it = digits.makeIterator()
+        while let hi = it.next(), let lo = it.next() { out.append(UInt8(String([hi, lo]), radix: 16)!) }
+        return out
+    }
+}
+
+extension Frame {
+    /// The `code` of an ERROR frame's JSON payload.
+    var errorCode: String? {
+        guard kind == .error, let payload, let body = try? JSONText.parse(payload) else { return nil }
+        return body["code"]?.stringValue
+    }
+
+    static func call(_ id: UInt32, _ channel: String, _ method: String, _ args: ChannelValue = .null,
+                     codec: any MethodCodec = StandardMethodCodec()) throws -> Frame {
+        Frame(.message, id: id, channel: channel, payload: try codec.encodeMethodCall(MethodCall(method: method, arguments: args)))
+    }
+
+    func envelope(_ codec: any MethodCodec = StandardMethodCodec()) throws -> Result<ChannelValue, ChannelError> {
+        try codec.decodeEnvelope(payload)
+    }
+}
+
+/// Runs `body` against a live server on an ephemeral port, then shuts it down and waits for it.
+func withServer(
+    _ configure: (inout ServerConfiguration) -> Void = { _ in },
+    setUp: (Server) -> Void = { _ in },
+    _ body: (Server, Int) async throws -> Void
+) async throws {
+    var config = ServerConfiguration()
+    config.port = 0
+    configure(&config)
+    var logger = Logger(label: "test")
+    logger.logLevel = .warning
+    let server = try Server(configuration: config, logger: logger)
+    server.installDemoChannels()
+    setUp(server)
+    let port = try server.start()
+    do {
+        try await body(server, port)
+    } catch {
+        server.shutdown()
+        await server.waitUntilStopped()
+        throw error
+    }
+    server.shutdown()
+    await server.waitUntilStopped()
+}
