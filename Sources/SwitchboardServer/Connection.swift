@@ -43,7 +43,7 @@ final class Connection {
     /// Credit that arrived before `listen`, by channel.
     var pendingCredit: [String: Credit] = [:]
     var overLimitSince: UInt64?
-    /// The peer half-closed; the connection closes when nothing it asked for is open any more.
+    /// The peer half-closed; the connection closes once its open requests are answered.
     private var peerFinishedSending = false
     var lastInbound: UInt64
     var lastPing: UInt64
@@ -80,9 +80,11 @@ final class Connection {
             logger.debug("connection failed: \(error)")
             close(.ioError)
         case .closed(nil):
-            // The peer closed its sending side (as `printf … | nc -q1` does). What it asked for still
-            // arrives: close once no request or stream is open.
+            // The peer closed its sending side: a client that went away looks the same as one that only
+            // half-closed (`printf … | nc -q1`). Its streams end now (a silent stream would otherwise never
+            // notice); requests it already sent are still answered, then the connection closes.
             peerFinishedSending = true
+            for stream in Array(streams.values) { endStream(stream, notifyHandler: true) }
             closeIfPeerIsDone()
         case .drained:
             afterWrite()
@@ -239,7 +241,7 @@ final class Connection {
     }
 
     private func closeIfPeerIsDone() {
-        if peerFinishedSending, requests.isEmpty, streams.isEmpty { closeAfterFlush(.peerClosed) }
+        if peerFinishedSending, requests.isEmpty { closeAfterFlush(.peerClosed) }
     }
 
     private func writeBinaryAnswer(_ answer: Answer, id: UInt32) {

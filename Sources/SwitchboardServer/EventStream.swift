@@ -132,7 +132,7 @@ final class EventStream {
             queue.append(event)
             return
         }
-        let reason = hasCredit ? "outboundLimit" : "noCredit"
+        let reason = !hasCredit ? "noCredit" : connection.isOverOutboundLimit ? "outboundLimit" : "queueFull"
         switch entry.overflow {
         case .dropNewest:
             connection.core.countDrop(reason)

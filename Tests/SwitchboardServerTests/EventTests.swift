@@ -1,0 +1,216 @@
+import Synchronization
+import Testing
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardWire
+
+private let codec = StandardMethodCodec()
+
+extension RawConnection {
+    /// Reads events of `channel` until end of stream; returns the values (error events as ChannelError).
+    func events(on channel: String, limit: Int = 10_000) async throws -> [Result<ChannelValue, ChannelError>] {
+        var out: [Result<ChannelValue, ChannelError>] = []
+        while out.count <= limit {
+            let f = try await frame()
+            guard f.kind == .message, f.channel == channel, f.id == 0 else { throw TestFailure("unexpected \(f)") }
+            guard f.payload != nil else { return out }
+            out.append(try f.envelope())
+        }
+        throw TestFailure("stream did not end")
+    }
+
+    func demand(_ n: UInt32, on channel: String) throws {
+        var payload: [UInt8] = []
+        Frame.appendBigEndian(n, to: &payload)
+        try send(Frame(.demand, channel: channel, payload: payload))
+    }
+}
+
+@Suite struct EventStreams {
+    @Test func tickerCountsThenEnds() async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(.call(1, "switchboard/ticker", "listen", ["count": 5, "intervalMs": 1]))
+            let reply = try await wire.frame()
+            #expect(reply.kind == .reply && reply.id == 1)
+            #expect(try reply.envelope() == .success(nil))
+            #expect(try await wire.events(on: "switchboard/ticker") == (0..<5).map { .success(.int($0)) })
+            // The stream has ended: cancel has nothing to cancel.
+            try wire.send(.call(2, "switchboard/ticker", "cancel"))
+            #expect(try await wire.frame().envelope() == .failure(ChannelError(code: "error", message: "No active stream to cancel")))
+        }
+    }
+
+    @Test func zeroIntervalAndZeroCount() async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(.call(1, "switchboard/ticker", "listen", ["count": 2000, "intervalMs": 0]))
+            _ = try await wire.frame()
+            #expect(try await wire.events(on: "switchboard/ticker") == (0..<2000).map { .success(.int($0)) })
+            try wire.send(.call(2, "switchboard/ticker", "listen", ["count": 0]))
+            _ = try await wire.frame()
+            #expect(try await wire.events(on: "switchboard/ticker").isEmpty)
+        }
+    }
+
+    @Test(arguments: [["count": -1], ["intervalMs": 1.5], ["count": "3"], [1, 2]] as [ChannelValue])
+    func tickerRefusesBadArguments(arguments: ChannelValue) async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(.call(1, "switchboard/ticker", "listen", arguments))
+            guard case .failure(let error) = try await wire.frame().envelope() else { throw TestFailure("expected refusal") }
+            #expect(error.code == "bad_arguments")
+            #expect(try await wire.barrier().isEmpty)  // no stream started
+        }
+    }
+
+    @Test func cancelStopsTheStreamWithNoLaterEvent() async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(.call(1, "switchboard/ticker", "listen", ["intervalMs": 1]))
+            _ = try await wire.frame()
+            _ = try await wire.frame()
+            try wire.send(.call(2, "switchboard/ticker", "cancel"))
+            var frame = try await wire.frame()
+            while frame.kind == .message { frame = try await wire.frame() }  // events sent before the cancel arrived
+            #expect(frame.kind == .reply && frame.id == 2)
+            #expect(try frame.envelope() == .success(nil))
+            try await Task.sleep(for: .milliseconds(30))
+            #expect(try await wire.barrier().isEmpty)
+        }
+    }
+
+    @Test func secondListenReplacesTheFirstSilently() async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(.call(1, "switchboard/ticker", "listen", ["intervalMs": 1]))
+            _ = try await wire.frame()
+            _ = try await wire.frame()
+            try wire.send(.call(2, "switchboard/ticker", "listen", ["count": 3, "intervalMs": 1]))
+            var frame = try await wire.frame()
+            while frame.kind == .message {  // the old stream's events, never its end
+                #expect(frame.payload != nil)
+                frame = try await wire.frame()
+            }
+            #expect(frame.id == 2)
+            // Only the new stream follows: it starts again at 0.
+            #expect(try await wire.events(on: "switchboard/ticker") == [.success(0), .success(1), .success(2)])
+        }
+    }
+
+    @Test func demandPacesTheStream() async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.demand(3, on: "switchboard/ticker")  // before listen: kept for the stream
+            try wire.send(.call(1, "switchboard/ticker", "listen", ["intervalMs": 0, "count": 100]))
+            #expect(try await wire.frame().id == 1)
+            for i in 0..<3 { #expect(try await wire.frame().envelope() == .success(.int(i))) }
+            try await Task.sleep(for: .milliseconds(50))
+            #expect(try await wire.barrier().isEmpty)  // no credit: the ticker waits
+            try wire.demand(2, on: "switchboard/ticker")
+            for i in 3..<5 { #expect(try await wire.frame().envelope() == .success(.int(i))) }
+            #expect(try await wire.barrier().isEmpty)
+            try wire.demand(0xFFFF_FFFF, on: "switchboard/ticker")  // unbounded: back to push
+            #expect(try await wire.events(on: "switchboard/ticker") == (5..<100).map { .success(.int($0)) })
+        }
+    }
+
+    @Test func creditQueueDropsOldestAndCountsIt() async throws {
+        let channel = Mutex<EventChannel?>(nil)
+        try await withServer(setUp: { server in
+            let events = EventChannel(name: "burst", queueLimit: 4, server: server)
+            events.setStreamHandler(StreamHandlerClosures(onListen: { _, sink in
+                for i in 0..<10 { sink.success(.int(i)) }  // arrive before any credit
+                return nil
+            }))
+            channel.withLock { $0 = events }
+        }) { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.demand(1, on: "burst")
+            try wire.send(.call(1, "burst", "listen"))
+            #expect(try await wire.frame().id == 1)
+            // Events emitted inside onListen wait behind the listen reply: the queue of 4 keeps 6…9.
+            #expect(try await wire.frame().envelope() == .success(6))  // the one credit
+            #expect(try await wire.barrier().isEmpty)
+            try wire.demand(100, on: "burst")
+            var values: [ChannelValue] = []
+            for _ in 0..<3 { values.append(try await wire.frame().envelope().get()) }
+            #expect(values == [7, 8, 9])
+            try wire.send(.call(2, "switchboard/stats", "get"))
+            let stats = try await wire.frame().envelope().get()
+            #expect(stats["eventsDropped"] == ["queueFull": 6])  // overflowed while waiting behind the reply
+        }
+    }
+
+    @Test func errorEventsAndEndFromAnyThread() async throws {
+        try await withServer(setUp: { server in
+            EventChannel(name: "mixed", server: server).setStreamHandler(StreamHandlerClosures(onListen: { _, sink in
+                Task.detached {
+                    sink.success("a")
+                    sink.error(ChannelError(code: "oops", message: "bad", details: 1))
+                    sink.success("b")
+                    sink.endOfStream()
+                    sink.success("after end")
+                }
+                return nil
+            }))
+        }) { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(.call(1, "mixed", "listen"))
+            #expect(try await wire.frame().id == 1)
+            #expect(try await wire.events(on: "mixed")
+                == [.success("a"), .failure(ChannelError(code: "oops", message: "bad", details: 1)), .success("b")])
+            #expect(try await wire.barrier().isEmpty)
+        }
+    }
+
+    @Test func roomBroadcastReachesBinaryAndTextListenersInOrder() async throws {
+        try await withServer { _, port in
+            var listeners: [RawConnection] = []
+            for _ in 0..<20 {
+                let listener = try RawConnection(port: port)
+                try listener.send(.call(1, "switchboard/room", "listen"))
+                #expect(try await listener.frame().id == 1)
+                listeners.append(listener)
+            }
+            let text = try RawConnection(port: port)
+            try text.send(line: #"{"id":"t","listen":"switchboard/room"}"#)
+            #expect(try await text.line() == ["id": "t", "result": nil])
+            let poster = try RawConnection(port: port)
+            for i in 0..<50 as Range<UInt8> {
+                try poster.send(Frame(.message, id: UInt32(i) + 1, channel: "switchboard/room.post", payload: [i, i]))
+            }
+            for i in 0..<50 as Range<UInt32> {
+                let reply = try await poster.frame()
+                #expect(reply.kind == .reply && reply.id == i + 1 && reply.payload == nil)
+            }
+            for listener in listeners {
+                for i in 0..<50 as Range<UInt8> {
+                    #expect(try await listener.frame().envelope() == .success(.uint8List([i, i])))
+                }
+            }
+            for i in 0..<50 {
+                #expect(try await text.line() == ["event": "switchboard/room", "data": [.int(i), .int(i)]])
+            }
+            try poster.send(Frame(.message, id: 99, channel: "switchboard/room.post", payload: nil))
+            let refused = try await poster.frame()
+            #expect(refused.errorCode == "bad_payload" && refused.id == 99)
+        }
+    }
+
+    @Test func disconnectRunsOnCancel() async throws {
+        let cancelled = CancelFlag()
+        try await withServer(setUp: { server in
+            EventChannel(name: "watched", server: server).setStreamHandler(StreamHandlerClosures(
+                onListen: { _, _ in nil }, onCancel: { _, _ in cancelled.set() }))
+        }) { _, port in
+            do {
+                let wire = try RawConnection(port: port)
+                try wire.send(.call(1, "watched", "listen"))
+                _ = try await wire.frame()
+            }
+            for _ in 0..<200 where !cancelled.isSet { try await Task.sleep(for: .milliseconds(5)) }
+            #expect(cancelled.isSet)
+        }
+    }
+}
