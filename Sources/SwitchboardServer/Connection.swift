@@ -62,6 +62,8 @@ final class Connection {
     }
 
     var pendingBytes: Int { outbound.count + transport.queuedBytes }
+    /// Bytes of events waiting in this connection's stream queues (for credit or for outbound room).
+    var waitingEventBytes = 0
     var isOverOutboundLimit: Bool { pendingBytes >= core.config.outboundLimit }
     var openRequestCount: Int { requests.count }
     var isText: Bool { mode == .text }
@@ -310,6 +312,11 @@ final class Connection {
         }
         let body: ChannelValue = .stringMap(["code": .string(error.code), "message": .string(error.message)])
         writeFrame(.error, id: id, payload: try? JSONText.serialize(body))
+    }
+
+    /// The size of `event` in this connection's encoding; nil if it has none.
+    func encodedSize(of event: OutboundEvent) -> Int? {
+        (mode == .text ? event.textLine : event.binaryFrame)?.count
     }
 
     /// Writes an event in this connection's encoding; false if it could not be encoded (counted as a drop).

@@ -86,7 +86,8 @@ final class EventStream {
     let entry: EventEntry
     let arguments: ChannelValue
     var credit: Credit
-    private var queue: [OutboundEvent] = []
+    /// Waiting events with their encoded sizes (counted in the connection's `waitingEventBytes`).
+    private var queue: [(event: OutboundEvent, size: Int)] = []
     private var queueHead = 0
     /// True until the listen reply has gone out: events wait, so the reply always comes first.
     private var isStarting = true
@@ -127,26 +128,45 @@ final class EventStream {
         enqueue(event)
     }
 
+    /// Queues `event` if it fits both the channel's queue length and the connection's outbound limit
+    /// (counting what already waits in its streams); otherwise applies the overflow policy.
     private func enqueue(_ event: OutboundEvent) {
-        if event.isEnd || queuedCount < entry.queueLimit {
-            queue.append(event)
-            return
-        }
+        guard let size = connection.encodedSize(of: event) else { return connection.core.countDrop("unencodable") }
+        if event.isEnd { return append(event, size: size) }
         let reason = !hasCredit ? "noCredit" : connection.isOverOutboundLimit ? "outboundLimit" : "queueFull"
+        func fits() -> Bool {
+            queuedCount < entry.queueLimit
+                && connection.pendingBytes + connection.waitingEventBytes + size <= connection.core.config.outboundLimit
+        }
         switch entry.overflow {
         case .dropNewest:
-            connection.core.countDrop(reason)
+            break
         case .dropOldest:
-            connection.core.countDrop(reason)
-            queueHead += 1
-            queue.append(event)
+            while !fits(), queuedCount > 0 { dropHead(reason) }
         case .keepLatest:
-            for _ in 0..<queuedCount { connection.core.countDrop(reason) }
-            queue.removeAll(keepingCapacity: true)
-            queueHead = 0
-            queue.append(event)
+            while queuedCount > 0 { dropHead(reason) }
         }
+        if fits() { append(event, size: size) } else { connection.core.countDrop(reason) }
+    }
+
+    private func append(_ event: OutboundEvent, size: Int) {
+        queue.append((event, size))
+        connection.waitingEventBytes += size
+    }
+
+    private func dropHead(_ reason: String) {
+        let (event, size) = queue[queueHead]
+        queueHead += 1
+        connection.waitingEventBytes -= size
+        if !event.isEnd { connection.core.countDrop(reason) }
         compact()
+    }
+
+    private func takeHead() -> OutboundEvent {
+        let (event, size) = queue[queueHead]
+        queueHead += 1
+        connection.waitingEventBytes -= size
+        return event
     }
 
     private func compact() {
@@ -175,10 +195,9 @@ final class EventStream {
     /// Sends what waits, as far as credit and the outbound limit allow; tells a waiting producer when ready.
     func pump() {
         while isActive, queuedCount > 0 {
-            let event = queue[queueHead]
+            let event = queue[queueHead].event
             guard event.isEnd || (hasCredit && !connection.isOverOutboundLimit) else { break }
-            queueHead += 1
-            write(event)
+            write(takeHead())
         }
         if queuedCount == 0 { queue.removeAll(keepingCapacity: true); queueHead = 0 } else { compact() }
         if isReady, let callback = readyCallback {
@@ -198,7 +217,7 @@ final class EventStream {
         guard isActive else { return }
         isActive = false
         readyCallback = nil
-        for _ in 0..<queuedCount where !queue[queueHead].isEnd { connection.core.countDrop(dropReason) }
+        while queuedCount > 0 { dropHead(dropReason) }
         queue = []
         queueHead = 0
     }
@@ -206,11 +225,7 @@ final class EventStream {
     /// For shutdown: sends what credit allows, drops the rest, then sends end of stream.
     func finishForShutdown() {
         isStarting = false
-        while isActive, queuedCount > 0, !queue[queueHead].isEnd, hasCredit {
-            let event = queue[queueHead]
-            queueHead += 1
-            write(event)
-        }
+        while isActive, queuedCount > 0, !queue[queueHead].event.isEnd, hasCredit { write(takeHead()) }
         guard isActive else { return }
         stop(dropReason: "shutdown")
         connection.writeEvent(OutboundEvent(channel: entry.name, content: .end, codec: entry.codec))

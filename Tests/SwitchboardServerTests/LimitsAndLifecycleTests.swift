@@ -1,0 +1,160 @@
+import Testing
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardWire
+
+@Suite struct LimitsAndLifecycle {
+    @Test func slowConsumerIsClosedAfterGraceAndCounted() async throws {
+        try await withServer({
+            $0.outboundLimit = 64 * 1024
+            $0.slowConsumerGraceMs = 300
+        }) { _, port in
+            let slow = try RawConnection(port: port)
+            try slow.send(.call(1, "switchboard/room", "listen"))
+            #expect(try await slow.frame().id == 1)
+            // Never reads again. A fast poster fills the slow listener's socket and outbound queue.
+            let poster = try RawConnection(port: port)
+            let chunk = [UInt8](repeating: 0xAB, count: 16 * 1024)
+            for i in 1...400 as ClosedRange<UInt32> {
+                try poster.send(Frame(.message, id: i, channel: "switchboard/room.post", payload: chunk))
+                _ = try await poster.frame()  // replies are never dropped or held back
+            }
+            let observer = try RawConnection(port: port)
+            var stats: ChannelValue = .null
+            for attempt in 0..<100 {
+                try observer.send(.call(UInt32(attempt + 1), "switchboard/stats", "get"))
+                stats = try await observer.frame().envelope().get()
+                if stats["slowConsumersClosed"] == 1 { break }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(stats["slowConsumersClosed"] == 1)
+            #expect((stats["eventsDropped"]?["outboundLimit"]?.intValue ?? 0) > 0)  // nothing lost silently
+            #expect(try await slow.isClosedByServer())
+            #expect(stats["connections"] == 2)  // poster and observer untouched
+        }
+    }
+
+    @Test func tickerPausesInsteadOfDropping() async throws {
+        try await withServer({
+            $0.outboundLimit = 16 * 1024
+            $0.slowConsumerGraceMs = 60_000
+        }) { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(.call(1, "switchboard/ticker", "listen", ["intervalMs": 0, "count": 200_000]))
+            #expect(try await wire.frame().id == 1)
+            try await Task.sleep(for: .milliseconds(300))  // not reading: the ticker must wait, not drop
+            var next = 0
+            while true {
+                let f = try await wire.frame()
+                guard f.payload != nil else { break }
+                #expect(try f.envelope() == .success(.int(next)))
+                next += 1
+            }
+            #expect(next == 200_000)
+            try wire.send(.call(2, "switchboard/stats", "get"))
+            #expect(try await wire.frame().envelope().get()["eventsDropped"] == [:])
+        }
+    }
+
+    @Test func heartbeatPingsAndClosesSilentConnections() async throws {
+        try await withServer({ $0.heartbeatMs = 100 }) { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(Frame(.hello, id: 1, payload: nil))
+            let welcome = try JSONText.parse(try await wire.frame().payload!)
+            #expect(welcome["heartbeatMs"] == 100)
+            let ping = try await wire.frame()
+            #expect(ping.kind == .ping)
+            // Stay silent: closed after two intervals without input.
+            #expect(try await wire.isClosedByServer())
+
+            let lively = try RawConnection(port: port)
+            for _ in 0..<6 {
+                let f = try await lively.frame()
+                if f.kind == .ping { try lively.send(Frame(.pong, id: f.id, payload: f.payload)) }
+            }
+            try lively.send(.call(9, "switchboard/echo", "echo", "alive"))
+            #expect(try await lively.nextNonPing().envelope() == .success("alive"))
+        }
+    }
+
+    @Test func gracefulShutdownDrainsThenEndsStreams() async throws {
+        var config = ServerConfiguration()
+        config.port = 0
+        config.drainTimeoutMs = 2000
+        let server = try Server(configuration: config)
+        server.installDemoChannels()
+        MethodChannel(name: "slow", server: server).setMethodCallHandler { call in
+            try await Task.sleep(for: .milliseconds(150))
+            return call.arguments
+        }
+        let port = try server.start()
+        let wire = try RawConnection(port: port)
+        try wire.send(.call(1, "switchboard/room", "listen"))
+        #expect(try await wire.frame().id == 1)
+        let text = try RawConnection(port: port)
+        try text.send(line: #"{"id":1,"listen":"switchboard/ticker","args":{"intervalMs":100000}}"#)
+        #expect(try await text.line() == ["id": 1, "result": nil])
+        try wire.send(.call(2, "slow", "x", "in flight"))
+        try await Task.sleep(for: .milliseconds(20))
+        server.shutdown()
+        let goAway = try await wire.frame()
+        #expect(goAway.kind == .goAway)
+        #expect(try JSONText.parse(goAway.payload!)["reason"] != nil)
+        try wire.send(.call(3, "switchboard/echo", "echo"))
+        let refused = try await wire.frame()
+        #expect(refused.errorCode == "going_away" && refused.id == 3)
+        let reply = try await wire.frame()
+        #expect(reply.id == 2)
+        #expect(try reply.envelope() == .success("in flight"))
+        let end = try await wire.frame()
+        #expect(end.kind == .message && end.channel == "switchboard/room" && end.payload == nil)
+        #expect(try await wire.isClosedByServer())
+        #expect(try await text.line()["goaway"] != nil)
+        #expect(try await text.line() == ["event": "switchboard/ticker", "end": true])
+        #expect(try await text.isClosedByServer())
+        await server.waitUntilStopped()
+    }
+
+    @Test func drainTimeoutAnswersTheRestWithGoingAway() async throws {
+        var config = ServerConfiguration()
+        config.port = 0
+        config.drainTimeoutMs = 100
+        let server = try Server(configuration: config)
+        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in }  // never answers
+        let port = try server.start()
+        let wire = try RawConnection(port: port)
+        try wire.send(.call(7, "stuck", "x"))
+        try await Task.sleep(for: .milliseconds(20))
+        server.shutdown()
+        #expect(try await wire.frame().kind == .goAway)
+        let answer = try await wire.frame()
+        #expect(answer.errorCode == "going_away" && answer.id == 7)
+        #expect(try await wire.isClosedByServer())
+        await server.waitUntilStopped()
+    }
+
+    @Test func twoHundredConnectionsTimesAHundredCalls() async throws {
+        try await withServer { _, port in
+            var connections: [RawConnection] = []
+            for _ in 0..<200 { connections.append(try RawConnection(port: port, receiveTimeout: 20)) }
+            for (c, wire) in connections.enumerated() {
+                var batch: [UInt8] = []
+                for i in 1...100 as ClosedRange<UInt32> {
+                    batch += try Frame.call(i, "switchboard/echo", "echo", .int(c * 1000 + Int(i))).bytes
+                }
+                try wire.send(batch)
+            }
+            for (c, wire) in connections.enumerated() {
+                var seen = Set<UInt32>()
+                for _ in 1...100 {
+                    let reply = try await wire.frame()
+                    #expect(reply.kind == .reply)
+                    #expect(try reply.envelope() == .success(.int(c * 1000 + Int(reply.id))))
+                    #expect(seen.insert(reply.id).inserted, "duplicate reply")
+                }
+                #expect(seen.count == 100)
+                #expect(try await wire.barrier().isEmpty)
+            }
+        }
+    }
+}
