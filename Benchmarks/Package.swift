@@ -1,0 +1,15 @@
+// swift-tools-version: 6.2
+import PackageDescription
+
+// Kept out of the main build: `swift run -c release --package-path Benchmarks codec-benchmarks`.
+let package = Package(
+    name: "SwitchboardBenchmarks",
+    dependencies: [.package(path: "..")],
+    targets: [
+        .executableTarget(
+            name: "codec-benchmarks",
+            dependencies: [.product(name: "SwitchboardCodec", package: "main")],
+            path: "Sources/CodecBenchmarks"
+        ),
+    ]
+)
