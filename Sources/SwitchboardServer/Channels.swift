@@ -132,6 +132,7 @@ public final class MethodResult: Sendable {
 
     private func complete(_ answer: Answer) {
         guard isDone.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        cancelHandler.withLock { $0 = nil }  // it may hold the handler's task, which holds this result
         let request = self.request
         if request.loop.isInLoopThread {
             request.value.answer(answer)

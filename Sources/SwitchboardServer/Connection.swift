@@ -420,7 +420,7 @@ final class Connection {
         let waiting = outgoing
         outgoing = [:]
         for completion in waiting.values { completion(.failure(.disconnected)) }
-        for request in requests.values { request.connection = nil }
+        for request in requests.values { request.abandon() }
         core.stats.repliesPending -= requests.count
         requests = [:]
         binaryRequests = [:]

@@ -30,7 +30,8 @@ final class PendingRequest {
     let serial: UInt64
     /// What a CANCEL answers when the handler has produced nothing.
     var cancelAnswer: Answer = .error(.cancelled)
-    /// Told when the requester cancels.
+    /// Told when the requester cancels. It usually captures the handler's result object, which holds
+    /// this request: the cycle is broken when the request is answered or abandoned.
     var onCancel: (() -> Bool)?
     private(set) var isAnswered = false
 
@@ -50,12 +51,19 @@ final class PendingRequest {
 
     static func detached(connectionID: UInt64) -> PendingRequest { PendingRequest(connectionID: connectionID) }
 
+    /// Forgets the requester (it disconnected): a late answer goes nowhere.
+    func abandon() {
+        connection = nil
+        onCancel = nil
+    }
+
     var isText: Bool { if case .text = origin { true } else { false } }
 
     /// Sends the answer (if the requester is still connected) and closes the request.
     func answer(_ answer: Answer) {
         guard !isAnswered else { return }
         isAnswered = true
+        onCancel = nil
         connection?.finish(self, with: answer)
     }
 }

@@ -30,6 +30,9 @@ public final class EventLoop {
     /// Milliseconds of the loop's cached clock.
     public var now: UInt64 { uv_now(loop) }
 
+    /// A monotonic clock in nanoseconds, for measuring latency.
+    public static func nanoseconds() -> UInt64 { uv_hrtime() }
+
     /// Runs until ``stop()``, then closes every remaining handle and the loop itself.
     public func run() {
         handle.markLoopThread()

@@ -84,6 +84,7 @@ public enum TCPEvent {
 /// `uv_write` request, so the common case is one syscall and no copy.
 public final class TCPConnection: LoopResource {
     private var handler: ((TCPEvent) -> Void)?
+    private var connectCompletion: ((Result<TCPConnection, UVError>) -> Void)?
     /// Bytes handed to `uv_write` whose callbacks have not run yet.
     public private(set) var queuedBytes = 0
     private var shutdownRequested = false
@@ -96,6 +97,47 @@ public final class TCPConnection: LoopResource {
     }
 
     var stream: UnsafeMutablePointer<uv_stream_t> { raw.assumingMemoryBound(to: uv_stream_t.self) }
+
+    /// Opens a connection to an IPv4 `host:port`; `completion` runs on the loop.
+    public static func connect(
+        loop: EventLoop, host: String, port: Int, _ completion: @escaping (Result<TCPConnection, UVError>) -> Void
+    ) {
+        let connection: TCPConnection
+        do { connection = try TCPConnection(loop: loop) } catch { return completion(.failure(error)) }
+        var address = sockaddr_in()
+        let parsed = uv_ip4_addr(host, Int32(port), &address)
+        guard parsed == 0 else {
+            connection.close()
+            return completion(.failure(UVError(code: parsed, operation: "uv_ip4_addr(\(host))")))
+        }
+        connection.connectCompletion = completion
+        let request = UnsafeMutablePointer<uv_connect_t>.allocate(capacity: 1)
+        request.initialize(to: uv_connect_t())
+        let rc = withUnsafePointer(to: &address) { address in
+            address.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
+                uv_tcp_connect(request, connection.raw.assumingMemoryBound(to: uv_tcp_t.self), address) { request, status in
+                    guard let request else { return }
+                    let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
+                    request.deallocate()
+                    guard let connection, let completion = connection.connectCompletion else { return }
+                    connection.connectCompletion = nil
+                    if status < 0 {
+                        connection.close()
+                        completion(.failure(UVError(code: status, operation: "uv_tcp_connect")))
+                    } else {
+                        connection.didConnect()
+                        completion(.success(connection))
+                    }
+                }
+            }
+        }
+        if rc < 0 {  // the callback will never run
+            request.deallocate()
+            connection.connectCompletion = nil
+            connection.close()
+            completion(.failure(UVError(code: rc, operation: "uv_tcp_connect")))
+        }
+    }
 
     func didConnect() { uv_tcp_nodelay(raw.assumingMemoryBound(to: uv_tcp_t.self), 1) }
 
@@ -221,5 +263,8 @@ public final class TCPConnection: LoopResource {
     /// Closes now; queued writes are cancelled.
     public func closeNow() { close() }
 
-    override func willClose() { handler = nil }
+    override func willClose() {
+        handler = nil
+        connectCompletion = nil
+    }
 }

@@ -7,7 +7,7 @@ struct Switchboard: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard",
         abstract: "Flutter platform channels over TCP.",
-        subcommands: [Serve.self]
+        subcommands: [Serve.self, Bench.self]
     )
 }
 

@@ -112,6 +112,25 @@ import SwitchboardWire
         }
     }
 
+    @Test func answeredRequestsAreReleased() async throws {
+        let results = WeakResults()
+        try await withServer(setUp: { server in
+            MethodChannel(name: "tracked", server: server).setMethodCallHandler { call, result in
+                results.add(result)
+                result.success(call.arguments)
+            }
+            MethodChannel(name: "tracked.async", server: server).setMethodCallHandler { call in call.arguments }
+        }) { _, port in
+            let wire = try RawConnection(port: port)
+            for id in 1...50 as ClosedRange<UInt32> { try wire.send(.call(id, "tracked", "m")) }
+            for id in 51...100 as ClosedRange<UInt32> { try wire.send(.call(id, "tracked.async", "m")) }
+            for _ in 1...100 { _ = try await wire.frame() }
+            _ = try await wire.barrier()
+            #expect(results.count == 50)
+            #expect(results.alive == 0)  // no cycle keeps a finished request (and its result) alive
+        }
+    }
+
     @Test func cancelTellsTheHandlerAndStillAnswersOnce() async throws {
         let cancelled = CancelFlag()
         try await withServer(setUp: { server in
@@ -188,6 +207,14 @@ final class CancelFlag: Sendable {
     private let flag = Mutex(false)
     func set() { flag.withLock { $0 = true } }
     var isSet: Bool { flag.withLock { $0 } }
+}
+
+final class WeakResults: Sendable {
+    private struct Entry: @unchecked Sendable { weak var result: MethodResult? }  // only read under the lock
+    private let entries = Mutex<[Entry]>([])
+    func add(_ result: MethodResult) { entries.withLock { $0.append(Entry(result: result)) } }
+    var count: Int { entries.withLock { $0.count } }
+    var alive: Int { entries.withLock { $0.filter { $0.result != nil }.count } }
 }
 
 final class Clients: Sendable {

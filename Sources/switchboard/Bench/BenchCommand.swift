@@ -1,0 +1,70 @@
+import ArgumentParser
+import SwitchboardCodec
+import SwitchboardTransport
+
+struct Bench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Measure a running server: rpc, fanout or idle.",
+        discussion: """
+            Examples:
+              switchboard bench rpc -c 50 -d 16 -s 32 --duration 5
+              switchboard bench fanout -n 100 -s 64 -d 64
+              switchboard bench idle -n 1000 --server-pid $(pgrep -f 'switchboard serve')
+            Run with a release build; quote results as ratios measured side by side in one run.
+            """
+    )
+
+    enum Workload: String, ExpressibleByArgument, CaseIterable { case rpc, fanout, idle }
+
+    @Argument(help: "rpc, fanout or idle.") var workload: Workload
+    @Option(help: "Server address.") var host = "127.0.0.1"
+    @Option(help: "Server port.") var port = 7420
+    @Option(name: [.customShort("c"), .long], help: "rpc: connections.") var connections = 50
+    @Option(name: [.customShort("d"), .long], help: "rpc: requests in flight per connection; fanout: posts unanswered.")
+    var depth = 16
+    @Option(name: [.customShort("s"), .long], help: "Payload bytes.") var size = 32
+    @Option(name: [.customShort("n"), .long], help: "fanout: listeners; idle: connections.") var count = 100
+    @Option(help: "Seconds measured.") var duration = 5.0
+    @Option(help: "Seconds of warm-up before measuring.") var warmup = 1.0
+    @Option(help: "idle: pid of the server, to read its resident memory.") var serverPID: Int32?
+    @Flag(help: "Print the result as JSON.") var json = false
+
+    func validate() throws {
+        guard connections > 0, depth > 0, count > 0, size >= 0, duration > 0, warmup >= 0 else {
+            throw ValidationError("counts and durations must be positive")
+        }
+    }
+
+    func run() throws {
+        let loop = try EventLoop()
+        var outcome: BenchResult?
+        let done: (BenchResult) -> Void = { result in
+            outcome = result
+            loop.stop()
+        }
+        // The workloads live until the loop stops.
+        var workloads: [AnyObject] = []
+        switch workload {
+        case .rpc:
+            let rpc = try RPCWorkload(loop: loop, connections: connections, depth: depth, size: size)
+            workloads.append(rpc)
+            rpc.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
+        case .fanout:
+            let fanout = FanoutWorkload(loop: loop, listeners: count, size: size, window: depth)
+            workloads.append(fanout)
+            fanout.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
+        case .idle:
+            let idle = IdleWorkload(loop: loop, count: count)
+            workloads.append(idle)
+            idle.run(host: host, port: port, hold: duration, serverPID: serverPID, completion: done)
+        }
+        loop.run()
+        withExtendedLifetime(workloads) {}
+        guard let result = outcome else { throw ExitCode(3) }
+        if json {
+            print(String(decoding: try JSONText.serialize(result.value, options: .textMode), as: UTF8.self))
+        } else {
+            result.printTable()
+        }
+    }
+}
