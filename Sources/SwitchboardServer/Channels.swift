@@ -1,4 +1,3 @@
-import Synchronization
 import SwitchboardCodec
 import SwitchboardTransport
 import SwitchboardWire
@@ -90,12 +89,10 @@ public struct MethodNotImplemented: Error, Sendable {
 }
 
 /// The one answer to one method call: success, error or not implemented. Callable from any thread;
-/// only the first answer counts.
+/// only the first answer counts (the loop ignores later ones).
 public final class MethodResult: Sendable {
     private let request: LoopBound<PendingRequest>
     private let codec: any MethodCodec
-    private let isDone = Atomic<Bool>(false)
-    private let cancelHandler = Mutex<(@Sendable () -> Void)?>(nil)
     /// The caller.
     public let client: ClientID
 
@@ -112,32 +109,25 @@ public final class MethodResult: Sendable {
     /// Answers with a null reply ("not implemented").
     public func notImplemented() { complete(.notImplemented) }
 
-    /// Whether an answer was already given (or the caller cancelled).
-    public var isComplete: Bool { isDone.load(ordering: .acquiring) }
-
     /// Runs `body` if the caller cancels (CANCEL frame) before an answer is given. The cancel itself is
     /// answered with the error code `cancelled`; later answers are ignored.
     public func onCancel(_ body: @escaping @Sendable () -> Void) {
-        cancelHandler.withLock { $0 = body }
-    }
-
-    /// Called on the loop when a CANCEL arrives for this request; true if it was still open.
-    func cancel() -> Bool {
-        guard isDone.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else {
-            return false
-        }
-        cancelHandler.withLock { $0 }?()
-        return true
+        request.onLoop { $0.cancelHandler = body }
     }
 
     private func complete(_ answer: Answer) {
-        guard isDone.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
-        cancelHandler.withLock { $0 = nil }  // it may hold the handler's task, which holds this result
-        let request = self.request
-        if request.loop.isInLoopThread {
-            request.value.answer(answer)
+        request.onLoop { $0.answer(answer) }
+    }
+}
+
+extension LoopBound {
+    /// Runs `body` with the value on the loop thread: at once when already there, else queued.
+    func onLoop(_ body: @escaping @Sendable (Value) -> Void) {
+        if loop.isInLoopThread {
+            body(value)
         } else {
-            request.loop.execute { request.value.answer(answer) }
+            let bound = self
+            loop.execute { body(bound.value) }
         }
     }
 }
@@ -233,12 +223,7 @@ public final class EventSink: Sendable {
     public func endOfStream() { send(.end) }
 
     private func send(_ content: EventContent) {
-        let stream = self.stream
-        if stream.loop.isInLoopThread {
-            stream.value.emit(content)
-        } else {
-            stream.loop.execute { stream.value.emit(content) }
-        }
+        stream.onLoop { $0.emit(content) }
     }
 
     /// Loop thread only: whether an event sent now goes straight out (the stream is live, has credit,
@@ -316,7 +301,6 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
 public final class MessageReply<Codec: MessageCodec>: Sendable {
     private let request: LoopBound<PendingRequest>
     private let codec: Codec
-    private let isDone = Atomic<Bool>(false)
     /// The sender.
     public let client: ClientID
 
@@ -329,24 +313,14 @@ public final class MessageReply<Codec: MessageCodec>: Sendable {
     /// Replies with `message`.
     public func reply(_ message: Codec.Message) {
         let codec = self.codec
-        complete { request in
-            if request.isText { return .messageValue(codec.value(of: message)) }
-            do throws(CodecError) { return .messageBytes(try codec.encode(message)) } catch {
-                return .error(.badPayload("reply could not be encoded: \(error)"))
+        request.onLoop { request in
+            if request.isText { return request.answer(.messageValue(codec.value(of: message))) }
+            do throws(CodecError) { request.answer(.messageBytes(try codec.encode(message))) } catch {
+                request.answer(.error(.badPayload("reply could not be encoded: \(error)")))
             }
         }
     }
 
     /// Answers with an ERROR instead of a reply.
-    public func fail(_ error: WireError) { complete { _ in .error(error) } }
-
-    private func complete(_ makeAnswer: @escaping @Sendable (PendingRequest) -> Answer) {
-        guard isDone.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
-        let request = self.request
-        if request.loop.isInLoopThread {
-            request.value.answer(makeAnswer(request.value))
-        } else {
-            request.loop.execute { request.value.answer(makeAnswer(request.value)) }
-        }
-    }
+    public func fail(_ error: WireError) { request.onLoop { $0.answer(.error(error)) } }
 }

@@ -221,7 +221,7 @@ final class Connection {
 
     private func cancelRequest(_ id: UInt32) {
         guard let request = binaryRequests[id] else { core.stats.ignoredFrames += 1; return }
-        if let onCancel = request.onCancel, !onCancel() { return }  // already answered on another thread
+        request.cancelHandler?()
         request.answer(request.cancelAnswer)
     }
 

@@ -30,9 +30,8 @@ final class PendingRequest {
     let serial: UInt64
     /// What a CANCEL answers when the handler has produced nothing.
     var cancelAnswer: Answer = .error(.cancelled)
-    /// Told when the requester cancels. It usually captures the handler's result object, which holds
-    /// this request: the cycle is broken when the request is answered or abandoned.
-    var onCancel: (() -> Bool)?
+    /// The handler's hook for a CANCEL from the requester (an async handler cancels its task).
+    var cancelHandler: (@Sendable () -> Void)?
     private(set) var isAnswered = false
 
     init(connection: Connection, origin: Origin, serial: UInt64) {
@@ -54,7 +53,7 @@ final class PendingRequest {
     /// Forgets the requester (it disconnected): a late answer goes nowhere.
     func abandon() {
         connection = nil
-        onCancel = nil
+        cancelHandler = nil
     }
 
     var isText: Bool { if case .text = origin { true } else { false } }
@@ -63,7 +62,7 @@ final class PendingRequest {
     func answer(_ answer: Answer) {
         guard !isAnswered else { return }
         isAnswered = true
-        onCancel = nil
+        cancelHandler = nil
         connection?.finish(self, with: answer)
     }
 }
