@@ -157,7 +157,7 @@ public struct StringCodec: MessageCodec {
 
     public func decode(_ payload: [UInt8]?) throws(CodecError) -> String? {
         guard let payload else { return nil }
-        guard let s = String(validating: payload, as: UTF8.self) else {
+        guard let s = decodeUTF8(payload[...]) else {
             throw CodecError(offset: 0, "invalid UTF-8 in string message")
         }
         return s

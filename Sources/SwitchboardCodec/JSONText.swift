@@ -299,7 +299,7 @@ extension JSONText {
             }
             guard let stop = peek else { throw error("unterminated string") }
             if stop == UInt8(ascii: "\"") {  // fast path: no escapes
-                guard let s = String(validating: bytes[start..<index], as: UTF8.self) else {
+                guard let s = decodeUTF8(bytes[start..<index]) else {
                     throw CodecError(offset: start - bytes.startIndex, "invalid UTF-8 in string")
                 }
                 index += 1
@@ -311,7 +311,7 @@ extension JSONText {
                 index += 1
                 switch b {
                 case UInt8(ascii: "\""):
-                    guard let s = String(validating: buffer, as: UTF8.self) else {
+                    guard let s = decodeUTF8(buffer[...]) else {
                         throw CodecError(offset: start - bytes.startIndex, "invalid UTF-8 in string")
                     }
                     return s

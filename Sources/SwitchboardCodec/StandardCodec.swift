@@ -237,7 +237,7 @@ public struct StandardReader {
     private mutating func readUTF8(_ count: Int) throws(CodecError) -> String {
         let start = offset
         let raw = try readBytes(count)
-        guard let s = String(validating: raw, as: UTF8.self) else {
+        guard let s = decodeUTF8(raw) else {
             throw CodecError(offset: start, "invalid UTF-8 in string")
         }
         return s

@@ -1,3 +1,5 @@
+import SwitchboardCodec
+
 /// Incremental binary-frame parser: feed it bytes as they arrive and take frames out.
 ///
 /// Header fields are checked as soon as their bytes are in: an oversized length is refused after
@@ -61,7 +63,7 @@ public struct FrameDecoder: Sendable {
         }
         var channel = ""
         if channelLength > 0 {
-            guard let name = String(validating: bytes[channelStart..<payloadStart], as: UTF8.self) else {
+            guard let name = decodeUTF8(bytes[channelStart..<payloadStart]) else {
                 return .rejected(.badChannel("channel name is not valid UTF-8"), id: id)
             }
             channel = name
