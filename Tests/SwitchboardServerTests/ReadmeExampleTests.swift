@@ -1,0 +1,50 @@
+import Testing
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardWire
+
+/// The README's server example, kept compiling and working.
+@Suite struct ReadmeExample {
+    /// The README's code, with the port made ephemeral and `run` replaced by `start`.
+    func makeServer() throws -> Server {
+        var configuration = ServerConfiguration()
+        configuration.port = 0
+        // README begins
+        let server = try Server(configuration: configuration)
+
+        MethodChannel(name: "math", server: server).setMethodCallHandler { call in
+            guard call.method == "square", let n = call.arguments.intValue else { throw MethodNotImplemented() }
+            return .int(n * n)
+        }
+
+        let temperature = EventChannel(name: "sensors/temperature", server: server)
+        temperature.setStreamHandler(StreamHandlerClosures(onListen: { _, sink in
+            sink.success(21.5)  // the current value first; broadcasts follow
+            return nil
+        }))
+        Task {
+            for reading in stride(from: 22.0, through: 25.0, by: 0.5) {
+                try await Task.sleep(for: .milliseconds(100))
+                temperature.broadcast(.float64(reading))  // encoded once for every listener
+            }
+        }
+        // README ends
+        return server
+    }
+
+    @Test func exampleServes() async throws {
+        let server = try makeServer()
+        let port = try server.start()
+        let wire = try RawConnection(port: port)
+        try wire.send(.call(1, "math", "square", 12))
+        #expect(try await wire.frame().envelope() == .success(144))
+        try wire.send(.call(2, "math", "cube", 3))
+        #expect(try await wire.frame().payload == nil)
+        try wire.send(.call(3, "sensors/temperature", "listen"))
+        #expect(try await wire.frame().id == 3)
+        #expect(try await wire.frame().envelope() == .success(21.5))
+        #expect(try await wire.frame().envelope() == .success(22.0))
+        server.shutdown()
+        await server.waitUntilStopped()
+    }
+}
