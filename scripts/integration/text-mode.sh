@@ -79,4 +79,8 @@ text_session "right token" '{"hello":{"version":1,"token":"s3cret"}}\n{"id":3,"c
 '{"welcome":{"version":1,"server":"switchboard/0.1.0","maxFrame":16777216,"heartbeatMs":0}}
 {"id":3,"result":1}'
 text_session "bad hello" '{"hello":[1]}\n' '{"error":{"code":"bad_hello","message":"hello must be a JSON object"}}'
+
+stop_server
+start_server --no-demo
+text_session "no demo channels" '{"id":1,"call":"switchboard/echo","method":"echo","args":1}\n' '{"id":1,"notImplemented":true}'
 finish

@@ -66,7 +66,7 @@ struct BenchResult {
 
     func printTable() {
         print("\(workload) \(parameters)")
-        print("  \(unit):".padded(22) + format(rate))
+        print("  \(unit):".padded(22) + (unit.hasPrefix("calls") || unit.hasPrefix("deliveries") ? format(rate) : String(Int(rate))))
         if let latency, latency.totalCount > 0 {
             print("  latency (µs):".padded(22)
                 + "p50 \(latency.valueAtPercentile(50))  p90 \(latency.valueAtPercentile(90))  "
