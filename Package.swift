@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "SwitchboardCodec", targets: ["SwitchboardCodec"]),
         .library(name: "SwitchboardWire", targets: ["SwitchboardWire"]),
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
+        .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
     ],
     dependencies: [
@@ -17,6 +18,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
+        .package(url: "https://github.com/OpenCombine/OpenCombine.git", from: "0.14.0"),
     ],
     targets: [
         .systemLibrary(
@@ -35,10 +37,17 @@ let package = Package(
             ],
             swiftSettings: safeSettings
         ),
+        .target(
+            name: "SwitchboardClient",
+            dependencies: [
+                "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport",
+                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
+            ]
+        ),
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "SwitchboardServer", "SwitchboardTransport", "SwitchboardWire", "SwitchboardCodec",
+                "SwitchboardServer", "SwitchboardClient", "SwitchboardTransport", "SwitchboardWire", "SwitchboardCodec",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "Logging", package: "swift-log"),
@@ -47,6 +56,14 @@ let package = Package(
         .testTarget(
             name: "SwitchboardCodecTests",
             dependencies: ["SwitchboardCodec", .product(name: "PropertyBased", package: "swift-property-based")]
+        ),
+        .testTarget(
+            name: "SwitchboardClientTests",
+            dependencies: [
+                "SwitchboardClient", "SwitchboardServer", "SwitchboardCodec",
+                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .testTarget(
             name: "SwitchboardServerTests",

@@ -3,11 +3,11 @@ import Logging
 import SwitchboardServer
 
 @main
-struct Switchboard: ParsableCommand {
+struct Switchboard: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard",
         abstract: "Flutter platform channels over TCP.",
-        subcommands: [Serve.self, Bench.self]
+        subcommands: [Serve.self, Call.self, Listen.self, Send.self, Ping.self, Bench.self]
     )
 }
 

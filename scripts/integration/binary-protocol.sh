@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The binary protocol (wire-v1 section 2) driven with printf, xxd and nc.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 
 # frame TYPE FLAGS ID CHANNEL [PAYLOAD_HEX]: one frame as hex (big-endian header).
 frame() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Text mode (wire-v1 section 5) driven with nc: every request kind and every bad-input case.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 start_server --max-frame 256
 
 text_session "call echo" '{"id":1,"call":"switchboard/echo","method":"echo","args":{"a":[1,2.5,"x",null,true]}}\n' \
