@@ -11,6 +11,7 @@ let package = Package(
         .library(name: "SwitchboardWire", targets: ["SwitchboardWire"]),
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
+        .library(name: "SwitchboardTesting", targets: ["SwitchboardTesting"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
     ],
     dependencies: [
@@ -44,6 +45,7 @@ let package = Package(
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
             ]
         ),
+        .target(name: "SwitchboardTesting", dependencies: ["SwitchboardCodec", "SwitchboardWire"]),
         .executableTarget(
             name: "switchboard",
             dependencies: [
@@ -60,7 +62,7 @@ let package = Package(
         .testTarget(
             name: "SwitchboardClientTests",
             dependencies: [
-                "SwitchboardClient", "SwitchboardServer", "SwitchboardCodec",
+                "SwitchboardClient", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -68,7 +70,7 @@ let package = Package(
         .testTarget(
             name: "SwitchboardServerTests",
             dependencies: [
-                "SwitchboardServer", "SwitchboardWire", "SwitchboardCodec",
+                "SwitchboardServer", "SwitchboardWire", "SwitchboardCodec", "SwitchboardTesting",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -40,9 +40,11 @@ public struct MethodChannel: Sendable {
         return try ChannelValueDecoder().decode(R.self, from: value)
     }
 
-    /// Answers the server's calls on this channel (the reverse direction). The handler returns the
+    /// Serves this channel from the client: calls from the server and, through the server, from every
+    /// other client (the channel is registered with the server; nil unregisters). The handler returns the
     /// result, throws a ``ChannelError`` for an error envelope or ``MissingImplementation`` for a null reply.
-    public func setMethodCallHandler(_ handler: (@Sendable (MethodCall) async throws -> ChannelValue)?) {
+    /// - Throws: ``ClientError/server(code:message:)`` `channel_taken` if someone else handles the channel.
+    public func setMethodCallHandler(_ handler: (@Sendable (MethodCall) async throws -> ChannelValue)?) async throws {
         let codec = self.codec
         let incoming: IncomingHandler? = handler.map { handler in
             { @Sendable payload async throws -> [UInt8]? in
@@ -60,8 +62,22 @@ public struct MethodChannel: Sendable {
                 }
             }
         }
-        client.setIncomingHandler(name, incoming)
+        try await client.setIncomingHandler(name, declaration: declaration(kind: "method", codec: codec), incoming)
     }
+}
+
+/// The REGISTER declaration for a channel whose codec is one of Flutter's (none for custom codecs).
+func declaration(kind: String, codec: Any) -> ChannelValue {
+    let name: String? = switch codec {
+    case is StandardMethodCodec, is StandardMessageCodec: "standard"
+    case is JSONMethodCodec, is JSONMessageCodec: "json"
+    case is StringCodec: "string"
+    case is BinaryCodec: "binary"
+    default: nil
+    }
+    var entries: [ChannelValue.MapEntry] = [.init("kind", .string(kind))]
+    if let name { entries.append(.init("codec", .string(name))) }
+    return .map(entries)
 }
 
 /// Sends messages to a server's channel: Flutter's `BasicMessageChannel`, client side.
@@ -86,13 +102,14 @@ public struct BasicMessageChannel<Codec: MessageCodec>: Sendable {
         do { return try codec.decode(reply) } catch { throw ClientError.badReply("\(error)") }
     }
 
-    /// Answers the server's messages on this channel (the reverse direction).
-    public func setMessageHandler(_ handler: (@Sendable (Codec.Message) async throws -> Codec.Message)?) {
+    /// Serves this channel from the client: messages from the server and, through it, from other
+    /// clients (registered with the server; nil unregisters).
+    public func setMessageHandler(_ handler: (@Sendable (Codec.Message) async throws -> Codec.Message)?) async throws {
         let codec = self.codec
         let incoming: IncomingHandler? = handler.map { handler in
             { @Sendable payload async throws -> [UInt8]? in try codec.encode(try await handler(try codec.decode(payload))) }
         }
-        client.setIncomingHandler(name, incoming)
+        try await client.setIncomingHandler(name, declaration: declaration(kind: "message", codec: codec), incoming)
     }
 }
 

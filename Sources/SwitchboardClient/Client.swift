@@ -165,10 +165,24 @@ public final class Client: Sendable {
         core.loop.execute { core.value.post(channel: channel, payload: payload) }
     }
 
-    /// Sets (or removes) the handler of the server's MESSAGEs to `channel` on this client.
-    func setIncomingHandler(_ channel: String, _ handler: IncomingHandler?) {
+    /// Sets (or removes) the handler of MESSAGEs to `channel` on this client, and holds the channel on
+    /// the server for other clients (REGISTER; UNREGISTER when removed). Re-registered after reconnects.
+    /// - Throws: ``ClientError/server(code:message:)`` `channel_taken` when another client or the server
+    ///   already handles the channel (the handler is then removed again).
+    func setIncomingHandler(_ channel: String, declaration: ChannelValue?, _ handler: IncomingHandler?) async throws {
         let core = self.core
-        core.loop.execute { core.value.handlers[channel] = handler }
+        let payload = try declaration.map { try JSONText.serialize($0) }
+        let result: Result<[UInt8]?, any Error> = await withCheckedContinuation { continuation in
+            let queued = core.loop.execute {
+                core.value.handlers[channel] = handler
+                core.value.register(channel, declaration: payload, remove: handler == nil) { result in
+                    if case .failure = result, handler != nil { core.value.handlers[channel] = nil }
+                    continuation.resume(returning: result)
+                }
+            }
+            if !queued { continuation.resume(returning: .failure(ClientError.closed)) }
+        }
+        _ = try result.get()
     }
 }
 

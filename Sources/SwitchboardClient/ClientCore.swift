@@ -54,6 +54,8 @@ final class ClientCore {
     private var pings: Set<UInt32> = []
     private var streams: [String: StreamListener] = [:]
     var handlers: [String: IncomingHandler] = [:]
+    /// Channels this client holds (REGISTER payloads), registered again after every reconnect.
+    private var registrations: [String: [UInt8]?] = [:]
     private var incoming: [UInt32: Task<Void, Never>] = [:]
     private var connectWaiters: [(Result<Void, ClientError>) -> Void] = []
     private var hasConnected = false
@@ -114,7 +116,26 @@ final class ClientCore {
         let waiters = connectWaiters
         connectWaiters = []
         for waiter in waiters { waiter(.success(())) }
+        for (channel, declaration) in registrations {
+            write(.register, id: nextInternalID(), channel: channel, payload: declaration)
+        }
         for listener in streams.values { sendListen(listener) }
+    }
+
+    // MARK: Holding channels (broker routing)
+
+    /// Sends REGISTER (or UNREGISTER with a nil declaration's `remove`) and reports the server's answer.
+    func register(_ channel: String, declaration: [UInt8]?, remove: Bool, reply: @escaping ReplyHandler) {
+        if remove { registrations.removeValue(forKey: channel) } else { registrations[channel] = declaration }
+        guard state == .connected else {
+            return reply(remove ? .success(nil) : .failure(isClosing ? ClientError.closed : ClientError.connectionLost))
+        }
+        let id = nextInternalID()
+        pending[id] = ({ [unowned self] result in
+            if case .failure = result, !remove { registrations.removeValue(forKey: channel) }
+            reply(result)
+        }, nil)
+        write(remove ? .unregister : .register, id: id, channel: channel, payload: remove ? nil : declaration)
     }
 
     /// The connection is gone (or never came): fail what waits on it, then reconnect if allowed.

@@ -206,7 +206,7 @@ public struct StreamHandlerClosures: StreamHandler {
 /// One listener's end of an event stream: Flutter's `EventSink`. `success`, `error` and `endOfStream`
 /// may be called from any thread; after the stream ends they do nothing.
 public final class EventSink: Sendable {
-    private let stream: LoopBound<EventStream>
+    let stream: LoopBound<EventStream>
     /// The listening client.
     public let client: ClientID
 

@@ -140,8 +140,8 @@ final class Connection {
         case .reply: handleReply(frame)
         case .cancel: cancelRequest(frame.id)
         case .demand: handleDemand(frame)
-        case .register, .unregister:
-            writeError(.badFrame("broker routing (REGISTER/UNREGISTER) is not supported by this server yet"), id: frame.id)
+        case .register: core.register(frame, from: self)
+        case .unregister: core.unregister(frame.channel, id: frame.id, from: self)
         case .welcome, .error, .goAway: break  // refused above
         }
     }
@@ -271,11 +271,28 @@ final class Connection {
     }
 
     /// Sends a server-initiated MESSAGE; `completion` gets the REPLY payload or why none came.
-    func sendRequest(channel: String, payload: [UInt8]?, completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) {
-        guard mode == .binary, !isClosing else { return completion(.failure(mode == .text ? .textClient : .disconnected)) }
+    /// Returns the id used on this connection (nil if it could not be sent).
+    @discardableResult
+    func sendRequest(channel: String, payload: [UInt8]?, completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) -> UInt32? {
+        guard mode == .binary, !isClosing else {
+            completion(.failure(mode == .text ? .textClient : .disconnected))
+            return nil
+        }
         repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0 || outgoing[nextOutgoingID] != nil
         outgoing[nextOutgoingID] = completion
         writeFrame(.message, id: nextOutgoingID, channel: channel, payload: payload)
+        return nextOutgoingID
+    }
+
+    /// Fails a server-initiated request still waiting for this client's REPLY.
+    func failOutgoing(_ id: UInt32, _ error: InvokeError) {
+        outgoing.removeValue(forKey: id)?(.failure(error))
+    }
+
+    /// Tells this client that the server no longer wants the answer to its request `id`.
+    func sendCancel(_ id: UInt32) {
+        guard outgoing.removeValue(forKey: id) != nil else { return }
+        writeFrame(.cancel, id: id, payload: nil)
     }
 
     // MARK: Output
@@ -414,6 +431,7 @@ final class Connection {
 
     /// Ends streams (handlers told), fails server-initiated requests, forgets open requests.
     private func releaseState(_ reason: CloseReason) {
+        core.holderLeft(self)
         for stream in Array(streams.values) {
             endStream(stream, notifyHandler: true)
         }

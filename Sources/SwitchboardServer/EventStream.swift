@@ -6,17 +6,20 @@ enum EventContent {
     case data(ChannelValue)
     case error(ChannelError)
     case end
+    /// An envelope already encoded by a client holding the channel (forwarded as is to binary listeners).
+    case encoded([UInt8])
 }
 
 /// One event, encoded at most once per wire encoding however many listeners share it.
 final class OutboundEvent {
     let channel: String
     let content: EventContent
-    let codec: any MethodCodec
+    /// nil for a client-held channel with no declared codec: such events have no text form.
+    let codec: (any MethodCodec)?
     private var binary: [UInt8]??
     private var text: [UInt8]??
 
-    init(channel: String, content: EventContent, codec: any MethodCodec) {
+    init(channel: String, content: EventContent, codec: (any MethodCodec)?) {
         self.channel = channel
         self.content = content
         self.codec = codec
@@ -29,9 +32,10 @@ final class OutboundEvent {
         if let binary { return binary }
         var payload: [UInt8]?
         switch content {
-        case .data(let value): payload = try? codec.encodeSuccessEnvelope(value)
-        case .error(let error): payload = try? codec.encodeErrorEnvelope(error)
+        case .data(let value): payload = try? codec?.encodeSuccessEnvelope(value)
+        case .error(let error): payload = try? codec?.encodeErrorEnvelope(error)
         case .end: payload = nil
+        case .encoded(let envelope): payload = envelope
         }
         var frame: [UInt8]?
         if payload != nil || isEnd {
@@ -51,6 +55,14 @@ final class OutboundEvent {
         case .data(let value): fields.append(.init("data", value))
         case .error(let error): fields.append(.init("error", TextMode.errorObject(error)))
         case .end: fields.append(.init("end", true))
+        case .encoded(let envelope):
+            switch try? codec?.decodeEnvelope(envelope) {
+            case .success(let value)?: fields.append(.init("data", value))
+            case .failure(let error)?: fields.append(.init("error", TextMode.errorObject(error)))
+            case nil:
+                text = .some(nil)
+                return nil
+            }
         }
         var line = try? JSONText.serialize(.map(fields), options: .textMode)
         line?.append(UInt8(ascii: "\n"))

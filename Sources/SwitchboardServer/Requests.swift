@@ -31,7 +31,7 @@ final class PendingRequest {
     /// What a CANCEL answers when the handler has produced nothing.
     var cancelAnswer: Answer = .error(.cancelled)
     /// The handler's hook for a CANCEL from the requester (an async handler cancels its task).
-    var cancelHandler: (@Sendable () -> Void)?
+    var cancelHandler: (() -> Void)?
     private(set) var isAnswered = false
 
     init(connection: Connection, origin: Origin, serial: UInt64) {

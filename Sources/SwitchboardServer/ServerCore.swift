@@ -24,6 +24,8 @@ struct Counters {
     /// REPLY or CANCEL frames matching nothing pending.
     var ignoredFrames = 0
     var connectionsTotal = 0
+    /// Requests forwarded to clients holding channels.
+    var forwardedRequests = 0
     var eventsDropped: [String: Int] = [:]
     var closes: [String: Int] = [:]
 }
@@ -44,6 +46,8 @@ final class ServerCore {
     private var closingConnections: [Connection] = []
     private var nextConnectionID: UInt64 = 0
     private(set) var channels: [String: ChannelEntry] = [:]
+    /// Channels held by clients (broker routing).
+    var registrations: [String: Registration] = [:]
     /// Connections with output made this turn; flushed once just before the loop blocks.
     var dirty: [Connection] = []
     private var beforeSleep: BeforeSleep?
@@ -118,8 +122,13 @@ final class ServerCore {
     }
 
     func route(channel name: String, input: RouteInput, request: PendingRequest?, connection: Connection) {
+        guard let entry = channels[name] else {
+            if let registration = registrations[name] {
+                return routeToHolder(registration, input: input, request: request, connection: connection)
+            }
+            return request?.answer(.notImplemented) ?? ()
+        }
         let request = request ?? PendingRequest.detached(connectionID: connection.id)
-        guard let entry = channels[name] else { return request.answer(.notImplemented) }
         switch entry {
         case .method(let method):
             guard let call = methodCall(input, codec: method.codec, request: request) else { return }
@@ -295,6 +304,8 @@ final class ServerCore {
             "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
             "connectionsTotal": .int(stats.connectionsTotal),
             "ignoredFrames": .int(stats.ignoredFrames),
+            "registrations": .int(registrations.count),
+            "forwardedRequests": .int(stats.forwardedRequests),
             "closes": .map(stats.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
         ])
     }

@@ -174,14 +174,14 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
             }
         }
         let client = try await connect(server)
-        MethodChannel(name: "client/math", client: client).setMethodCallHandler { call in
+        try await MethodChannel(name: "client/math", client: client).setMethodCallHandler { call in
             switch call.method {
             case "double": return .int((call.arguments.intValue ?? 0) * 2)
             case "fail": throw ChannelError(code: "nope", message: "no")
             default: throw MissingImplementation(channel: "client/math", method: call.method)
             }
         }
-        BasicMessageChannel(name: "client/upper", codec: StringCodec(), client: client).setMessageHandler { text in
+        try await BasicMessageChannel(name: "client/upper", codec: StringCodec(), client: client).setMessageHandler { text in
             text?.uppercased()
         }
         try await MethodChannel(name: "hello", client: client).invokeMethod("hi")

@@ -1,6 +1,7 @@
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 import SwitchboardWire
 
 @Suite struct Channels {

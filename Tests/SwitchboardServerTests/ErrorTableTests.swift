@@ -1,6 +1,7 @@
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 import SwitchboardWire
 
 /// Wire-v1 section 2, "Errors in binary mode": one row per condition.

@@ -2,6 +2,7 @@ import Synchronization
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 import SwitchboardWire
 
 private let codec = StandardMethodCodec()

@@ -1,6 +1,7 @@
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 import SwitchboardWire
 
 @Suite struct LimitsAndLifecycle {
@@ -57,18 +58,18 @@ import SwitchboardWire
     }
 
     @Test func heartbeatPingsAndClosesSilentConnections() async throws {
-        try await withServer({ $0.heartbeatMs = 100 }) { _, port in
+        try await withServer({ $0.heartbeatMs = 400 }) { _, port in
             let wire = try RawConnection(port: port)
             try wire.send(Frame(.hello, id: 1, payload: nil))
             let welcome = try JSONText.parse(try await wire.frame().payload!)
-            #expect(welcome["heartbeatMs"] == 100)
+            #expect(welcome["heartbeatMs"] == 400)
             let ping = try await wire.frame()
             #expect(ping.kind == .ping)
             // Stay silent: closed after two intervals without input.
             #expect(try await wire.isClosedByServer())
 
             let lively = try RawConnection(port: port)
-            for _ in 0..<6 {
+            for _ in 0..<4 {  // four intervals: a silent connection would be closed after two
                 let f = try await lively.frame()
                 if f.kind == .ping { try lively.send(Frame(.pong, id: f.id, payload: f.payload)) }
             }

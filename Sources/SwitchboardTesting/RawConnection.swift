@@ -1,25 +1,27 @@
 #if canImport(Glibc)
 import Glibc
 #endif
-import Logging
 import SwitchboardCodec
-import SwitchboardServer
 import SwitchboardWire
 
-struct TestFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
+/// A failed expectation about the server's bytes.
+public struct TestFailure: Error, CustomStringConvertible {
+    public let description: String
+    /// Makes a failure.
+    public init(_ description: String) { self.description = description }
 }
 
 /// A loopback socket that speaks raw bytes, for protocol tests. Reads are async and sleep briefly while
 /// nothing is there (time-out 5 s), so a waiting test never blocks a thread of the shared task pool that
 /// the server's own async handlers need.
-final class RawConnection {
-    let fd: Int32
+public final class RawConnection {
+    /// The socket.
+    public let fd: Int32
     private var buffer: [UInt8] = []
     private let receiveTimeout: Duration
 
-    init(port: Int, receiveTimeout: Int = 5) throws {
+    /// Connects to 127.0.0.1:`port`.
+    public init(port: Int, receiveTimeout: Int = 5) throws {
         self.receiveTimeout = Duration.seconds(receiveTimeout)
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw TestFailure("socket failed") }
@@ -39,7 +41,8 @@ final class RawConnection {
 
     deinit { close(fd) }
 
-    func send(_ bytes: [UInt8]) throws {
+    /// Sends raw bytes.
+    public func send(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
             let n = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -53,12 +56,15 @@ final class RawConnection {
         }
     }
 
-    func send(hex: String) throws { try send(Self.bytes(hex: hex)) }
-    func send(_ frame: Frame) throws { try send(frame.bytes) }
-    func send(line: String) throws { try send(Array((line + "\n").utf8)) }
+    /// Sends bytes written as spaced hex.
+    public func send(hex: String) throws { try send(Self.bytes(hex: hex)) }
+    /// Sends a frame.
+    public func send(_ frame: Frame) throws { try send(frame.bytes) }
+    /// Sends a text-mode line.
+    public func send(line: String) throws { try send(Array((line + "\n").utf8)) }
 
     /// Half-closes the sending side.
-    func finishSending() { shutdown(fd, Int32(SHUT_WR)) }
+    public func finishSending() { shutdown(fd, Int32(SHUT_WR)) }
 
     /// Reads at least `count` buffered bytes; nil on EOF.
     private func fill(_ count: Int) async throws -> Bool {
@@ -79,7 +85,7 @@ final class RawConnection {
     }
 
     /// The next frame; nil at EOF.
-    func readFrame() async throws -> Frame? {
+    public func readFrame() async throws -> Frame? {
         guard try await fill(4) else { return nil }
         let length = Int(buffer[0]) << 24 | Int(buffer[1]) << 16 | Int(buffer[2]) << 8 | Int(buffer[3])
         guard try await fill(4 + length) else { throw TestFailure("EOF inside a frame") }
@@ -93,13 +99,13 @@ final class RawConnection {
     }
 
     /// The next frame, which must exist.
-    func frame() async throws -> Frame {
+    public func frame() async throws -> Frame {
         guard let frame = try await readFrame() else { throw TestFailure("connection closed, frame expected") }
         return frame
     }
 
     /// The next frame that is not a PING.
-    func nextNonPing() async throws -> Frame {
+    public func nextNonPing() async throws -> Frame {
         while true {
             let f = try await frame()
             if f.kind != .ping { return f }
@@ -107,7 +113,7 @@ final class RawConnection {
     }
 
     /// The next text line, parsed; nil at EOF.
-    func readLine() async throws -> ChannelValue? {
+    public func readLine() async throws -> ChannelValue? {
         while true {
             if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
                 let line = Array(buffer[..<newline])
@@ -118,21 +124,22 @@ final class RawConnection {
         }
     }
 
-    func line() async throws -> ChannelValue {
+    /// The next text line, which must exist.
+    public func line() async throws -> ChannelValue {
         guard let line = try await readLine() else { throw TestFailure("connection closed, line expected") }
         return line
     }
 
-    /// True when the server has closed the connection (EOF after any remaining frames are skipped).
-    func isClosedByServer() async throws -> Bool {
+    /// True once the server has closed the connection (frames before the EOF are skipped).
+    public func isClosedByServer() async throws -> Bool {
         while true {
             do { guard try await fill(buffer.count + 1) else { return true } } catch { return false }
             buffer.removeAll()
         }
     }
 
-    /// PING/PONG round trip: everything the server sent before the PONG has been read by then.
-    func barrier(id: UInt32 = 0xBA55) async throws -> [Frame] {
+    /// PING/PONG round trip: returns every frame the server sent before the PONG.
+    public func barrier(id: UInt32 = 0xBA55) async throws -> [Frame] {
         try send(Frame(.ping, id: id, payload: [1, 2]))
         var before: [Frame] = []
         while true {
@@ -142,7 +149,8 @@ final class RawConnection {
         }
     }
 
-    static func bytes(hex: String) -> [UInt8] {
+    /// Parses spaced hex.
+    public static func bytes(hex: String) -> [UInt8] {
         let digits = hex.filter { !$0.isWhitespace }
         var out: [UInt8] = []
         var it = digits.makeIterator()
@@ -153,43 +161,20 @@ final class RawConnection {
 
 extension Frame {
     /// The `code` of an ERROR frame's JSON payload.
-    var errorCode: String? {
+    public var errorCode: String? {
         guard kind == .error, let payload, let body = try? JSONText.parse(payload) else { return nil }
         return body["code"]?.stringValue
     }
 
-    static func call(_ id: UInt32, _ channel: String, _ method: String, _ args: ChannelValue = .null,
+    /// A StandardMethodCodec (or `codec`) call frame.
+    public static func call(_ id: UInt32, _ channel: String, _ method: String, _ args: ChannelValue = .null,
                      codec: any MethodCodec = StandardMethodCodec()) throws -> Frame {
         Frame(.message, id: id, channel: channel, payload: try codec.encodeMethodCall(MethodCall(method: method, arguments: args)))
     }
 
-    func envelope(_ codec: any MethodCodec = StandardMethodCodec()) throws -> Result<ChannelValue, ChannelError> {
+    /// The payload decoded as an envelope.
+    public func envelope(_ codec: any MethodCodec = StandardMethodCodec()) throws -> Result<ChannelValue, ChannelError> {
         try codec.decodeEnvelope(payload)
     }
 }
 
-/// Runs `body` against a live server on an ephemeral port, then shuts it down and waits for it.
-func withServer(
-    _ configure: (inout ServerConfiguration) -> Void = { _ in },
-    setUp: (Server) -> Void = { _ in },
-    _ body: (Server, Int) async throws -> Void
-) async throws {
-    var config = ServerConfiguration()
-    config.port = 0
-    configure(&config)
-    var logger = Logger(label: "test")
-    logger.logLevel = .warning
-    let server = try Server(configuration: config, logger: logger)
-    server.installDemoChannels()
-    setUp(server)
-    let port = try server.start()
-    do {
-        try await body(server, port)
-    } catch {
-        server.shutdown()
-        await server.waitUntilStopped()
-        throw error
-    }
-    server.shutdown()
-    await server.waitUntilStopped()
-}

@@ -1,0 +1,355 @@
+import SwitchboardCodec
+import SwitchboardWire
+
+/// The codec a client declared for a channel it holds (wire-v1 section 6), for bridging text clients.
+enum DeclaredCodec: String {
+    case standard, json, string, binary
+
+    var methodCodec: (any MethodCodec)? {
+        switch self {
+        case .standard: StandardMethodCodec()
+        case .json: JSONMethodCodec()
+        case .string, .binary: nil
+        }
+    }
+
+    func encodeMessage(_ value: ChannelValue) throws(CodecError) -> [UInt8]? {
+        switch self {
+        case .standard: try StandardMessageCodec().encode(value)
+        case .json: try JSONMessageCodec().encode(value)
+        case .string: try StringCodec().encode(StringCodec().message(from: value))
+        case .binary: try BinaryCodec().encode(BinaryCodec().message(from: value))
+        }
+    }
+
+    func decodeMessage(_ payload: [UInt8]?) throws(CodecError) -> ChannelValue {
+        switch self {
+        case .standard: try StandardMessageCodec().decode(payload)
+        case .json: try JSONMessageCodec().decode(payload)
+        case .string: StringCodec().value(of: try StringCodec().decode(payload))
+        case .binary: BinaryCodec().value(of: try BinaryCodec().decode(payload))
+        }
+    }
+}
+
+/// A channel held by a client. Loop thread only.
+final class Registration {
+    enum Kind: String { case method, event, message }
+    /// Where the holder's `listen` stands, for event channels.
+    enum Upstream {
+        case idle
+        /// The first `listen` went to the holder; these listens wait for its answer.
+        case starting([(connection: Connection, request: PendingRequest, arguments: ChannelValue)])
+        case active
+    }
+
+    let name: String
+    unowned let holder: Connection
+    let kind: Kind?
+    let codec: DeclaredCodec?
+    /// Ids (in the holder's id space) of requests forwarded and not answered yet.
+    var forwarded: Set<UInt32> = []
+    /// The listeners of a held event channel, kept by the server.
+    let events: EventEntry?
+    var upstream = Upstream.idle
+    /// Events the holder sent before its answer to the first `listen` arrived (it may emit from onListen).
+    var early: [OutboundEvent] = []
+
+    init(name: String, holder: Connection, kind: Kind?, codec: DeclaredCodec?, queueLimit: Int) {
+        self.name = name
+        self.holder = holder
+        self.kind = kind
+        self.codec = codec
+        events = kind == .event
+            ? EventEntry(name: name, codec: codec?.methodCodec ?? StandardMethodCodec(), handler: BrokerListeners(),
+                         overflow: .dropOldest, queueLimit: queueLimit)
+            : nil
+    }
+
+    var methodCodec: (any MethodCodec)? { codec?.methodCodec }
+}
+
+/// The stream handler of a client-held event channel: the server keeps the listeners itself; when the
+/// last one leaves (cancel, re-listen or disconnect) the holder is told with a `cancel`.
+struct BrokerListeners: StreamHandler {
+    func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? { nil }
+    func onCancel(arguments: ChannelValue, sink: EventSink) {
+        sink.connection.core.listenerLeft(sink.channelName, arguments: arguments)
+    }
+}
+
+extension EventSink {
+    /// Loop thread only: the connection of this sink's listener.
+    var connection: Connection { stream.value.connection }
+    /// The sink's channel.
+    var channelName: String { stream.value.entry.name }
+}
+
+extension ServerCore {
+    // MARK: REGISTER / UNREGISTER
+
+    func register(_ frame: Frame, from connection: Connection) {
+        var kind: Registration.Kind?
+        var codec: DeclaredCodec?
+        if let payload = frame.payload, !payload.isEmpty {
+            guard let declaration = try? JSONText.parse(payload), case .map = declaration else {
+                return connection.writeError(.badPayload("REGISTER payload must be a JSON object"), id: frame.id)
+            }
+            if let k = declaration["kind"] {
+                guard let name = k.stringValue, let parsed = Registration.Kind(rawValue: name) else {
+                    return connection.writeError(.badPayload("kind must be method, event or message"), id: frame.id)
+                }
+                kind = parsed
+            }
+            if let c = declaration["codec"] {
+                guard let name = c.stringValue, let parsed = DeclaredCodec(rawValue: name) else {
+                    return connection.writeError(.badPayload("codec must be standard, json, string or binary"), id: frame.id)
+                }
+                codec = parsed
+            }
+            if kind != .message, let codec, codec.methodCodec == nil {
+                return connection.writeError(.badPayload("\(codec.rawValue) is a message codec"), id: frame.id)
+            }
+        }
+        if channels[frame.channel] != nil { return connection.writeError(.channelTaken, id: frame.id) }
+        if let existing = registrations[frame.channel] {
+            guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
+            release(existing, reason: "re-registered")
+        }
+        registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
+                                                    queueLimit: config.eventQueueLimit)
+        connection.writeFrame(.reply, id: frame.id, payload: nil)
+    }
+
+    func unregister(_ name: String, id: UInt32, from connection: Connection) {
+        guard let registration = registrations[name], registration.holder === connection else {
+            return connection.writeError(.notRegistered, id: id)
+        }
+        release(registration, reason: "unregistered")
+        connection.writeFrame(.reply, id: id, payload: nil)
+    }
+
+    /// A connection closes: every channel it held goes.
+    func holderLeft(_ connection: Connection) {
+        for registration in registrations.values where registration.holder === connection {
+            release(registration, reason: "disconnected")
+        }
+    }
+
+    /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
+    private func release(_ registration: Registration, reason: String) {
+        registrations.removeValue(forKey: registration.name)
+        for id in registration.forwarded { registration.holder.failOutgoing(id, .disconnected) }
+        registration.forwarded = []
+        if case .starting(let waiting) = registration.upstream {
+            for listen in waiting { listen.request.answer(.error(.handlerGone)) }
+        }
+        registration.upstream = .idle
+        guard let events = registration.events else { return }
+        let gone = OutboundEvent(channel: registration.name, content: .error(ChannelError(
+            code: WireError.handlerGone.code, message: WireError.handlerGone.message)), codec: events.codec)
+        let end = OutboundEvent(channel: registration.name, content: .end, codec: events.codec)
+        for stream in Array(events.streams.values) {
+            stream.deliver(gone)
+            stream.deliver(end)
+        }
+    }
+
+    // MARK: Forwarding
+
+    /// Routes a request (or a holder's event) on a client-held channel.
+    func routeToHolder(_ registration: Registration, input: RouteInput, request: PendingRequest?, connection: Connection) {
+        if registration.holder === connection, registration.kind == .event, request == nil, case .bytes(let payload) = input {
+            return fanOut(registration, payload: payload)
+        }
+        let request = request ?? PendingRequest.detached(connectionID: connection.id)
+        if registration.kind == .event, let events = registration.events {
+            if let call = eventCall(registration, input: input, request: request) {
+                switch call.method {
+                case "listen": return listenToHolder(registration, events: events, call: call, connection: connection, request: request)
+                case "cancel": return cancelHeldStream(registration, events: events, call: call, connection: connection, request: request)
+                default: break
+                }
+            } else if request.isAnswered {
+                return
+            }
+        }
+        let payload: [UInt8]?
+        switch input {
+        case .bytes(let bytes): payload = bytes
+        case .call(let call):
+            guard registration.kind != .message, let codec = registration.methodCodec else {
+                return request.answer(.error(.badRequest("\(registration.name) declared no method codec")))
+            }
+            do throws(CodecError) { payload = try codec.encodeMethodCall(call) } catch {
+                return request.answer(.error(.badPayload("\(error)")))
+            }
+        case .message(let value):
+            guard registration.kind == .message, let codec = registration.codec else {
+                return request.answer(.error(.badRequest("\(registration.name) declared no message codec")))
+            }
+            do throws(CodecError) { payload = try codec.encodeMessage(value) } catch {
+                return request.answer(.error(.badPayload("\(error)")))
+            }
+        }
+        forward(registration, payload: payload, request: request)
+    }
+
+    /// Sends the request to the holder under a fresh id of its own, and relays its one answer back.
+    private func forward(_ registration: Registration, payload: [UInt8]?, request: PendingRequest,
+                         then: ((Result<[UInt8]?, InvokeError>) -> Void)? = nil) {
+        stats.forwardedRequests += 1
+        let holder = registration.holder
+        if then == nil, request.serial == 0 {  // a MESSAGE with id 0: nothing to relay
+            holder.writeFrame(.message, id: 0, channel: registration.name, payload: payload)
+            return
+        }
+        var forwardedID: UInt32 = 0
+        let id = holder.sendRequest(channel: registration.name, payload: payload) { [weak registration] result in
+            registration?.forwarded.remove(forwardedID)
+            if let then { return then(result) }
+            self.relay(result, of: registration, to: request)
+        }
+        guard let id else { return }
+        forwardedID = id
+        registration.forwarded.insert(id)
+        request.cancelAnswer = registration.kind == .method && registration.methodCodec != nil
+            ? .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), registration.methodCodec!)
+            : .error(.cancelled)
+        request.cancelHandler = { [weak registration] in  // CANCEL is relayed to the holder
+            registration?.forwarded.remove(id)
+            holder.sendCancel(id)
+        }
+    }
+
+    /// Puts the holder's answer into the requester's terms.
+    private func relay(_ result: Result<[UInt8]?, InvokeError>, of registration: Registration?, to request: PendingRequest) {
+        guard case .success(let payload) = result else { return request.answer(.error(.handlerGone)) }
+        guard request.isText else { return request.answer(.messageBytes(payload)) }
+        guard let registration, let codec = registration.codec else {
+            return request.answer(.error(.badRequest("the channel declared no codec")))
+        }
+        if registration.kind == .message {
+            do throws(CodecError) { request.answer(.messageValue(try codec.decodeMessage(payload))) } catch {
+                request.answer(.error(.badPayload("the holder's reply could not be decoded: \(error)")))
+            }
+            return
+        }
+        guard let payload, let methodCodec = codec.methodCodec else { return request.answer(.notImplemented) }
+        do throws(CodecError) {
+            switch try methodCodec.decodeEnvelope(payload) {
+            case .success(let value): request.answer(.success(value, methodCodec))
+            case .failure(let error): request.answer(.failure(error, methodCodec))
+            }
+        } catch {
+            request.answer(.error(.badPayload("the holder's reply could not be decoded: \(error)")))
+        }
+    }
+
+    // MARK: Held event channels
+
+    /// The listen/cancel call of a request to a held event channel; nil if it is some other call.
+    private func eventCall(_ registration: Registration, input: RouteInput, request: PendingRequest) -> MethodCall? {
+        switch input {
+        case .call(let call): return call
+        case .message:
+            request.answer(.error(.badRequest("\(registration.name) is an event channel: use \"listen\"")))
+            return nil
+        case .bytes(let payload):
+            // Without a declared codec the call is opaque; a Standard-encoded listen/cancel is still recognised.
+            let codec = registration.methodCodec ?? StandardMethodCodec()
+            return try? codec.decodeMethodCall(payload)
+        }
+    }
+
+    private func listenToHolder(_ registration: Registration, events: EventEntry, call: MethodCall,
+                                connection: Connection, request: PendingRequest) {
+        switch registration.upstream {
+        case .active:
+            addListener(events, connection: connection, arguments: call.arguments)
+            request.answer(.success(.null, events.codec))
+            connection.streams[events.name]?.activate()
+        case .starting(var waiting):
+            waiting.append((connection, request, call.arguments))
+            registration.upstream = .starting(waiting)
+        case .idle:
+            guard let payload = try? events.codec.encodeMethodCall(call) else {
+                return request.answer(.error(.badPayload("listen arguments cannot be encoded")))
+            }
+            registration.upstream = .starting([(connection, request, call.arguments)])
+            let upstream = PendingRequest.detached(connectionID: connection.id)
+            forward(registration, payload: payload, request: upstream) { [weak self, weak registration] result in
+                guard let self, let registration else { return }
+                self.holderAnswered(listen: result, registration: registration, events: events)
+            }
+        }
+    }
+
+    private func holderAnswered(listen result: Result<[UInt8]?, InvokeError>, registration: Registration, events: EventEntry) {
+        guard case .starting(let waiting) = registration.upstream else { return }
+        var refusal: ChannelError?
+        switch result {
+        case .failure: refusal = ChannelError(code: WireError.handlerGone.code, message: WireError.handlerGone.message)
+        case .success(nil): refusal = ChannelError(code: "error", message: "the holder does not implement listen")
+        case .success(let payload?):
+            if case .failure(let error)? = try? events.codec.decodeEnvelope(payload) { refusal = error }
+        }
+        registration.upstream = refusal == nil ? .active : .idle
+        for listen in waiting {
+            if let refusal {
+                listen.request.answer(.failure(refusal, events.codec))
+            } else {
+                addListener(events, connection: listen.connection, arguments: listen.arguments)
+            }
+        }
+        let early = registration.early
+        registration.early = []
+        guard refusal == nil else { return }
+        for stream in events.streams.values {  // queued behind the listen reply, so they follow it
+            for event in early { stream.deliver(event) }
+        }
+        for listen in waiting {
+            listen.request.answer(.success(.null, events.codec))
+            listen.connection.streams[events.name]?.activate()
+        }
+    }
+
+    private func addListener(_ events: EventEntry, connection: Connection, arguments: ChannelValue) {
+        if let old = connection.streams[events.name] { connection.endStream(old, notifyHandler: false) }
+        let credit = connection.pendingCredit.removeValue(forKey: events.name) ?? .unbounded
+        let stream = EventStream(connection: connection, entry: events, arguments: arguments, credit: credit)
+        stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
+        connection.streams[events.name] = stream
+        events.streams[connection.id] = stream
+    }
+
+    private func cancelHeldStream(_ registration: Registration, events: EventEntry, call: MethodCall,
+                                  connection: Connection, request: PendingRequest) {
+        guard let stream = connection.streams[events.name] else {
+            return request.answer(.failure(ChannelError(code: "error", message: "No active stream to cancel"), events.codec))
+        }
+        connection.endStream(stream, notifyHandler: true, arguments: call.arguments)  // the last one out tells the holder
+        request.answer(.success(.null, events.codec))
+    }
+
+    /// A listener of a held event channel left; the last one's leaving is forwarded as `cancel`.
+    func listenerLeft(_ name: String, arguments: ChannelValue) {
+        guard let registration = registrations[name], let events = registration.events,
+              events.streams.isEmpty, case .active = registration.upstream else { return }
+        registration.upstream = .idle
+        guard let payload = try? events.codec.encodeMethodCall(MethodCall(method: "cancel", arguments: arguments)) else { return }
+        forward(registration, payload: payload, request: .detached(connectionID: registration.holder.id)) { _ in }
+    }
+
+    /// An event from the holder goes to every listener, encoded once per wire encoding.
+    private func fanOut(_ registration: Registration, payload: [UInt8]?) {
+        guard let events = registration.events else { return }
+        let event = OutboundEvent(channel: registration.name, content: payload.map(EventContent.encoded) ?? .end,
+                                  codec: registration.methodCodec)
+        if case .starting = registration.upstream, registration.early.count < events.queueLimit {
+            registration.early.append(event)
+        }
+        for stream in events.streams.values { stream.deliver(event) }
+        if payload == nil { registration.upstream = .idle }
+    }
+}

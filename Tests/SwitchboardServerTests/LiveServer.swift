@@ -1,0 +1,29 @@
+import Logging
+import SwitchboardServer
+import SwitchboardTesting
+
+/// Runs `body` against a live server on an ephemeral port, then shuts it down and waits for it.
+func withServer(
+    _ configure: (inout ServerConfiguration) -> Void = { _ in },
+    setUp: (Server) -> Void = { _ in },
+    _ body: (Server, Int) async throws -> Void
+) async throws {
+    var config = ServerConfiguration()
+    config.port = 0
+    configure(&config)
+    var logger = Logger(label: "test")
+    logger.logLevel = .warning
+    let server = try Server(configuration: config, logger: logger)
+    server.installDemoChannels()
+    setUp(server)
+    let port = try server.start()
+    do {
+        try await body(server, port)
+    } catch {
+        server.shutdown()
+        await server.waitUntilStopped()
+        throw error
+    }
+    server.shutdown()
+    await server.waitUntilStopped()
+}
