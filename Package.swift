@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .library(name: "SwitchboardTesting", targets: ["SwitchboardTesting"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
+        .executable(name: "broker-example", targets: ["BrokerExample"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
@@ -55,6 +56,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        .executableTarget(name: "BrokerExample", dependencies: ["SwitchboardClient"], path: "Examples/BrokerExample"),
         .testTarget(
             name: "SwitchboardCodecTests",
             dependencies: ["SwitchboardCodec", .product(name: "PropertyBased", package: "swift-property-based")]
