@@ -4,19 +4,23 @@ import SwitchboardTransport
 
 struct Bench: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Measure a running server: rpc, fanout or idle.",
+        abstract: "Measure a running server (Switchboard, Redis or NATS): rpc, relay, fanout or idle.",
         discussion: """
             Examples:
               switchboard bench rpc -c 50 -d 16 -s 32 --duration 5
               switchboard bench fanout -n 100 -s 64 -d 64
               switchboard bench idle -n 1000 --server-pid $(pgrep -f 'switchboard serve')
+              switchboard bench rpc --target redis --port 6379
+              switchboard bench relay -c 50 -d 16     (caller → server → holder → server → caller)
+            relay on NATS is request/reply through a responder connection (the same two hops).
             Run with a release build; quote results as ratios measured side by side in one run.
             """
     )
 
-    enum Workload: String, ExpressibleByArgument, CaseIterable { case rpc, fanout, idle }
+    enum Workload: String, ExpressibleByArgument, CaseIterable { case rpc, relay, fanout, idle }
 
-    @Argument(help: "rpc, fanout or idle.") var workload: Workload
+    @Argument(help: "rpc, relay, fanout or idle.") var workload: Workload
+    @Option(help: "switchboard, redis or nats.") var target: BenchTarget = .switchboard
     @Option(help: "Server address.") var host = "127.0.0.1"
     @Option(help: "Server port.") var port = 7420
     @Option(name: [.customShort("c"), .long], help: "rpc: connections.") var connections = 50
@@ -45,16 +49,17 @@ struct Bench: ParsableCommand {
         // The workloads live until the loop stops.
         var workloads: [AnyObject] = []
         switch workload {
-        case .rpc:
-            let rpc = try RPCWorkload(loop: loop, connections: connections, depth: depth, size: size)
+        case .rpc, .relay:
+            let rpc = RPCWorkload(loop: loop, target: target, connections: connections, depth: depth, size: size,
+                                  relay: workload == .relay || target == .nats)
             workloads.append(rpc)
-            rpc.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
+            try rpc.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
         case .fanout:
-            let fanout = FanoutWorkload(loop: loop, listeners: count, size: size, window: depth)
+            let fanout = FanoutWorkload(loop: loop, target: target, listeners: count, size: size, window: depth)
             workloads.append(fanout)
             fanout.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
         case .idle:
-            let idle = IdleWorkload(loop: loop, count: count)
+            let idle = IdleWorkload(loop: loop, target: target, count: count)
             workloads.append(idle)
             idle.run(host: host, port: port, hold: duration, serverPID: serverPID, completion: done)
         }
@@ -68,3 +73,5 @@ struct Bench: ParsableCommand {
         }
     }
 }
+
+extension BenchTarget: ExpressibleByArgument {}

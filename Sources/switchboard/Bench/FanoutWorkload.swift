@@ -1,27 +1,26 @@
 import Histogram
-import SwitchboardCodec
 import SwitchboardTransport
 import SwitchboardWire
 
-/// `fanout`: N listeners on `switchboard/room`, one publisher posting S-byte messages to
-/// `switchboard/room.post` with at most D posts unanswered. Every delivery is counted and checked for
-/// order and gaps; latency comes from a timestamp inside the payload.
+/// `fanout`: N listeners, one publisher posting S-byte messages with at most D posts unacknowledged.
+/// Every delivery is counted and checked for order and gaps; latency comes from a timestamp inside the
+/// payload (bytes 0-7: sequence number, 8-15: send time, little-endian).
 final class FanoutWorkload {
     let loop: EventLoop
+    let target: BenchTarget
     let listenerCount: Int, size: Int, window: Int
     private var listeners: [Listener] = []
-    private var publisher: TCPConnection?
-    private var publisherInbound = InboundBuffer()
-    private var publisherOutbound: [UInt8] = []
+    private var publisher: Listener?
     private let clock: BenchClock
     private var histogram = makeHistogram()
     private var delivered = 0, totalDelivered = 0
-    private var gaps = 0, reordered = 0, unexpected = 0
+    private var gaps = 0, reordered = 0, protocolErrors = 0
     private var nextSequence: UInt64 = 0
-    private var unanswered = 0
+    private var unacknowledged = 0
 
-    init(loop: EventLoop, listeners: Int, size: Int, window: Int) {
+    init(loop: EventLoop, target: BenchTarget, listeners: Int, size: Int, window: Int) {
         self.loop = loop
+        self.target = target
         listenerCount = listeners
         self.size = max(size, 16)
         self.window = window
@@ -29,60 +28,79 @@ final class FanoutWorkload {
     }
 
     final class Listener {
-        let transport: TCPConnection
+        let adapter = Box()
+        var transport: TCPConnection?
         var inbound = InboundBuffer()
+        var outbound: [UInt8] = []
         var expected: UInt64?
-        var isListening = false
-        init(transport: TCPConnection) { self.transport = transport }
+        var isReady = false
+        final class Box { var value: (any FanoutAdapter)? }
     }
 
     func run(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
-        var listening = 0
-        let listen = try! Frame.call(id: 1, channel: "switchboard/room", method: "listen")
+        var ready = 0
         for _ in 0..<listenerCount {
-            TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
-                guard case .success(let transport) = result else { abortBench("cannot connect to \(host):\(port)") }
-                let listener = Listener(transport: transport)
-                listeners.append(listener)
-                transport.start { [unowned self, unowned listener] event in
-                    receive(event, listener) {
-                        listening += 1
-                        if listening == listenerCount { connectPublisher(host: host, port: port, warmup: warmup, duration: duration, completion: completion) }
-                    }
-                }
-                var bytes = listen
-                transport.write(&bytes)
-            }
+            let listener = Listener()
+            listener.adapter.value = makeFanoutAdapter(target)
+            listeners.append(listener)
+            open(listener, host: host, port: port, handshake: listener.adapter.value!.listenHandshake) { [unowned self] in
+                ready += 1
+                if ready == listenerCount { startPublisher(host: host, port: port, warmup: warmup, duration: duration, completion: completion) }
+            } onData: { [unowned self] in receive(listener) }
         }
     }
 
-    private func connectPublisher(host: String, port: Int, warmup: Double, duration: Double,
-                                  completion: @escaping (BenchResult) -> Void) {
+    private func open(_ connection: Listener, host: String, port: Int, handshake: [UInt8],
+                      onReady: @escaping () -> Void, onData: @escaping () -> Void) {
         TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
             guard case .success(let transport) = result else { abortBench("cannot connect to \(host):\(port)") }
-            publisher = transport
-            transport.start { [unowned self] event in publisherEvent(event) }
-            while unanswered < window { post() }
-            transport.write(&publisherOutbound)
-            clock.start(warmup: warmup, duration: duration, label: "fanout", count: { [unowned self] in totalDelivered },
-                        onMeasure: { [unowned self] in delivered = 0; gaps = 0; reordered = 0; histogram.reset() },
-                        onDone: { [unowned self] in
-                for listener in listeners { listener.transport.closeNow() }
-                publisher?.closeNow()
-                var errors: [(String, Int)] = []
-                if gaps > 0 { errors.append(("gaps", gaps)) }
-                if reordered > 0 { errors.append(("out of order", reordered)) }
-                if unexpected > 0 { errors.append(("unexpected frames", unexpected)) }
-                completion(BenchResult(
-                    workload: "fanout", parameters: "\(listenerCount) listeners × \(size) B, window \(window)",
-                    rate: Double(delivered) / clock.seconds, unit: "deliveries/s", latency: histogram, errors: errors,
-                    extra: [("posts/s", .int(Int(Double(delivered) / clock.seconds / Double(listenerCount))))]))
-            })
+            connection.transport = transport
+            transport.start { [unowned self, unowned connection] event in
+                guard case .data(let bytes) = event else {
+                    if clock.phase != .done { abortBench("the server closed a connection") }
+                    return
+                }
+                connection.inbound.append(bytes)
+                if !connection.isReady {
+                    guard connection.adapter.value!.isReady(&connection.inbound) else { return }
+                    connection.isReady = true
+                    onReady()
+                }
+                onData()
+            }
+            var bytes = handshake
+            transport.write(&bytes)
         }
     }
 
-    /// Appends one post: sequence number and send time, little-endian, padded to `size` bytes.
+    private func startPublisher(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
+        let publisher = Listener()
+        publisher.adapter.value = makeFanoutAdapter(target)
+        self.publisher = publisher
+        open(publisher, host: host, port: port, handshake: publisher.adapter.value!.publisherHandshake) { [unowned self] in
+            while unacknowledged < window { post() }
+            publisher.transport?.write(&publisher.outbound)
+            clock.start(warmup: warmup, duration: duration, label: "fanout", count: { [unowned self] in totalDelivered },
+                        onMeasure: { [unowned self] in delivered = 0; gaps = 0; reordered = 0; histogram.reset() },
+                        onDone: { [unowned self] in finish(completion) })
+        } onData: { [unowned self] in acknowledged() }
+    }
+
+    private func finish(_ completion: (BenchResult) -> Void) {
+        for listener in listeners { listener.transport?.closeNow() }
+        publisher?.transport?.closeNow()
+        var errors: [(String, Int)] = []
+        if gaps > 0 { errors.append(("gaps", gaps)) }
+        if reordered > 0 { errors.append(("out of order", reordered)) }
+        if protocolErrors > 0 { errors.append(("protocol errors", protocolErrors)) }
+        completion(BenchResult(
+            workload: "fanout", parameters: "\(target.rawValue) \(listenerCount) listeners × \(size) B, window \(window)",
+            rate: Double(delivered) / clock.seconds, unit: "deliveries/s", latency: histogram, errors: errors,
+            extra: [("posts/s", .int(Int(Double(delivered) / clock.seconds / Double(listenerCount))))]))
+    }
+
     private func post() {
+        guard let publisher else { return }
         var payload = [UInt8](repeating: 0, count: size)
         let now = EventLoop.nanoseconds()
         for i in 0..<8 {
@@ -90,51 +108,29 @@ final class FanoutWorkload {
             payload[8 + i] = UInt8(truncatingIfNeeded: now >> (8 * i))
         }
         nextSequence += 1
-        unanswered += 1
-        Frame.write(.message, id: UInt32(truncatingIfNeeded: nextSequence), channel: "switchboard/room.post",
-                    payload: payload, to: &publisherOutbound)
+        unacknowledged += 1
+        publisher.adapter.value!.appendPost(payload, to: &publisher.outbound)
     }
 
-    private func publisherEvent(_ event: TCPEvent) {
-        guard case .data(let bytes) = event else {
-            if clock.phase != .done { abortBench("the server closed the publisher") }
-            return
+    private func acknowledged() {
+        guard let publisher, publisher.isReady else { return }
+        guard let count = publisher.adapter.value!.acknowledgements(&publisher.inbound) else {
+            abortBench("unexpected answer to a post from \(target.rawValue)")
         }
-        publisherInbound.append(bytes)
-        _ = scanFrames(&publisherInbound) { _, frame in
-            guard frame.type == Frame.Kind.reply.rawValue else { unexpected += 1; return }
-            unanswered -= 1
-            if clock.phase != .done { post() }
-        }
-        if !publisherOutbound.isEmpty { publisher?.transport(&publisherOutbound) }
+        unacknowledged -= count
+        if clock.phase != .done { while unacknowledged < window { post() } }
+        if !publisher.outbound.isEmpty { publisher.transport?.write(&publisher.outbound) }
     }
 
-    private func receive(_ event: TCPEvent, _ listener: Listener, onListening: () -> Void) {
-        guard case .data(let bytes) = event else {
-            if clock.phase != .done { abortBench("the server closed a listener") }
-            return
-        }
-        listener.inbound.append(bytes)
+    private func receive(_ listener: Listener) {
+        guard listener.isReady else { return }
         let now = EventLoop.nanoseconds()
-        var justListening = false
-        _ = scanFrames(&listener.inbound) { buffer, frame in
-            if frame.type == Frame.Kind.reply.rawValue, !listener.isListening {
-                listener.isListening = true
-                justListening = true
-                return
-            }
-            // A success envelope holding a Uint8List: 00 08 size(1, 3 or 5 bytes) bytes…
-            guard frame.type == Frame.Kind.message.rawValue, frame.payload.count >= 3 + 16,
-                  buffer[frame.payload.lowerBound] == 0, buffer[frame.payload.lowerBound + 1] == 8 else {
-                unexpected += 1
-                return
-            }
-            var start = frame.payload.lowerBound + 3
-            if buffer[frame.payload.lowerBound + 2] == 254 { start += 2 } else if buffer[frame.payload.lowerBound + 2] == 255 { start += 4 }
+        let ok = listener.adapter.value!.deliveries(&listener.inbound) { payload in
+            guard payload.count >= 16 else { protocolErrors += 1; return }
             var sequence: UInt64 = 0, sentAt: UInt64 = 0
             for i in 0..<8 {
-                sequence |= UInt64(buffer[start + i]) << (8 * i)
-                sentAt |= UInt64(buffer[start + 8 + i]) << (8 * i)
+                sequence |= UInt64(payload[payload.startIndex + i]) << (8 * i)
+                sentAt |= UInt64(payload[payload.startIndex + 8 + i]) << (8 * i)
             }
             if let expected = listener.expected {
                 if sequence > expected { gaps += Int(sequence - expected) } else if sequence < expected { reordered += 1 }
@@ -146,19 +142,6 @@ final class FanoutWorkload {
                 _ = histogram.record((now &- sentAt) / 1000)
             }
         }
-        if justListening { onListening() }
-    }
-}
-
-extension TCPConnection {
-    /// Writes and empties `bytes` (a spelling that reads well at call sites holding optionals).
-    func transport(_ bytes: inout [UInt8]) { write(&bytes) }
-}
-
-extension Frame {
-    /// A StandardMethodCodec call frame.
-    static func call(id: UInt32, channel: String, method: String, arguments: ChannelValue = .null) throws -> [UInt8] {
-        Frame(.message, id: id, channel: channel,
-              payload: try StandardMethodCodec().encodeMethodCall(MethodCall(method: method, arguments: arguments))).bytes
+        if !ok { protocolErrors += 1 }
     }
 }

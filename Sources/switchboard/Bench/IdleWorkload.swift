@@ -6,15 +6,25 @@ import SwitchboardWire
 /// reports the server's resident memory per connection when its pid is given.
 final class IdleWorkload {
     let loop: EventLoop
+    let target: BenchTarget
     let count: Int
     private var connections: [TCPConnection] = []
-    private var inbound: [ObjectIdentifier: InboundBuffer] = [:]
     private var answered = 0
     private var started = 0
 
-    init(loop: EventLoop, count: Int) {
+    init(loop: EventLoop, target: BenchTarget, count: Int) {
         self.loop = loop
+        self.target = target
         self.count = count
+    }
+
+    /// A handshake that proves the server has set the connection up (a PING answered, or HELLO/CONNECT).
+    private func adapter(_ index: Int) -> any RPCAdapter {
+        switch target {
+        case .switchboard: (try? SwitchboardRPC(size: 0, relayChannel: nil))!
+        case .redis: RedisRPC(size: 0)
+        case .nats: NATSRPC(size: 0, inbox: "_INBOX.idle.\(index)")
+        }
     }
 
     func run(host: String, port: Int, hold: Double, serverPID: Int32?, completion: @escaping (BenchResult) -> Void) {
@@ -23,22 +33,23 @@ final class IdleWorkload {
         func connectMore() {
             while started < count, started - answered < 256 {  // at most 256 handshakes under way
                 started += 1
+                let adapter = adapter(started)
                 TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
                     guard case .success(let transport) = result else { abortBench("cannot connect (\(started) opened): \(result)") }
                     connections.append(transport)
-                    transport.start { [unowned self, unowned transport] event in
+                    var buffer = InboundBuffer()
+                    var isReady = false
+                    transport.start { [unowned self] event in
                         guard case .data(let bytes) = event else { abortBench("the server closed an idle connection") }
-                        var buffer = inbound[ObjectIdentifier(transport), default: InboundBuffer()]
                         buffer.append(bytes)
-                        _ = scanFrames(&buffer) { _, frame in
-                            guard frame.type == Frame.Kind.pong.rawValue else { return }
-                            answered += 1
-                            if answered == count { allOpen() } else { connectMore() }
-                        }
-                        inbound[ObjectIdentifier(transport)] = buffer.readableBytes == 0 ? nil : buffer
+                        guard !isReady, adapter.isReady(&buffer) else { return }
+                        isReady = true
+                        buffer.clear()
+                        answered += 1
+                        if answered == count { allOpen() } else { connectMore() }
                     }
-                    var ping = Frame(.ping, id: 1, payload: nil).bytes
-                    transport.write(&ping)
+                    var hello = adapter.handshake
+                    transport.write(&hello)
                 }
             }
         }
@@ -55,7 +66,7 @@ final class IdleWorkload {
                     extra += [("server RSS before KiB", .int(before)), ("server RSS after KiB", .int(after))]
                 }
                 for connection in connections { connection.closeNow() }
-                completion(BenchResult(workload: "idle", parameters: "\(count) connections", rate: rate,
+                completion(BenchResult(workload: "idle", parameters: "\(target.rawValue) \(count) connections", rate: rate,
                                        unit: serverPID == nil ? "bytes/connection (give --server-pid)" : "server bytes/connection",
                                        latency: nil, extra: extra))
             }

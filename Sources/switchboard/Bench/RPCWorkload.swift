@@ -1,112 +1,172 @@
 import Histogram
-import SwitchboardCodec
 import SwitchboardTransport
 import SwitchboardWire
 
-/// `rpc`: C connections, each keeping D echo calls of an S-byte Uint8List in flight.
+/// `rpc` (and `relay`): C connections, each keeping D requests of S bytes in flight, against any target.
+/// A responder connection (NATS) or holder (Switchboard relay) answers requests inside the tool.
 final class RPCWorkload {
     let loop: EventLoop
-    let connections: Int, depth: Int, size: Int
+    let target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool
     private var clients: [Client] = []
     private let clock: BenchClock
     private var histogram = makeHistogram()
-    private var completed = 0
-    private var totalCompleted = 0
-    private var errors: [String: Int] = [:]
-    /// The request frame, with its id (bytes 8-11) patched per call.
-    private let template: [UInt8]
-    private let expectedReplyPayload: Int
+    private var completed = 0, totalCompleted = 0, errors = 0
+    private var responder: Responder?
 
-    init(loop: EventLoop, connections: Int, depth: Int, size: Int) throws {
+    init(loop: EventLoop, target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool) {
         self.loop = loop
+        self.target = target
         self.connections = connections
         self.depth = depth
         self.size = size
+        self.relay = relay
         clock = BenchClock(loop: loop)
-        let argument = ChannelValue.uint8List([UInt8](repeating: 0x5A, count: size))
-        var frame: [UInt8] = []
-        Frame.write(.message, id: 0, channel: "switchboard/echo",
-                    payload: try StandardMethodCodec().encodeMethodCall(MethodCall(method: "echo", arguments: argument)),
-                    to: &frame)
-        template = frame
-        expectedReplyPayload = try StandardMethodCodec().encodeSuccessEnvelope(argument).count
     }
 
     final class Client {
-        let transport: TCPConnection
+        let adapter: any RPCAdapter
+        var transport: TCPConnection?
         var inbound = InboundBuffer()
         var outbound: [UInt8] = []
+        /// Send times of the requests in flight, oldest first (a ring of `depth` entries).
         var sentAt: [UInt64]
-        var nextRound: [UInt32]
-        init(transport: TCPConnection, depth: Int) {
-            self.transport = transport
+        var head = 0, inFlight = 0
+        var isReady = false
+        init(adapter: any RPCAdapter, depth: Int) {
+            self.adapter = adapter
             sentAt = Array(repeating: 0, count: depth)
-            nextRound = Array(repeating: 0, count: depth)
         }
     }
 
-    func run(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
-        var pending = connections
-        for _ in 0..<connections {
+    /// The in-tool answering side of two-hop request/reply.
+    final class Responder {
+        let transport: TCPConnection
+        var inbound = InboundBuffer()
+        var outbound: [UInt8] = []
+        let respond: (inout InboundBuffer, inout [UInt8]) -> Bool
+        init(transport: TCPConnection, respond: @escaping (inout InboundBuffer, inout [UInt8]) -> Bool) {
+            self.transport = transport
+            self.respond = respond
+        }
+    }
+
+    func run(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) throws {
+        let start = { [self] in connectClients(host: host, port: port, warmup: warmup, duration: duration, completion: completion) }
+        switch (target, relay) {
+        case (.nats, _):
+            let nats = NATSResponder()
+            connectResponder(host: host, port: port, handshake: nats.handshake, respond: nats.respond, then: start)
+        case (.switchboard, true):
+            let holder = SwitchboardHolder(channel: "bench/relay")
+            connectResponder(host: host, port: port, handshake: holder.handshake, respond: holder.respond, then: start)
+        case (.redis, true):
+            abortBench("relay has no Redis equivalent")
+        default:
+            start()
+        }
+    }
+
+    private func connectResponder(host: String, port: Int, handshake: [UInt8],
+                                  respond: @escaping (inout InboundBuffer, inout [UInt8]) -> Bool, then: @escaping () -> Void) {
+        TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
+            guard case .success(let transport) = result else { abortBench("cannot connect to \(host):\(port)") }
+            let responder = Responder(transport: transport, respond: respond)
+            self.responder = responder
+            var started = false
+            transport.start { [unowned self, unowned responder] event in
+                guard case .data(let bytes) = event else {
+                    if clock.phase != .done { abortBench("the server closed the responder") }
+                    return
+                }
+                responder.inbound.append(bytes)
+                let ready = responder.respond(&responder.inbound, &responder.outbound)
+                if !responder.outbound.isEmpty { responder.transport.write(&responder.outbound) }
+                if ready, !started { started = true; then() }
+            }
+            var hello = handshake
+            transport.write(&hello)
+        }
+    }
+
+    private func makeAdapter(index: Int) throws -> any RPCAdapter {
+        switch target {
+        case .switchboard: try SwitchboardRPC(size: size, relayChannel: relay ? "bench/relay" : nil)
+        case .redis: RedisRPC(size: size)
+        case .nats: NATSRPC(size: size, inbox: "_INBOX.bench.\(index)")
+        }
+    }
+
+    private func connectClients(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
+        var waiting = connections
+        for index in 0..<connections {
+            let client = Client(adapter: try! makeAdapter(index: index), depth: depth)
+            clients.append(client)
             TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
                 guard case .success(let transport) = result else { abortBench("cannot connect to \(host):\(port)") }
-                let client = Client(transport: transport, depth: depth)
-                clients.append(client)
-                transport.start { [unowned self, unowned client] event in handle(event, client) }
-                pending -= 1
-                if pending == 0 { startLoad(warmup: warmup, duration: duration, completion: completion) }
+                client.transport = transport
+                transport.start { [unowned self, unowned client] event in
+                    handle(event, client) {
+                        waiting -= 1
+                        if waiting == 0 { startLoad(warmup: warmup, duration: duration, completion: completion) }
+                    }
+                }
+                var hello = client.adapter.handshake
+                transport.write(&hello)
             }
         }
     }
 
+    private var parameters: String { "\(target.rawValue) \(connections)×\(depth)×\(size) B" }
+
     private func startLoad(warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         for client in clients {
-            for slot in 0..<depth { send(slot, on: client) }
-            client.transport.write(&client.outbound)
+            while client.inFlight < depth { send(client) }
+            client.transport?.write(&client.outbound)
         }
-        clock.start(warmup: warmup, duration: duration, label: "rpc", count: { [unowned self] in totalCompleted },
-                    onMeasure: { [unowned self] in completed = 0; histogram.reset(); errors = [:] },
+        clock.start(warmup: warmup, duration: duration, label: relay ? "relay" : "rpc", count: { [unowned self] in totalCompleted },
+                    onMeasure: { [unowned self] in completed = 0; errors = 0; histogram.reset() },
                     onDone: { [unowned self] in
-            for client in clients { client.transport.closeNow() }
+            for client in clients { client.transport?.closeNow() }
+            responder?.transport.closeNow()
             completion(BenchResult(
-                workload: "rpc", parameters: "\(connections)×\(depth)×\(size) B", rate: Double(completed) / clock.seconds,
-                unit: "calls/s", latency: histogram, errors: errors.sorted { $0.key < $1.key }))
+                workload: relay ? "relay" : "rpc", parameters: parameters, rate: Double(completed) / clock.seconds,
+                unit: "calls/s", latency: histogram, errors: errors > 0 ? [("protocol errors", errors)] : []))
         })
     }
 
-    private func send(_ slot: Int, on client: Client) {
-        let id = client.nextRound[slot] &* UInt32(depth) &+ UInt32(slot) &+ 1
-        client.nextRound[slot] &+= 1
-        let start = client.outbound.count
-        client.outbound.append(contentsOf: template)
-        client.outbound[start + 8] = UInt8(truncatingIfNeeded: id >> 24)
-        client.outbound[start + 9] = UInt8(truncatingIfNeeded: id >> 16)
-        client.outbound[start + 10] = UInt8(truncatingIfNeeded: id >> 8)
-        client.outbound[start + 11] = UInt8(truncatingIfNeeded: id)
-        client.sentAt[slot] = EventLoop.nanoseconds()
+    private func send(_ client: Client) {
+        client.adapter.appendRequest(to: &client.outbound)
+        client.sentAt[(client.head + client.inFlight) % depth] = EventLoop.nanoseconds()
+        client.inFlight += 1
     }
 
-    private func handle(_ event: TCPEvent, _ client: Client) {
+    private func handle(_ event: TCPEvent, _ client: Client, onReady: () -> Void) {
         guard case .data(let bytes) = event else {
             if clock.phase != .done { abortBench("the server closed a connection") }
             return
         }
         client.inbound.append(bytes)
+        if !client.isReady {
+            guard client.adapter.isReady(&client.inbound) else { return }
+            client.isReady = true
+            return onReady()
+        }
+        guard let replies = client.adapter.takeReplies(&client.inbound) else {
+            errors += 1
+            abortBench("unexpected reply from \(target.rawValue)")
+        }
         let now = EventLoop.nanoseconds()
-        let ok = scanFrames(&client.inbound) { _, frame in
-            guard frame.type == Frame.Kind.reply.rawValue, frame.payload.count == expectedReplyPayload else {
-                errors["unexpected frame", default: 0] += 1
-                return
-            }
-            let slot = Int((frame.id &- 1) % UInt32(depth))
+        for _ in 0..<replies {
+            let sentAt = client.sentAt[client.head]
+            client.head = (client.head + 1) % depth
+            client.inFlight -= 1
             totalCompleted += 1
             if clock.phase == .measuring {
                 completed += 1
-                _ = histogram.record((now - client.sentAt[slot]) / 1000)
+                _ = histogram.record((now - sentAt) / 1000)
             }
-            if clock.phase != .done { send(slot, on: client) }
+            if clock.phase != .done { send(client) }
         }
-        if !ok { abortBench("malformed frame from the server") }
-        if !client.outbound.isEmpty { client.transport.write(&client.outbound) }
+        if !client.outbound.isEmpty { client.transport?.write(&client.outbound) }
     }
 }
