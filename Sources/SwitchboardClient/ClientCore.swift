@@ -46,7 +46,7 @@ final class ClientCore {
     private let publishState: (ConnectionState) -> Void
     private var transport: TCPConnection?
     private var inbound = InboundBuffer()
-    private let decoder = FrameDecoder(maxFrame: 1 << 30)
+    private var decoder = FrameDecoder(maxFrame: 1 << 30)
     private var outbound: [UInt8] = []
     private(set) var state = ConnectionState.connecting
     private var pending: [UInt32: (reply: ReplyHandler, deadline: UInt64?)] = [:]

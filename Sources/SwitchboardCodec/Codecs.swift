@@ -18,6 +18,8 @@ public protocol MessageCodec<Message>: Sendable {
 
 /// Encodes method calls and result envelopes: Flutter's `MethodCodec`.
 public protocol MethodCodec: Sendable {
+    /// Appends a success envelope to `buffer` (the default encodes, then copies).
+    func encodeSuccessEnvelope(_ result: ChannelValue, appendingTo buffer: inout [UInt8]) throws(CodecError)
     /// Encodes a call (name and arguments).
     func encodeMethodCall(_ call: MethodCall) throws(CodecError) -> [UInt8]
     /// Decodes a call; a NULL_PAYLOAD is an error.
@@ -28,6 +30,12 @@ public protocol MethodCodec: Sendable {
     func encodeErrorEnvelope(_ error: ChannelError) throws(CodecError) -> [UInt8]
     /// Decodes an envelope into a success value or the error it carries.
     func decodeEnvelope(_ payload: [UInt8]?) throws(CodecError) -> Result<ChannelValue, ChannelError>
+}
+
+extension MethodCodec {
+    public func encodeSuccessEnvelope(_ result: ChannelValue, appendingTo buffer: inout [UInt8]) throws(CodecError) {
+        buffer.append(contentsOf: try encodeSuccessEnvelope(result))
+    }
 }
 
 // MARK: - Standard
@@ -96,10 +104,17 @@ public struct StandardMethodCodec: MethodCodec {
     }
 
     public func encodeSuccessEnvelope(_ result: ChannelValue) throws(CodecError) -> [UInt8] {
-        var writer = StandardWriter()
+        var bytes: [UInt8] = []
+        try encodeSuccessEnvelope(result, appendingTo: &bytes)
+        return bytes
+    }
+
+    /// Writes the envelope straight into `buffer`, aligned from its first byte (no intermediate array).
+    public func encodeSuccessEnvelope(_ result: ChannelValue, appendingTo buffer: inout [UInt8]) throws(CodecError) {
+        var writer = StandardWriter(appendingTo: &buffer)
+        defer { writer.finish(into: &buffer) }
         writer.writeByte(0)
         try writer.writeValue(result)
-        return writer.bytes
     }
 
     public func encodeErrorEnvelope(_ error: ChannelError) throws(CodecError) -> [UInt8] {

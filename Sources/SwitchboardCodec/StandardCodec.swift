@@ -41,14 +41,29 @@ enum StandardType {
 
 /// Appends standard-codec bytes to a buffer; what custom types use to write their fields.
 public struct StandardWriter {
-    /// The bytes written so far. Alignment is counted from the first of them.
-    public private(set) var bytes: [UInt8]
+    /// The bytes written so far. Alignment is counted from `origin`, the first byte of this payload.
+    public fileprivate(set) var bytes: [UInt8]
+    private let origin: Int
     private var depth = 0
 
     /// Starts an empty buffer.
     public init(capacity: Int = 64) {
         bytes = []
         bytes.reserveCapacity(capacity)
+        origin = 0
+    }
+
+    /// Continues `buffer` (taking it over; give it back with ``finish(into:)``): the payload written
+    /// starts at its current end, which is where alignment is counted from.
+    public init(appendingTo buffer: inout [UInt8]) {
+        bytes = []
+        swap(&bytes, &buffer)
+        origin = bytes.count
+    }
+
+    /// Hands the bytes back to the buffer given to ``init(appendingTo:)``.
+    public mutating func finish(into buffer: inout [UInt8]) {
+        swap(&bytes, &buffer)
     }
 
     /// Appends one raw byte.
@@ -74,7 +89,7 @@ public struct StandardWriter {
 
     /// Pads with zero bytes until the length is a multiple of `alignment`.
     public mutating func writeAlignment(_ alignment: Int) {
-        let remainder = bytes.count % alignment
+        let remainder = (bytes.count - origin) % alignment
         if remainder != 0 { bytes.append(contentsOf: repeatElement(0, count: alignment - remainder)) }
     }
 

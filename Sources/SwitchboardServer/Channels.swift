@@ -116,7 +116,11 @@ public final class MethodResult: Sendable {
     }
 
     private func complete(_ answer: Answer) {
-        request.onLoop { $0.answer(answer) }
+        if request.loop.isInLoopThread {  // the common case: a handler answering at once, no hop and no closure
+            request.value.answer(answer)
+        } else {
+            request.onLoop { $0.answer(answer) }
+        }
     }
 }
 
@@ -223,7 +227,11 @@ public final class EventSink: Sendable {
     public func endOfStream() { send(.end) }
 
     private func send(_ content: EventContent) {
-        stream.onLoop { $0.emit(content) }
+        if stream.loop.isInLoopThread {
+            stream.value.emit(content)
+        } else {
+            stream.onLoop { $0.emit(content) }
+        }
     }
 
     /// Loop thread only: whether an event sent now goes straight out (the stream is live, has credit,

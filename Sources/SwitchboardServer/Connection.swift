@@ -18,11 +18,12 @@ final class Connection {
 
     let id: UInt64
     let transport: TCPConnection
-    unowned let core: ServerCore
+    /// Strong (not `unowned`, which costs a check per use): the core outlives every connection.
+    let core: ServerCore
     var logger: Logger
     private(set) var mode = Mode.undecided
     private var inbound = InboundBuffer()
-    private let frameDecoder: FrameDecoder
+    private var frameDecoder: FrameDecoder
     var lineDecoder: LineDecoder
     /// Bytes made but not yet handed to the transport.
     var outbound: [UInt8] = []
@@ -31,9 +32,9 @@ final class Connection {
     private var isClosing = false
     var closingSince: UInt64?
     var isAuthenticated: Bool
-    /// Open requests from this client, by serial; binary ones are also indexed by their wire id.
-    private var requests: [UInt64: PendingRequest] = [:]
+    /// Open requests from this client: binary ones by their wire id, text ones by a serial number.
     private var binaryRequests: [UInt32: PendingRequest] = [:]
+    private var textRequests: [UInt64: PendingRequest] = [:]
     private var nextSerial: UInt64 = 0
     /// Server-initiated requests waiting for this client's REPLY.
     private var outgoing: [UInt32: (Result<[UInt8]?, InvokeError>) -> Void] = [:]
@@ -65,7 +66,7 @@ final class Connection {
     /// Bytes of events waiting in this connection's stream queues (for credit or for outbound room).
     var waitingEventBytes = 0
     var isOverOutboundLimit: Bool { pendingBytes >= core.config.outboundLimit }
-    var openRequestCount: Int { requests.count }
+    var openRequestCount: Int { binaryRequests.count + textRequests.count }
     var isText: Bool { mode == .text }
 
     // MARK: Input
@@ -213,8 +214,10 @@ final class Connection {
     func openRequest(_ origin: PendingRequest.Origin) -> PendingRequest {
         nextSerial += 1
         let request = PendingRequest(connection: self, origin: origin, serial: nextSerial)
-        requests[nextSerial] = request
-        if case .binary(let id) = origin { binaryRequests[id] = request }
+        switch origin {
+        case .binary(let id): binaryRequests[id] = request
+        case .text: textRequests[nextSerial] = request
+        }
         core.stats.repliesPending += 1
         return request
     }
@@ -227,31 +230,39 @@ final class Connection {
 
     /// Closes `request` and writes its answer in this connection's encoding.
     func finish(_ request: PendingRequest, with answer: Answer) {
-        guard requests.removeValue(forKey: request.serial) != nil else { return }
-        core.stats.repliesPending -= 1
         switch request.origin {
         case .binary(let id):
-            binaryRequests.removeValue(forKey: id)
-            guard !isClosed else { return }
-            writeBinaryAnswer(answer, id: id)
+            guard binaryRequests.removeValue(forKey: id) != nil else { return }
+            core.stats.repliesPending -= 1
+            if !isClosed { writeBinaryAnswer(answer, id: id) }
         case .text(let id, let kind):
-            guard !isClosed else { return }
-            TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
+            guard textRequests.removeValue(forKey: request.serial) != nil else { return }
+            core.stats.repliesPending -= 1
+            if !isClosed { TextMode.writeAnswer(answer, id: id, kind: kind, on: self) }
         }
         core.requestFinished()
         closeIfPeerIsDone()
     }
 
     private func closeIfPeerIsDone() {
-        if peerFinishedSending, requests.isEmpty { closeAfterFlush(.peerClosed) }
+        if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(.peerClosed) }
     }
 
     private func writeBinaryAnswer(_ answer: Answer, id: UInt32) {
         switch answer {
         case .success(let value, let codec):
-            do { writeFrame(.reply, id: id, payload: try codec.encodeSuccessEnvelope(value)) } catch {
-                writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
+            guard !isClosed else { return }
+            let start = Frame.startFrame(.reply, id: id, channel: "", to: &outbound)  // the envelope goes in place
+            do throws(CodecError) {
+                try codec.encodeSuccessEnvelope(value, appendingTo: &outbound)
+            } catch {
+                outbound.removeSubrange(start...)
+                return writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
             }
+            Frame.finishFrame(startingAt: start, in: &outbound)
+            core.stats.framesOut += 1
+            core.stats.bytesOut += outbound.count - start
+            markDirty()
         case .failure(let error, let codec):
             if let payload = try? codec.encodeErrorEnvelope(error) {
                 writeFrame(.reply, id: id, payload: payload)
@@ -267,7 +278,8 @@ final class Connection {
 
     /// Answers every open request (for shutdown).
     func answerAllOpenRequests(with answer: Answer) {
-        for request in requests.values.sorted(by: { $0.serial < $1.serial }) { request.answer(answer) }
+        let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
+        for request in open { request.answer(answer) }
     }
 
     /// Sends a server-initiated MESSAGE; `completion` gets the REPLY payload or why none came.
@@ -438,10 +450,11 @@ final class Connection {
         let waiting = outgoing
         outgoing = [:]
         for completion in waiting.values { completion(.failure(.disconnected)) }
-        for request in requests.values { request.abandon() }
-        core.stats.repliesPending -= requests.count
-        requests = [:]
+        for request in binaryRequests.values { request.abandon() }
+        for request in textRequests.values { request.abandon() }
+        core.stats.repliesPending -= openRequestCount
         binaryRequests = [:]
+        textRequests = [:]
         logger.debug("connection closed: \(reason.rawValue)")
     }
 }

@@ -94,7 +94,8 @@ enum Credit: Equatable {
 /// connection is under its outbound limit; otherwise they wait in a bounded queue under the channel's
 /// overflow policy, and every drop is counted. End of stream needs no credit but waits its turn.
 final class EventStream {
-    unowned let connection: Connection
+    /// Strong: the connection drops its streams when they end or it closes.
+    let connection: Connection
     let entry: EventEntry
     let arguments: ChannelValue
     var credit: Credit

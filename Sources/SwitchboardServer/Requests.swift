@@ -23,7 +23,9 @@ final class PendingRequest {
         case text(id: ChannelValue?, kind: TextRequestKind)
     }
 
-    weak var connection: Connection?
+    /// Strong: the connection's request tables hold the request until it is answered or abandoned,
+    /// and both break this back reference (a weak one cost a side-table allocation per request).
+    var connection: Connection?
     let connectionID: UInt64
     let origin: Origin
     /// Key in the connection's table of open requests.
@@ -63,6 +65,8 @@ final class PendingRequest {
         guard !isAnswered else { return }
         isAnswered = true
         cancelHandler = nil
+        let connection = self.connection
+        self.connection = nil
         connection?.finish(self, with: answer)
     }
 }

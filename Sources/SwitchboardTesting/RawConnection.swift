@@ -92,7 +92,8 @@ public final class RawConnection {
         var inbound = InboundBuffer()
         inbound.append(Array(buffer[0..<(4 + length)]))
         buffer.removeFirst(4 + length)
-        guard case .frame(let frame)? = try FrameDecoder(maxFrame: 1 << 30).next(from: &inbound) else {
+        var decoder = FrameDecoder(maxFrame: 1 << 30)
+        guard case .frame(let frame)? = try decoder.next(from: &inbound) else {
             throw TestFailure("server sent an invalid frame")
         }
         return frame

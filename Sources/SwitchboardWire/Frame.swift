@@ -68,6 +68,23 @@ public struct Frame: Equatable, Sendable {
         if let payload { out.append(contentsOf: payload) }
     }
 
+    /// Appends a header whose length is left open, for a payload written in place after it; returns
+    /// where the frame starts, for ``finishFrame(startingAt:in:)``.
+    public static func startFrame(_ kind: Kind, id: UInt32, channel: String, to out: inout [UInt8]) -> Int {
+        let start = out.count
+        write(kind, id: id, channel: channel, payload: [], to: &out)
+        return start
+    }
+
+    /// Fills in the length of a frame begun with ``startFrame(_:id:channel:to:)`` once its payload is written.
+    public static func finishFrame(startingAt start: Int, in out: inout [UInt8]) {
+        let length = UInt32(out.count - start - 4)
+        out[start] = UInt8(truncatingIfNeeded: length >> 24)
+        out[start + 1] = UInt8(truncatingIfNeeded: length >> 16)
+        out[start + 2] = UInt8(truncatingIfNeeded: length >> 8)
+        out[start + 3] = UInt8(truncatingIfNeeded: length)
+    }
+
     /// Appends a u32 in network byte order.
     public static func appendBigEndian(_ value: UInt32, to out: inout [UInt8]) {
         out.append(UInt8(truncatingIfNeeded: value >> 24))

@@ -7,6 +7,9 @@ import SwitchboardCodec
 public struct FrameDecoder: Sendable {
     /// The largest `length` accepted.
     public let maxFrame: UInt32
+    /// The last channel name seen, reused while the next frame names the same channel: a connection
+    /// mostly talks on one channel, and a name over 15 bytes costs an allocation and a UTF-8 check.
+    private var lastChannel: (bytes: [UInt8], name: String) = ([], "")
 
     /// Makes a decoder.
     public init(maxFrame: UInt32) { self.maxFrame = maxFrame }
@@ -21,7 +24,7 @@ public struct FrameDecoder: Sendable {
 
     /// Parses the next frame from `buffer`; nil means more bytes are needed.
     /// - Throws: `WireError.malformedFrame` or `.frameTooLarge`, after which the connection must close.
-    public func next(from buffer: inout InboundBuffer) throws(WireError) -> Decoded? {
+    public mutating func next(from buffer: inout InboundBuffer) throws(WireError) -> Decoded? {
         let available = buffer.readableBytes
         guard available >= 4 else { return nil }
         let length = readU32(buffer, 0)
@@ -63,10 +66,16 @@ public struct FrameDecoder: Sendable {
         }
         var channel = ""
         if channelLength > 0 {
-            guard let name = decodeUTF8(bytes[channelStart..<payloadStart]) else {
-                return .rejected(.badChannel("channel name is not valid UTF-8"), id: id)
+            let raw = bytes[channelStart..<payloadStart]
+            if raw == lastChannel.bytes[...] {
+                channel = lastChannel.name
+            } else {
+                guard let name = decodeUTF8(raw) else {
+                    return .rejected(.badChannel("channel name is not valid UTF-8"), id: id)
+                }
+                channel = name
+                lastChannel = (Array(raw), name)
             }
-            channel = name
         }
         let payload: [UInt8]? = isNull ? nil : Array(bytes[payloadStart..<payloadEnd])
         return .frame(Frame(kind, id: id, channel: channel, payload: payload))
