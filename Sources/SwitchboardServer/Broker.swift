@@ -266,7 +266,7 @@ extension ServerCore {
                                 connection: Connection, request: PendingRequest) {
         switch registration.upstream {
         case .active:
-            addListener(events, connection: connection, arguments: call.arguments)
+            addListener(events, connection: connection, arguments: call.arguments, notifyingReplaced: false)
             request.answer(.success(.null, events.codec))
             connection.streams[events.name]?.activate()
         case .starting(var waiting):
@@ -299,7 +299,7 @@ extension ServerCore {
             if let refusal {
                 listen.request.answer(.failure(refusal, events.codec))
             } else {
-                addListener(events, connection: listen.connection, arguments: listen.arguments)
+                addListener(events, connection: listen.connection, arguments: listen.arguments, notifyingReplaced: false)
             }
         }
         let early = registration.early
@@ -312,15 +312,6 @@ extension ServerCore {
             listen.request.answer(.success(.null, events.codec))
             listen.connection.streams[events.name]?.activate()
         }
-    }
-
-    private func addListener(_ events: EventEntry, connection: Connection, arguments: ChannelValue) {
-        if let old = connection.streams[events.name] { connection.endStream(old, notifyHandler: false) }
-        let credit = connection.pendingCredit.removeValue(forKey: events.name) ?? .unbounded
-        let stream = EventStream(connection: connection, entry: events, arguments: arguments, credit: credit)
-        stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
-        connection.streams[events.name] = stream
-        events.streams[connection.id] = stream
     }
 
     private func cancelHeldStream(_ registration: Registration, events: EventEntry, call: MethodCall,

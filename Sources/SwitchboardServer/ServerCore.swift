@@ -167,13 +167,21 @@ final class ServerCore {
         return nil
     }
 
-    private func listen(_ entry: EventEntry, arguments: ChannelValue, connection: Connection, request: PendingRequest) {
-        if let old = connection.streams[entry.name] { connection.endStream(old, notifyHandler: true) }
+    /// Starts `connection`'s stream on `entry` (replacing its previous one, whose handler is told when
+    /// `notifyingReplaced`), with any credit that came before the listen. The stream waits for `activate()`.
+    @discardableResult
+    func addListener(_ entry: EventEntry, connection: Connection, arguments: ChannelValue, notifyingReplaced: Bool) -> EventStream {
+        if let old = connection.streams[entry.name] { connection.endStream(old, notifyHandler: notifyingReplaced) }
         let credit = connection.pendingCredit.removeValue(forKey: entry.name) ?? .unbounded
         let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit)
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
         connection.streams[entry.name] = stream
         entry.streams[connection.id] = stream
+        return stream
+    }
+
+    private func listen(_ entry: EventEntry, arguments: ChannelValue, connection: Connection, request: PendingRequest) {
+        let stream = addListener(entry, connection: connection, arguments: arguments, notifyingReplaced: true)
         if let refusal = entry.handler.onListen(arguments: arguments, sink: stream.sink) {
             connection.endStream(stream, notifyHandler: false)
             return request.answer(.failure(refusal, entry.codec))
