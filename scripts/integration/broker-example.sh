@@ -5,7 +5,7 @@ EXAMPLE="$(dirname "$SWITCHBOARD")/broker-example"
 start_server
 "$EXAMPLE" --port "$PORT" >/dev/null 2>&1 &
 EXAMPLE_PID=$!
-trap 'kill $EXAMPLE_PID 2>/dev/null; stop_server; rm -f "$LOG"' EXIT
+trap 'kill $EXAMPLE_PID 2>/dev/null || true; stop_server; rm -f "$LOG"' EXIT
 export SWITCHBOARD_PORT=$PORT
 for _ in $(seq 1 100); do  # until the example has registered
     "$SWITCHBOARD" call greeter/hello hello '"x"' >/dev/null 2>&1 && break
