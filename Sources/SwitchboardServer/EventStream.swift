@@ -19,13 +19,15 @@ final class OutboundEvent {
     private var binary: [UInt8]??
     private var text: [UInt8]??
 
+    /// Whether this is an end of stream. Stored: matching `content` per listener would copy its payload.
+    let isEnd: Bool
+
     init(channel: String, content: EventContent, codec: (any MethodCodec)?) {
         self.channel = channel
         self.content = content
         self.codec = codec
+        if case .end = content { isEnd = true } else { isEnd = false }
     }
-
-    var isEnd: Bool { if case .end = content { true } else { false } }
 
     /// The whole MESSAGE frame (id 0); nil if the codec cannot encode the value.
     var binaryFrame: [UInt8]? {
