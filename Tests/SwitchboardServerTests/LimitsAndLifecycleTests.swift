@@ -58,18 +58,20 @@ import SwitchboardWire
     }
 
     @Test func heartbeatPingsAndClosesSilentConnections() async throws {
-        try await withServer({ $0.heartbeatMs = 400 }) { _, port in
+        // Intervals of 1 s: the lively client below must be scheduled within two of them, even while the
+        // whole suite runs in parallel on two cores.
+        try await withServer({ $0.heartbeatMs = 1000 }) { _, port in
             let wire = try RawConnection(port: port)
             try wire.send(Frame(.hello, id: 1, payload: nil))
             let welcome = try JSONText.parse(try await wire.frame().payload!)
-            #expect(welcome["heartbeatMs"] == 400)
+            #expect(welcome["heartbeatMs"] == 1000)
             let ping = try await wire.frame()
             #expect(ping.kind == .ping)
             // Stay silent: closed after two intervals without input.
             #expect(try await wire.isClosedByServer())
 
             let lively = try RawConnection(port: port)
-            for _ in 0..<4 {  // four intervals: a silent connection would be closed after two
+            for _ in 0..<3 {  // three intervals: a silent connection would be closed after two
                 let f = try await lively.frame()
                 if f.kind == .ping { try lively.send(Frame(.pong, id: f.id, payload: f.payload)) }
             }
