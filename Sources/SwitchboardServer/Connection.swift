@@ -41,6 +41,9 @@ final class Connection {
     private var nextOutgoingID: UInt32 = 0
     /// Active event streams by channel.
     var streams: [String: EventStream] = [:]
+    /// Some stream has queued events or a producer waiting to be told it may send: set by the streams,
+    /// checked after each write, so that connections with nothing waiting skip the pump.
+    var hasWaitingStreams = false
     /// Credit that arrived before `listen`, by channel.
     var pendingCredit: [String: Credit] = [:]
     var overLimitSince: UInt64?
@@ -382,7 +385,9 @@ final class Connection {
             return
         }
         overLimitSince = nil
-        for stream in Array(streams.values) { stream.pump() }
+        guard hasWaitingStreams else { return }
+        hasWaitingStreams = false
+        for stream in Array(streams.values) { stream.pump() }  // a stream still waiting sets the flag again
     }
 
     // MARK: Streams

@@ -107,7 +107,9 @@ final class EventStream {
     /// True until the listen reply has gone out: events wait, so the reply always comes first.
     private var isStarting = true
     private(set) var isActive = true
-    var readyCallback: (() -> Void)?
+    var readyCallback: (() -> Void)? {
+        didSet { if readyCallback != nil { connection.hasWaitingStreams = true } }
+    }
     var sink: EventSink!
 
     init(connection: Connection, entry: EventEntry, arguments: ChannelValue, credit: Credit) {
@@ -167,6 +169,7 @@ final class EventStream {
     private func append(_ event: OutboundEvent, size: Int) {
         queue.append((event, size))
         connection.waitingEventBytes += size
+        connection.hasWaitingStreams = true
     }
 
     private func dropHead(_ reason: String) {
@@ -219,6 +222,7 @@ final class EventStream {
             readyCallback = nil
             callback()
         }
+        if isActive, queuedCount > 0 || readyCallback != nil { connection.hasWaitingStreams = true }
     }
 
     /// Adds credit from a DEMAND.
