@@ -153,10 +153,10 @@ final class Connection {
     func handleHello(payload: [UInt8]?, id: UInt32) {
         var hello: ChannelValue = .map([])
         if let payload, !payload.isEmpty {
-            guard case .map = (try? JSONText.parse(payload)) ?? .null else {
+            guard let parsed = try? JSONText.parse(payload), case .map = parsed else {
                 return fail(.badHello("HELLO payload is not a JSON object"), id: id)
             }
-            hello = (try? JSONText.parse(payload)) ?? .map([])
+            hello = parsed
         }
         if let version = hello["version"] {
             let isOne = switch version {
@@ -342,8 +342,7 @@ final class Connection {
             TextMode.writeError(error, id: nil, on: self)
             return
         }
-        let body: ChannelValue = .stringMap(["code": .string(error.code), "message": .string(error.message)])
-        writeFrame(.error, id: id, payload: try? JSONText.serialize(body))
+        writeFrame(.error, id: id, payload: error.payload)
     }
 
     /// The size of `event` in this connection's encoding; nil if it has none.
@@ -407,12 +406,7 @@ final class Connection {
 
     /// Sends `error` and closes (the errors that wire-v1 says end a connection).
     func fail(_ error: WireError, id: UInt32) {
-        if mode == .text {
-            TextMode.writeError(error, id: nil, on: self)
-        } else {
-            let body: ChannelValue = .stringMap(["code": .string(error.code), "message": .string(error.message)])
-            writeFrame(.error, id: id, payload: try? JSONText.serialize(body))
-        }
+        writeError(error, id: id)
         let reason: CloseReason = switch error {
         case .unauthorized: .unauthorized
         case .slowConsumer: .slowConsumer

@@ -1,3 +1,5 @@
+import SwitchboardCodec
+
 /// One binary frame of wire-v1 section 2.
 public struct Frame: Equatable, Sendable {
     /// The frame type byte.
@@ -152,6 +154,11 @@ public enum WireError: Error, Equatable, Sendable {
         case .channelTaken: "the channel already has a handler"
         case .notRegistered: "this connection does not hold the channel"
         }
+    }
+
+    /// The ERROR frame's payload: `{"code":"…","message":"…"}`.
+    public var payload: [UInt8] {
+        (try? JSONText.serialize(.stringMap(["code": .string(code), "message": .string(message)]))) ?? []
     }
 
     /// Whether the server closes the connection after sending this error.
