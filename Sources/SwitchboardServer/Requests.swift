@@ -13,7 +13,7 @@ enum Answer {
 }
 
 /// What a text-mode request asked for, which decides the shape of its answer line.
-enum TextRequestKind { case call, listen, cancel, send, demand }
+enum TextRequestKind { case call, listen, cancel, send }
 
 /// A request (MESSAGE with id != 0, or a text-mode request) that has not been answered yet.
 /// Loop thread only. Answering removes it from its connection; a second answer is ignored.

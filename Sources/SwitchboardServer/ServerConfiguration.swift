@@ -1,3 +1,5 @@
+import SwitchboardCodec
+
 /// Everything a ``Server`` can be told at start-up. Times are in milliseconds.
 public struct ServerConfiguration: Sendable {
     /// Address to listen on.
@@ -54,5 +56,3 @@ public enum InvokeError: Error, Equatable, Sendable {
     /// Text-mode clients cannot be called by the server.
     case textClient
 }
-
-import SwitchboardCodec

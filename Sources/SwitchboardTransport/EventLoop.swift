@@ -85,11 +85,6 @@ public final class LoopHandle: Sendable {
     /// Whether the caller is the loop's thread.
     public var isInLoopThread: Bool { loopThread.load(ordering: .relaxed) == UInt(pthread_self()) }
 
-    /// Traps in debug builds when called off the loop thread.
-    public func assertInLoopThread(file: StaticString = #file, line: UInt = #line) {
-        assert(isInLoopThread, "called off the loop thread", file: file, line: line)
-    }
-
     /// Whether ``EventLoop/run()`` has begun; before that, the thread setting the loop up owns it.
     public var hasStarted: Bool { running.load(ordering: .acquiring) }
 

@@ -74,9 +74,6 @@ public final class Timer: LoopResource {
         uv_timer_stop(raw.assumingMemoryBound(to: uv_timer_t.self))
     }
 
-    /// Keeps the loop from waiting for this timer alone.
-    public func unref() { uv_unref(handle) }
-
     /// Stops and releases the timer.
     public func cancel() { close() }
 
@@ -101,9 +98,6 @@ public final class BeforeSleep: LoopResource {
         uv_unref(handle)  // never keeps the loop alive by itself
     }
 
-    /// Stops and releases the hook.
-    public func cancel() { close() }
-
     override func willClose() { callback = nil }
 }
 
@@ -125,9 +119,6 @@ public final class SignalWatcher: LoopResource {
         if started < 0 { close(); throw UVError(code: started, operation: "uv_signal_start") }
         uv_unref(handle)
     }
-
-    /// Stops watching.
-    public func cancel() { close() }
 
     override func willClose() { callback = nil }
 }

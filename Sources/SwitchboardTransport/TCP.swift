@@ -144,20 +144,6 @@ public final class TCPConnection: LoopResource {
     /// Whether the connection can still be written to.
     public var isOpen: Bool { !isClosing }
 
-    /// The peer's address as `host:port`.
-    public var peer: String {
-        var storage = sockaddr_storage()
-        var length = Int32(MemoryLayout<sockaddr_storage>.size)
-        return withUnsafeMutableBytes(of: &storage) { bytes -> String in
-            let address = bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self)
-            guard uv_tcp_getpeername(raw.assumingMemoryBound(to: uv_tcp_t.self), address, &length) == 0 else { return "?" }
-            var name = [CChar](repeating: 0, count: 64)
-            let v4 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
-            uv_ip4_name(v4, &name, name.count)
-            return "\(String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)):\(UInt16(bigEndian: v4.pointee.sin_port))"
-        }
-    }
-
     /// Starts delivering events to `handler`.
     public func start(_ handler: @escaping (TCPEvent) -> Void) {
         self.handler = handler
