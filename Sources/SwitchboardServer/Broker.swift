@@ -213,9 +213,7 @@ extension ServerCore {
         guard let id else { return }
         forwardedID = id
         registration.forwarded.insert(id)
-        request.cancelAnswer = registration.kind == .method && registration.methodCodec != nil
-            ? .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), registration.methodCodec!)
-            : .error(.cancelled)
+        request.methodCodec = registration.kind == .method ? registration.methodCodec : nil
         request.cancelHandler = { [weak registration] in  // CANCEL is relayed to the holder
             registration?.forwarded.remove(id)
             holder.sendCancel(id)

@@ -32,7 +32,8 @@ final class Connection {
     private var isClosing = false
     var closingSince: UInt64?
     var isAuthenticated: Bool
-    /// Open requests from this client: binary ones by their wire id, text ones by a serial number.
+    /// Requests from this client still open after their handler's first run: binary ones by their wire
+    /// id, text ones by a serial number.
     private var binaryRequests: [UInt32: PendingRequest] = [:]
     private var textRequests: [UInt64: PendingRequest] = [:]
     private var nextSerial: UInt64 = 0
@@ -179,13 +180,15 @@ final class Connection {
     }
 
     private func handleMessage(_ frame: Frame) {
-        if frame.id != 0, binaryRequests[frame.id] != nil { return writeError(.duplicateId, id: frame.id) }
+        if frame.id != 0, !binaryRequests.isEmpty, binaryRequests[frame.id] != nil {
+            return writeError(.duplicateId, id: frame.id)
+        }
         if core.isDraining {
             if frame.id != 0 { writeError(.goingAway, id: frame.id) }
             return
         }
-        let request = frame.id == 0 ? nil : openRequest(.binary(id: frame.id))
-        core.route(channel: frame.channel, input: .bytes(frame.payload), request: request, connection: self)
+        if frame.id == 0 { return core.route(channel: frame.channel, input: .bytes(frame.payload), request: nil, connection: self) }
+        handleRequest(.binary(id: frame.id), channel: frame.channel, input: .bytes(frame.payload))
     }
 
     private func handleReply(_ frame: Frame) {
@@ -213,16 +216,20 @@ final class Connection {
 
     // MARK: Requests
 
-    /// Registers an open request from this client.
-    func openRequest(_ origin: PendingRequest.Origin) -> PendingRequest {
+    /// Routes a request from this client. One its handler does not answer at once is kept in the table
+    /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).
+    func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput) {
         nextSerial += 1
         let request = PendingRequest(connection: self, origin: origin, serial: nextSerial)
+        core.route(channel: channel, input: input, request: request, connection: self)
+        guard !request.isAnswered else { return }
+        if isClosing { return request.abandon() }
+        request.isRegistered = true
         switch origin {
         case .binary(let id): binaryRequests[id] = request
-        case .text: textRequests[nextSerial] = request
+        case .text: textRequests[request.serial] = request
         }
         core.stats.repliesPending += 1
-        return request
     }
 
     private func cancelRequest(_ id: UInt32) {
@@ -233,18 +240,22 @@ final class Connection {
 
     /// Closes `request` and writes its answer in this connection's encoding.
     func finish(_ request: PendingRequest, with answer: Answer) {
-        switch request.origin {
-        case .binary(let id):
-            guard binaryRequests.removeValue(forKey: id) != nil else { return }
+        guard !isClosing else { return }
+        if request.isRegistered {
+            switch request.origin {
+            case .binary(let id): binaryRequests.removeValue(forKey: id)
+            case .text: textRequests.removeValue(forKey: request.serial)
+            }
             core.stats.repliesPending -= 1
-            if !isClosed { writeBinaryAnswer(answer, id: id) }
-        case .text(let id, let kind):
-            guard textRequests.removeValue(forKey: request.serial) != nil else { return }
-            core.stats.repliesPending -= 1
-            if !isClosed { TextMode.writeAnswer(answer, id: id, kind: kind, on: self) }
         }
-        core.requestFinished()
-        closeIfPeerIsDone()
+        switch request.origin {
+        case .binary(let id): writeBinaryAnswer(answer, id: id)
+        case .text(let id, let kind): TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
+        }
+        if request.isRegistered {
+            core.requestFinished()
+            closeIfPeerIsDone()
+        }
     }
 
     private func closeIfPeerIsDone() {

@@ -28,10 +28,13 @@ final class PendingRequest {
     var connection: Connection?
     let connectionID: UInt64
     let origin: Origin
-    /// Key in the connection's table of open requests.
+    /// Orders open requests; 0 for a detached request.
     let serial: UInt64
-    /// What a CANCEL answers when the handler has produced nothing.
-    var cancelAnswer: Answer = .error(.cancelled)
+    /// Set for method calls: a CANCEL is then answered with a `cancelled` error envelope in this codec.
+    var methodCodec: (any MethodCodec)?
+    /// Whether the request outlived its handler's first run and sits in the connection's table of open
+    /// requests (most are answered at once and never need it).
+    var isRegistered = false
     /// The handler's hook for a CANCEL from the requester (an async handler cancels its task).
     var cancelHandler: (() -> Void)?
     private(set) var isAnswered = false
@@ -59,6 +62,12 @@ final class PendingRequest {
     }
 
     var isText: Bool { if case .text = origin { true } else { false } }
+
+    /// What a CANCEL answers when the handler has produced nothing.
+    var cancelAnswer: Answer {
+        guard let methodCodec else { return .error(.cancelled) }
+        return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec)
+    }
 
     /// Sends the answer (if the requester is still connected) and closes the request.
     func answer(_ answer: Answer) {

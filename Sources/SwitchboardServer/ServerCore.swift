@@ -132,7 +132,7 @@ final class ServerCore {
         switch entry {
         case .method(let method):
             guard let call = methodCall(input, codec: method.codec, request: request) else { return }
-            request.cancelAnswer = .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), method.codec)
+            request.methodCodec = method.codec
             method.handler(call, MethodResult(request: request, codec: method.codec, loop: handle, client: ClientID(connection.id)))
         case .event(let event):
             guard let call = methodCall(input, codec: event.codec, request: request) else { return }

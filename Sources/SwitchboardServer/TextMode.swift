@@ -70,8 +70,7 @@ enum TextMode {
             input = .message(request["message"] ?? .null)
             kind = .send
         }
-        let pending = connection.openRequest(.text(id: id, kind: kind))
-        connection.core.route(channel: channel, input: input, request: pending, connection: connection)
+        connection.handleRequest(.text(id: id, kind: kind), channel: channel, input: input)
     }
 
     static func withID(_ id: ChannelValue?, _ fields: KeyValuePairs<String, ChannelValue>) -> ChannelValue {
