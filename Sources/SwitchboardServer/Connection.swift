@@ -81,8 +81,7 @@ final class Connection {
             guard !isClosing else { return }
             core.stats.bytesIn += bytes.count
             lastInbound = core.eventLoop.now
-            inbound.append(bytes)
-            processInput()
+            processInput(bytes)
         case .closed(let error?):
             logger.debug("connection failed: \(error)")
             close(.ioError)
@@ -98,36 +97,49 @@ final class Connection {
         }
     }
 
-    private func processInput() {
+    /// Handles every complete frame or line in `bytes` plus what was buffered before. The buffer and the
+    /// decoders are taken out of the connection for the whole batch (they are this function's alone), so
+    /// their accesses need no per-frame exclusivity checks.
+    private func processInput(_ bytes: [UInt8]) {
+        var buffer = InboundBuffer()
+        swap(&buffer, &inbound)
+        buffer.append(bytes)
         if mode == .undecided {
-            mode = inbound.byte(at: 0) == UInt8(ascii: "{") ? .text : .binary
+            mode = buffer.byte(at: 0) == UInt8(ascii: "{") ? .text : .binary
             logger.debug("connection opened in \(mode) mode")
         }
+        var count = 0
         if mode == .text {
-            while !isClosing, let line = lineDecoder.next(from: &inbound) {
-                core.stats.framesIn += 1
+            var decoder = lineDecoder
+            while !isClosing, let line = decoder.next(from: &buffer) {
+                count += 1
                 TextMode.handle(line, on: self)
             }
-            return
-        }
-        while !isClosing {
-            let decoded: FrameDecoder.Decoded?
-            do { decoded = try frameDecoder.next(from: &inbound) } catch {
-                let id: UInt32 = if case .malformedFrame = error { headerID() } else { 0 }
-                fail(error, id: id)
-                return
+            lineDecoder = decoder
+        } else {
+            var decoder = frameDecoder
+            decoding: while !isClosing {
+                let decoded: FrameDecoder.Decoded?
+                do { decoded = try decoder.next(from: &buffer) } catch {
+                    let id: UInt32 = if case .malformedFrame = error { Self.headerID(buffer) } else { 0 }
+                    fail(error, id: id)
+                    break decoding
+                }
+                guard let decoded else { break }
+                count += 1
+                switch decoded {
+                case .frame(let frame): handleFrame(frame)
+                case .rejected(let error, let id): writeError(error, id: id)
+                }
             }
-            guard let decoded else { return }
-            core.stats.framesIn += 1
-            switch decoded {
-            case .frame(let frame): handleFrame(frame)
-            case .rejected(let error, let id): writeError(error, id: id)
-            }
+            frameDecoder = decoder
         }
+        core.stats.framesIn += count
+        inbound = buffer
     }
 
     /// The id of a frame whose header is in but is unusable; 0 when the header was never read.
-    private func headerID() -> UInt32 {
+    private static func headerID(_ inbound: InboundBuffer) -> UInt32 {
         guard inbound.readableBytes >= 12 else { return 0 }
         let length = (0..<4).reduce(UInt32(0)) { $0 << 8 | UInt32(inbound.byte(at: $1)) }
         guard length >= 8 else { return 0 }
@@ -266,16 +278,19 @@ final class Connection {
         switch answer {
         case .success(let value, let codec):
             guard !isClosed else { return }
-            let start = Frame.startFrame(.reply, id: id, channel: "", to: &outbound)  // the envelope goes in place
+            var bytes = takeOutbound()
+            let start = Frame.startFrame(.reply, id: id, to: &bytes)  // the envelope goes in place
             do throws(CodecError) {
-                try codec.encodeSuccessEnvelope(value, appendingTo: &outbound)
+                try codec.encodeSuccessEnvelope(value, appendingTo: &bytes)
             } catch {
-                outbound.removeSubrange(start...)
+                bytes.removeSubrange(start...)
+                restoreOutbound(bytes)
                 return writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
             }
-            Frame.finishFrame(startingAt: start, in: &outbound)
+            Frame.finishFrame(startingAt: start, in: &bytes)
             core.stats.framesOut += 1
-            core.stats.bytesOut += outbound.count - start
+            core.stats.bytesOut += bytes.count - start
+            restoreOutbound(bytes)
             markDirty()
         case .failure(let error, let codec):
             if let payload = try? codec.encodeErrorEnvelope(error) {
@@ -332,11 +347,33 @@ final class Connection {
 
     func writeFrame(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) {
         guard !isClosed else { return }
-        let before = outbound.count
-        Frame.write(kind, id: id, channel: channel, payload: payload, to: &outbound)
+        var bytes = takeOutbound()
+        let before = bytes.count
+        Frame.write(kind, id: id, channel: channel, payload: payload, to: &bytes)
         core.stats.framesOut += 1
-        core.stats.bytesOut += outbound.count - before
+        core.stats.bytesOut += bytes.count - before
+        restoreOutbound(bytes)
         markDirty()
+    }
+
+    /// Takes `outbound` out of the connection while a call that is not the connection's own (the wire
+    /// encoder, a codec, which may run custom code) appends to it: no access to the property spans such a
+    /// call, and output the call makes on this connection meanwhile lands in a fresh buffer.
+    private func takeOutbound() -> [UInt8] {
+        var bytes: [UInt8] = []
+        swap(&bytes, &outbound)
+        return bytes
+    }
+
+    /// Puts back what `takeOutbound()` took, ahead of anything written meanwhile.
+    private func restoreOutbound(_ bytes: [UInt8]) {
+        if outbound.isEmpty {
+            outbound = bytes
+        } else {
+            var bytes = bytes
+            bytes.append(contentsOf: outbound)
+            outbound = bytes
+        }
     }
 
     func writeRaw(_ bytes: [UInt8]) {

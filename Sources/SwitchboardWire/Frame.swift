@@ -58,21 +58,21 @@ public struct Frame: Equatable, Sendable {
     public static func write(
         _ kind: Kind, id: UInt32, channel: String, payload: [UInt8]?, to out: inout [UInt8]
     ) {
-        let channelBytes = channel.utf8
-        let length = 8 + channelBytes.count + (payload?.count ?? 0)
+        let channelLength = channel.utf8.count
+        let length = 8 + channelLength + (payload?.count ?? 0)
         appendBigEndian(UInt32(length), to: &out)
         out.append(kind.rawValue)
         out.append(payload == nil ? nullPayloadFlag : 0)
-        out.append(UInt8(truncatingIfNeeded: channelBytes.count >> 8))
-        out.append(UInt8(truncatingIfNeeded: channelBytes.count))
+        out.append(UInt8(truncatingIfNeeded: channelLength >> 8))
+        out.append(UInt8(truncatingIfNeeded: channelLength))
         appendBigEndian(id, to: &out)
-        out.append(contentsOf: channelBytes)
+        if channelLength > 0 { out.append(contentsOf: channel.utf8) }
         if let payload { out.append(contentsOf: payload) }
     }
 
     /// Appends a header whose length is left open, for a payload written in place after it; returns
     /// where the frame starts, for ``finishFrame(startingAt:in:)``.
-    public static func startFrame(_ kind: Kind, id: UInt32, channel: String, to out: inout [UInt8]) -> Int {
+    public static func startFrame(_ kind: Kind, id: UInt32, channel: String = "", to out: inout [UInt8]) -> Int {
         let start = out.count
         write(kind, id: id, channel: channel, payload: [], to: &out)
         return start
