@@ -89,23 +89,21 @@ public struct MethodNotImplemented: Error, Sendable {
 }
 
 /// The one answer to one method call: success, error or not implemented. Callable from any thread;
-/// only the first answer counts (the loop ignores later ones).
-public final class MethodResult: Sendable {
-    private let request: LoopBound<PendingRequest>
-    private let codec: any MethodCodec
+/// only the first answer counts (the loop ignores later ones). A small value: copies answer the same call.
+public struct MethodResult: Sendable {
+    let request: LoopBound<PendingRequest>
     /// The caller.
     public let client: ClientID
 
-    init(request: PendingRequest, codec: any MethodCodec, loop: LoopHandle, client: ClientID) {
+    init(request: PendingRequest, loop: LoopHandle) {
         self.request = LoopBound(request, loop: loop)
-        self.codec = codec
-        self.client = client
+        self.client = ClientID(request.connectionID)
     }
 
     /// Answers with a success envelope.
-    public func success(_ value: ChannelValue) { complete(.success(value, codec)) }
+    public func success(_ value: ChannelValue) { complete(.success(value)) }
     /// Answers with an error envelope.
-    public func error(_ error: ChannelError) { complete(.failure(error, codec)) }
+    public func error(_ error: ChannelError) { complete(.error(error)) }
     /// Answers with a null reply ("not implemented").
     public func notImplemented() { complete(.notImplemented) }
 
@@ -115,11 +113,11 @@ public final class MethodResult: Sendable {
         request.onLoop { $0.cancelHandler = body }
     }
 
-    private func complete(_ answer: Answer) {
+    private func complete(_ answer: MethodAnswer) {
         if request.loop.isInLoopThread {  // the common case: a handler answering at once, no hop and no closure
-            request.value.answer(answer)
+            request.value.answerCall(answer)
         } else {
-            request.onLoop { $0.answer(answer) }
+            request.onLoop { $0.answerCall(answer) }
         }
     }
 }

@@ -12,6 +12,13 @@ enum Answer {
     case error(WireError)
 }
 
+/// A method handler's answer, before the codec of its channel is applied.
+enum MethodAnswer: Sendable {
+    case success(ChannelValue)
+    case error(ChannelError)
+    case notImplemented
+}
+
 /// What a text-mode request asked for, which decides the shape of its answer line.
 enum TextRequestKind { case call, listen, cancel, send }
 
@@ -67,6 +74,16 @@ final class PendingRequest {
     var cancelAnswer: Answer {
         guard let methodCodec else { return .error(.cancelled) }
         return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec)
+    }
+
+    /// Answers a method call in its channel's codec.
+    func answerCall(_ answer: MethodAnswer) {
+        guard let methodCodec else { return self.answer(.notImplemented) }  // set for every method call
+        switch answer {
+        case .success(let value): self.answer(.success(value, methodCodec))
+        case .error(let error): self.answer(.failure(error, methodCodec))
+        case .notImplemented: self.answer(.notImplemented)
+        }
     }
 
     /// Sends the answer (if the requester is still connected) and closes the request.

@@ -133,7 +133,7 @@ final class ServerCore {
         case .method(let method):
             guard let call = methodCall(input, codec: method.codec, request: request) else { return }
             request.methodCodec = method.codec
-            method.handler(call, MethodResult(request: request, codec: method.codec, loop: handle, client: ClientID(connection.id)))
+            method.handler(call, MethodResult(request: request, loop: handle))
         case .event(let event):
             guard let call = methodCall(input, codec: event.codec, request: request) else { return }
             switch call.method {

@@ -1,6 +1,6 @@
 import Testing
 import SwitchboardCodec
-import SwitchboardServer
+@testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
@@ -117,7 +117,7 @@ import SwitchboardWire
         let results = WeakResults()
         try await withServer(setUp: { server in
             MethodChannel(name: "tracked", server: server).setMethodCallHandler { call, result in
-                results.add(result)
+                results.add(result.request.value)
                 result.success(call.arguments)
             }
             MethodChannel(name: "tracked.async", server: server).setMethodCallHandler { call in call.arguments }
@@ -128,7 +128,7 @@ import SwitchboardWire
             for _ in 1...100 { _ = try await wire.frame() }
             _ = try await wire.barrier()
             #expect(results.count == 50)
-            #expect(results.alive == 0)  // no cycle keeps a finished request (and its result) alive
+            #expect(results.alive == 0)  // no cycle keeps a finished request alive
         }
     }
 
@@ -210,12 +210,14 @@ final class CancelFlag: Sendable {
     var isSet: Bool { flag.withLock { $0 } }
 }
 
+/// Weak references to the server's requests, taken on the loop thread, counted from the test's.
 final class WeakResults: Sendable {
-    private struct Entry: @unchecked Sendable { weak var result: MethodResult? }  // only read under the lock
+    /// The request is never touched through this reference, only checked for nil under the lock.
+    private struct Entry: @unchecked Sendable { weak var request: PendingRequest? }
     private let entries = Mutex<[Entry]>([])
-    func add(_ result: MethodResult) { entries.withLock { $0.append(Entry(result: result)) } }
+    func add(_ request: PendingRequest) { entries.withLock { $0.append(Entry(request: request)) } }
     var count: Int { entries.withLock { $0.count } }
-    var alive: Int { entries.withLock { $0.filter { $0.result != nil }.count } }
+    var alive: Int { entries.withLock { $0.filter { $0.request != nil }.count } }
 }
 
 final class Clients: Sendable {
