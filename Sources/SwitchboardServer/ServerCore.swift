@@ -211,7 +211,9 @@ final class ServerCore {
         while !dirty.isEmpty, rounds < 8 {
             let batch = dirty
             dirty.removeAll(keepingCapacity: true)
-            for connection in batch { connection.flush() }
+            // Newest first (as Redis does): a request's reply is made after the output it caused (a room
+            // post's broadcast), so its sender can send again while the other connections are written.
+            for connection in batch.reversed() { connection.flush() }
             rounds += 1
         }
         if !dirty.isEmpty { kick?.start(after: 0) {} }  // more output is ready: don't let the loop block
