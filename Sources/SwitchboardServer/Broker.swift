@@ -158,11 +158,10 @@ extension ServerCore {
     // MARK: Forwarding
 
     /// Routes a request (or a holder's event) on a client-held channel.
-    func routeToHolder(_ registration: Registration, input: RouteInput, request: PendingRequest?, connection: Connection) {
-        if registration.holder === connection, registration.kind == .event, request == nil, case .bytes(let payload) = input {
+    func routeToHolder(_ registration: Registration, input: RouteInput, request: PendingRequest, connection: Connection) {
+        if registration.holder === connection, registration.kind == .event, request.isDetached, case .bytes(let payload) = input {
             return fanOut(registration, payload: payload)
         }
-        let request = request ?? PendingRequest.detached(connectionID: connection.id)
         if registration.kind == .event, let events = registration.events {
             if let call = eventCall(registration, input: input, request: request) {
                 switch call.method {
@@ -213,7 +212,6 @@ extension ServerCore {
         guard let id else { return }
         forwardedID = id
         registration.forwarded.insert(id)
-        request.methodCodec = registration.kind == .method ? registration.methodCodec : nil
         request.cancelHandler = { [weak registration] in  // CANCEL is relayed to the holder
             registration?.forwarded.remove(id)
             holder.sendCancel(id)

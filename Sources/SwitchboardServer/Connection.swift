@@ -27,6 +27,9 @@ final class Connection {
     var lineDecoder: LineDecoder
     /// Bytes made but not yet handed to the transport.
     var outbound: [UInt8] = []
+    /// Frames (or lines) in `outbound`, added to the server's counters when they are handed over: one
+    /// counter update per turn rather than one per frame.
+    private var unflushedFrames = 0
     var isDirty = false
     private(set) var isClosed = false
     private var isClosing = false
@@ -199,8 +202,11 @@ final class Connection {
             if frame.id != 0 { writeError(.goingAway, id: frame.id) }
             return
         }
-        if frame.id == 0 { return core.route(channel: frame.channel, input: .bytes(frame.payload), request: nil, connection: self) }
-        handleRequest(.binary(id: frame.id), channel: frame.channel, input: .bytes(frame.payload))
+        if frame.id == 0 {
+            core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
+        } else {
+            handleRequest(.binary(id: frame.id), channel: frame.channel, input: .bytes(frame.payload))
+        }
     }
 
     private func handleReply(_ frame: Frame) {
@@ -231,9 +237,7 @@ final class Connection {
     /// Routes a request from this client. One its handler does not answer at once is kept in the table
     /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).
     func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput) {
-        nextSerial += 1
-        let request = PendingRequest(connection: self, origin: origin, serial: nextSerial)
-        core.route(channel: channel, input: input, request: request, connection: self)
+        let request = core.route(channel: channel, input: input, origin: origin, connection: self)
         guard !request.isAnswered else { return }
         if isClosing { return request.abandon() }
         request.isRegistered = true
@@ -242,6 +246,13 @@ final class Connection {
         case .text: textRequests[request.serial] = request
         }
         core.stats.repliesPending += 1
+    }
+
+    /// A new request from this client (detached, answered nowhere, when `origin` is nil).
+    func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: (any MethodCodec)?) -> PendingRequest {
+        guard let origin else { return .detached(connectionID: id) }
+        nextSerial += 1
+        return PendingRequest(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
     }
 
     private func cancelRequest(_ id: UInt32) {
@@ -288,8 +299,7 @@ final class Connection {
                 return writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
             }
             Frame.finishFrame(startingAt: start, in: &bytes)
-            core.stats.framesOut += 1
-            core.stats.bytesOut += bytes.count - start
+            unflushedFrames += 1
             restoreOutbound(bytes)
             markDirty()
         case .failure(let error, let codec):
@@ -348,10 +358,8 @@ final class Connection {
     func writeFrame(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) {
         guard !isClosed else { return }
         var bytes = takeOutbound()
-        let before = bytes.count
         Frame.write(kind, id: id, channel: channel, payload: payload, to: &bytes)
-        core.stats.framesOut += 1
-        core.stats.bytesOut += bytes.count - before
+        unflushedFrames += 1
         restoreOutbound(bytes)
         markDirty()
     }
@@ -379,8 +387,7 @@ final class Connection {
     func writeRaw(_ bytes: [UInt8]) {
         guard !isClosed else { return }
         outbound.append(contentsOf: bytes)
-        core.stats.framesOut += 1
-        core.stats.bytesOut += bytes.count
+        unflushedFrames += 1
         markDirty()
     }
 
@@ -414,6 +421,9 @@ final class Connection {
         isDirty = false
         guard !isClosed else { return }
         if !outbound.isEmpty {
+            core.stats.framesOut += unflushedFrames
+            core.stats.bytesOut += outbound.count
+            unflushedFrames = 0
             // The transport may report a failed write synchronously, and closing touches `outbound`:
             // hand it a buffer of its own, then take the (emptied) buffer back to keep its capacity.
             var bytes: [UInt8] = []

@@ -37,8 +37,9 @@ final class PendingRequest {
     let origin: Origin
     /// Orders open requests; 0 for a detached request.
     let serial: UInt64
-    /// Set for method calls: a CANCEL is then answered with a `cancelled` error envelope in this codec.
-    var methodCodec: (any MethodCodec)?
+    /// Set for method calls: their answers are envelopes in this codec, and so is a CANCEL's
+    /// (`cancelled`). A constant, so reading it needs no exclusivity check.
+    let methodCodec: (any MethodCodec)?
     /// Whether the request outlived its handler's first run and sits in the connection's table of open
     /// requests (most are answered at once and never need it).
     var isRegistered = false
@@ -46,11 +47,12 @@ final class PendingRequest {
     var cancelHandler: (() -> Void)?
     private(set) var isAnswered = false
 
-    init(connection: Connection, origin: Origin, serial: UInt64) {
+    init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: (any MethodCodec)?) {
         self.connection = connection
         self.connectionID = connection.id
         self.origin = origin
         self.serial = serial
+        self.methodCodec = methodCodec
     }
 
     /// A request nobody waits for (a MESSAGE with id 0): handlers run as usual, the answer goes nowhere.
@@ -58,6 +60,7 @@ final class PendingRequest {
         self.connectionID = connectionID
         origin = .binary(id: 0)
         serial = 0
+        methodCodec = nil
     }
 
     static func detached(connectionID: UInt64) -> PendingRequest { PendingRequest(connectionID: connectionID) }
@@ -69,6 +72,8 @@ final class PendingRequest {
     }
 
     var isText: Bool { if case .text = origin { true } else { false } }
+    /// Whether nobody waits for the answer (a MESSAGE with id 0).
+    var isDetached: Bool { serial == 0 }
 
     /// What a CANCEL answers when the handler has produced nothing.
     var cancelAnswer: Answer {

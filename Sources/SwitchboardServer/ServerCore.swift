@@ -121,38 +121,49 @@ final class ServerCore {
         channels[name] = entry
     }
 
-    func route(channel name: String, input: RouteInput, request: PendingRequest?, connection: Connection) {
+    /// Hands a request (`origin` nil: a MESSAGE with id 0, answered nowhere) to the channel's handler or
+    /// holder; returns the request, which may or may not be answered yet.
+    @discardableResult
+    func route(channel name: String, input: RouteInput, origin: PendingRequest.Origin?, connection: Connection) -> PendingRequest {
         guard let entry = channels[name] else {
-            if let registration = registrations[name] {
-                return routeToHolder(registration, input: input, request: request, connection: connection)
+            guard let registration = registrations[name] else {
+                let request = connection.makeRequest(origin, methodCodec: nil)
+                request.answer(.notImplemented)
+                return request
             }
-            return request?.answer(.notImplemented) ?? ()
+            let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.methodCodec : nil)
+            routeToHolder(registration, input: input, request: request, connection: connection)
+            return request
         }
-        let request = request ?? PendingRequest.detached(connectionID: connection.id)
+        let request: PendingRequest
         switch entry {
         case .method(let method):
-            guard let call = methodCall(input, codec: method.codec, request: request) else { return }
-            request.methodCodec = method.codec
+            request = connection.makeRequest(origin, methodCodec: method.codec)
+            guard let call = methodCall(input, codec: method.codec, request: request) else { return request }
             method.handler(call, MethodResult(request: request, loop: handle))
         case .event(let event):
-            guard let call = methodCall(input, codec: event.codec, request: request) else { return }
+            request = connection.makeRequest(origin, methodCodec: nil)
+            guard let call = methodCall(input, codec: event.codec, request: request) else { return request }
             switch call.method {
             case "listen": listen(event, arguments: call.arguments, connection: connection, request: request)
             case "cancel":
-                guard let stream = connection.streams[name] else {
-                    return request.answer(.failure(ChannelError(code: "error", message: "No active stream to cancel"), event.codec))
+                if let stream = connection.streams[name] {
+                    connection.endStream(stream, notifyHandler: true, arguments: call.arguments)
+                    request.answer(.success(.null, event.codec))
+                } else {
+                    request.answer(.failure(ChannelError(code: "error", message: "No active stream to cancel"), event.codec))
                 }
-                connection.endStream(stream, notifyHandler: true, arguments: call.arguments)
-                request.answer(.success(.null, event.codec))
             default: request.answer(.notImplemented)
             }
         case .message(let message):
+            request = connection.makeRequest(origin, methodCodec: nil)
             switch input {
             case .bytes(let payload): message.handle(.bytes(payload), request)
             case .message(let value): message.handle(.value(value), request)
             case .call: request.answer(.error(.badRequest("\(name) is a message channel: use \"send\"")))
             }
         }
+        return request
     }
 
     private func methodCall(_ input: RouteInput, codec: any MethodCodec, request: PendingRequest) -> MethodCall? {
