@@ -149,7 +149,7 @@ extension ServerCore {
         let gone = OutboundEvent(channel: registration.name, content: .error(ChannelError(
             code: WireError.handlerGone.code, message: WireError.handlerGone.message)), codec: events.codec)
         let end = OutboundEvent(channel: registration.name, content: .end, codec: events.codec)
-        for stream in Array(events.streams.values) {
+        for stream in events.listeners.all {
             stream.deliver(gone)
             stream.deliver(end)
         }
@@ -301,7 +301,7 @@ extension ServerCore {
         let early = registration.early
         registration.early = []
         guard refusal == nil else { return }
-        for stream in events.streams.values {  // queued behind the listen reply, so they follow it
+        for stream in events.listeners.all {  // queued behind the listen reply, so they follow it
             for event in early { stream.deliver(event) }
         }
         for listen in waiting {
@@ -322,7 +322,7 @@ extension ServerCore {
     /// A listener of a held event channel left; the last one's leaving is forwarded as `cancel`.
     func listenerLeft(_ name: String, arguments: ChannelValue) {
         guard let registration = registrations[name], let events = registration.events,
-              events.streams.isEmpty, case .active = registration.upstream else { return }
+              events.listeners.isEmpty, case .active = registration.upstream else { return }
         registration.upstream = .idle
         guard let payload = try? events.codec.encodeMethodCall(MethodCall(method: "cancel", arguments: arguments)) else { return }
         forward(registration, payload: payload, request: .detached(connectionID: registration.holder.id)) { _ in }
@@ -336,7 +336,7 @@ extension ServerCore {
         if case .starting = registration.upstream, registration.early.count < events.queueLimit {
             registration.early.append(event)
         }
-        for stream in events.streams.values { stream.deliver(event) }
+        for stream in events.listeners.all { stream.deliver(event) }
         if payload == nil { registration.upstream = .idle }
     }
 }

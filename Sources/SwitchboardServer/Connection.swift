@@ -454,7 +454,7 @@ final class Connection {
     func endStream(_ stream: EventStream, notifyHandler: Bool, arguments: ChannelValue? = nil) {
         guard streams[stream.entry.name] === stream else { return }
         streams.removeValue(forKey: stream.entry.name)
-        stream.entry.streams.removeValue(forKey: id)
+        stream.entry.listeners.remove(stream)
         stream.stop(dropReason: "cancelled")
         if notifyHandler { stream.entry.handler.onCancel(arguments: arguments ?? stream.arguments, sink: stream.sink) }
         closeIfPeerIsDone()

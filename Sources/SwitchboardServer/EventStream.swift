@@ -16,7 +16,9 @@ final class OutboundEvent {
     let content: EventContent
     /// nil for a client-held channel with no declared codec: such events have no text form.
     let codec: (any MethodCodec)?
-    private var binary: [UInt8]??
+    /// The whole MESSAGE frame (id 0); nil if the codec cannot encode the value. Made up front (most
+    /// listeners are binary) and a constant, so that fan-out reads it without any check.
+    let binaryFrame: [UInt8]?
     private var text: [UInt8]??
 
     /// Whether this is an end of stream. Stored: matching `content` per listener would copy its payload.
@@ -26,12 +28,12 @@ final class OutboundEvent {
         self.channel = channel
         self.content = content
         self.codec = codec
-        if case .end = content { isEnd = true } else { isEnd = false }
+        let isEnd = if case .end = content { true } else { false }
+        self.isEnd = isEnd
+        binaryFrame = Self.frame(channel: channel, content: content, codec: codec, isEnd: isEnd)
     }
 
-    /// The whole MESSAGE frame (id 0); nil if the codec cannot encode the value.
-    var binaryFrame: [UInt8]? {
-        if let binary { return binary }
+    private static func frame(channel: String, content: EventContent, codec: (any MethodCodec)?, isEnd: Bool) -> [UInt8]? {
         var payload: [UInt8]?
         switch content {
         case .data(let value): payload = try? codec?.encodeSuccessEnvelope(value)
@@ -39,14 +41,10 @@ final class OutboundEvent {
         case .end: payload = nil
         case .encoded(let envelope): payload = envelope
         }
-        var frame: [UInt8]?
-        if payload != nil || isEnd {
-            var out = [UInt8]()
-            Frame.write(.message, id: 0, channel: channel, payload: payload, to: &out)
-            frame = out
-        }
-        binary = .some(frame)
-        return frame
+        guard payload != nil || isEnd else { return nil }
+        var out = [UInt8]()
+        Frame.write(.message, id: 0, channel: channel, payload: payload, to: &out)
+        return out
     }
 
     /// The text-mode line, newline included; nil if the value has no JSON form.
@@ -111,6 +109,8 @@ final class EventStream {
         didSet { if readyCallback != nil { connection.hasWaitingStreams = true } }
     }
     var sink: EventSink!
+    /// Where this stream sits in its channel's ``Listeners``.
+    var listenerIndex = -1
 
     init(connection: Connection, entry: EventEntry, arguments: ChannelValue, credit: Credit) {
         self.connection = connection
@@ -248,5 +248,29 @@ final class EventStream {
         guard isActive else { return }
         stop(dropReason: "shutdown")
         connection.writeEvent(OutboundEvent(channel: entry.name, content: .end, codec: entry.codec))
+    }
+}
+
+/// The streams listening on one event channel, in an array for fast fan-out; each stream knows its index,
+/// so removal is a swap with the last.
+struct Listeners {
+    private(set) var all: [EventStream] = []
+
+    var isEmpty: Bool { all.isEmpty }
+
+    mutating func add(_ stream: EventStream) {
+        stream.listenerIndex = all.count
+        all.append(stream)
+    }
+
+    mutating func remove(_ stream: EventStream) {
+        let index = stream.listenerIndex
+        guard index >= 0, index < all.count, all[index] === stream else { return }
+        let last = all.removeLast()
+        if last !== stream {
+            all[index] = last
+            last.listenerIndex = index
+        }
+        stream.listenerIndex = -1
     }
 }

@@ -135,8 +135,8 @@ final class EventEntry {
     let handler: any StreamHandler
     let overflow: OverflowPolicy
     let queueLimit: Int
-    /// Active streams by connection id.
-    var streams: [UInt64: EventStream] = [:]
+    /// Active streams (one per listening connection).
+    var listeners = Listeners()
 
     init(name: String, codec: any MethodCodec, handler: any StreamHandler, overflow: OverflowPolicy, queueLimit: Int) {
         self.name = name

@@ -116,7 +116,7 @@ final class ServerCore {
 
     func setChannel(_ name: String, _ entry: ChannelEntry?) {
         if case .event(let old)? = channels[name] {
-            for stream in Array(old.streams.values) { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
+            for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
         }
         channels[name] = entry
     }
@@ -187,7 +187,7 @@ final class ServerCore {
         let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit)
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
         connection.streams[entry.name] = stream
-        entry.streams[connection.id] = stream
+        entry.listeners.add(stream)
         return stream
     }
 
@@ -204,7 +204,7 @@ final class ServerCore {
     func broadcast(on name: String, _ content: EventContent) {
         guard case .event(let entry)? = channels[name] else { return }
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
-        for stream in entry.streams.values { stream.deliver(event) }
+        for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
     }
 
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
