@@ -25,8 +25,9 @@ final class Connection {
     private var inbound = InboundBuffer()
     private var frameDecoder: FrameDecoder
     var lineDecoder: LineDecoder
-    /// Bytes made but not yet handed to the transport.
-    var outbound: [UInt8] = []
+    /// Bytes made but not yet handed to the transport. Only ever read, or exchanged with `swap`: no access
+    /// releases anything or calls out, so the compiler proves them exclusive and checks none at run time.
+    private var outbound: [UInt8] = []
     /// Frames (or lines) in `outbound`, added to the server's counters when they are handed over: one
     /// counter update per turn rather than one per frame.
     private var unflushedFrames = 0
@@ -374,19 +375,20 @@ final class Connection {
     }
 
     /// Puts back what `takeOutbound()` took, ahead of anything written meanwhile.
-    private func restoreOutbound(_ bytes: [UInt8]) {
-        if outbound.isEmpty {
-            outbound = bytes
-        } else {
-            var bytes = bytes
-            bytes.append(contentsOf: outbound)
-            outbound = bytes
-        }
+    private func restoreOutbound(_ bytes: consuming [UInt8]) {
+        var meanwhile = bytes
+        swap(&meanwhile, &outbound)
+        guard !meanwhile.isEmpty else { return }  // rare: output made while the buffer was out
+        var buffer = takeOutbound()
+        buffer.append(contentsOf: meanwhile)
+        swap(&buffer, &outbound)
     }
 
     func writeRaw(_ bytes: [UInt8]) {
         guard !isClosed else { return }
-        outbound.append(contentsOf: bytes)
+        var buffer = takeOutbound()
+        buffer.append(contentsOf: bytes)
+        restoreOutbound(buffer)
         unflushedFrames += 1
         markDirty()
     }
@@ -426,10 +428,9 @@ final class Connection {
             unflushedFrames = 0
             // The transport may report a failed write synchronously, and closing touches `outbound`:
             // hand it a buffer of its own, then take the (emptied) buffer back to keep its capacity.
-            var bytes: [UInt8] = []
-            swap(&bytes, &outbound)
+            var bytes = takeOutbound()
             transport.write(&bytes)
-            if outbound.isEmpty, !isClosed { outbound = bytes }
+            if outbound.isEmpty, !isClosed { swap(&bytes, &outbound) }
         }
         afterWrite()
     }
@@ -494,7 +495,7 @@ final class Connection {
             core.connectionClosed(self, reason: reason)
         }
         isClosed = true
-        outbound = []
+        _ = takeOutbound()
         transport.closeNow()
     }
 

@@ -102,6 +102,8 @@ final class EventStream {
     /// Waiting events with their encoded sizes (counted in the connection's `waitingEventBytes`).
     private var queue: [(event: OutboundEvent, size: Int)] = []
     private var queueHead = 0
+    /// Events in `queue` past `queueHead`, kept apart so that the fast path never touches the queue.
+    private var queuedCount = 0
     /// True until the listen reply has gone out: events wait, so the reply always comes first.
     private var isStarting = true
     private(set) var isActive = true
@@ -119,7 +121,6 @@ final class EventStream {
         self.credit = credit
     }
 
-    private var queuedCount: Int { queue.count - queueHead }
     private var hasCredit: Bool { if case .counted(0) = credit { false } else { true } }
 
     var isReady: Bool {
@@ -168,6 +169,7 @@ final class EventStream {
 
     private func append(_ event: OutboundEvent, size: Int) {
         queue.append((event, size))
+        queuedCount += 1
         connection.waitingEventBytes += size
         connection.hasWaitingStreams = true
     }
@@ -175,6 +177,7 @@ final class EventStream {
     private func dropHead(_ reason: String) {
         let (event, size) = queue[queueHead]
         queueHead += 1
+        queuedCount -= 1
         connection.waitingEventBytes -= size
         if !event.isEnd { connection.core.countDrop(reason) }
         compact()
@@ -183,6 +186,7 @@ final class EventStream {
     private func takeHead() -> OutboundEvent {
         let (event, size) = queue[queueHead]
         queueHead += 1
+        queuedCount -= 1
         connection.waitingEventBytes -= size
         return event
     }

@@ -16,7 +16,9 @@ enum RouteInput {
     case message(ChannelValue)
 }
 
-/// Server-wide counters, read by `switchboard/stats`.
+/// Server-wide counters, read by `switchboard/stats`. Plain integers only: updating one then never
+/// releases anything, so the compiler can prove the updates exclusive and check none of them at run
+/// time (the per-reason tallies live in ``ServerCore/tallies``).
 struct Counters {
     var framesIn = 0, framesOut = 0, bytesIn = 0, bytesOut = 0
     var repliesPending = 0
@@ -26,6 +28,10 @@ struct Counters {
     var connectionsTotal = 0
     /// Requests forwarded to clients holding channels.
     var forwardedRequests = 0
+}
+
+/// Counts by reason, read by `switchboard/stats`.
+struct Tallies {
     var eventsDropped: [String: Int] = [:]
     var closes: [String: Int] = [:]
 }
@@ -39,6 +45,7 @@ final class ServerCore {
     var handle: LoopHandle { eventLoop.handle }
     let logger: Logger
     var stats = Counters()
+    var tallies = Tallies()
     private(set) var phase = Phase.running
     var isDraining: Bool { phase != .running }
     private var listener: TCPListener?
@@ -101,7 +108,7 @@ final class ServerCore {
 
     func connectionClosed(_ connection: Connection, reason: CloseReason) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
-        stats.closes[reason.rawValue, default: 0] += 1
+        tallies.closes[reason.rawValue, default: 0] += 1
         if reason == .slowConsumer { stats.slowConsumersClosed += 1 }
         if !connection.transport.isOpen { return }
         closingConnections.append(connection)
@@ -213,7 +220,7 @@ final class ServerCore {
         connection.sendRequest(channel: channel, payload: payload, completion: completion)
     }
 
-    func countDrop(_ reason: String) { stats.eventsDropped[reason, default: 0] += 1 }
+    func countDrop(_ reason: String) { tallies.eventsDropped[reason, default: 0] += 1 }
 
     // MARK: Per-turn work
 
@@ -320,14 +327,14 @@ final class ServerCore {
             "framesIn": .int(stats.framesIn), "framesOut": .int(stats.framesOut),
             "bytesIn": .int(stats.bytesIn), "bytesOut": .int(stats.bytesOut),
             "repliesPending": .int(stats.repliesPending),
-            "eventsDropped": .map(stats.eventsDropped.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "eventsDropped": .map(tallies.eventsDropped.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
             "slowConsumersClosed": .int(stats.slowConsumersClosed),
             "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
             "connectionsTotal": .int(stats.connectionsTotal),
             "ignoredFrames": .int(stats.ignoredFrames),
             "registrations": .int(registrations.count),
             "forwardedRequests": .int(stats.forwardedRequests),
-            "closes": .map(stats.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
         ])
     }
 }

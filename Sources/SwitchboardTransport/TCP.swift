@@ -86,7 +86,11 @@ public final class TCPConnection: LoopResource {
     private var handler: ((TCPEvent) -> Void)?
     private var connectCompletion: ((Result<TCPConnection, UVError>) -> Void)?
     /// Bytes handed to `uv_write` whose callbacks have not run yet.
-    public private(set) var queuedBytes = 0
+    public var queuedBytes: Int { writeQueueBytes }
+    /// Unchecked: a plain integer touched only on the loop thread, by code that never calls out while
+    /// accessing it; a server reads it for every event it fans out, where a dynamic check is measurable.
+    /// (Private, so other modules reach it through the getter above and this attribute holds.)
+    @exclusivity(unchecked) private var writeQueueBytes = 0
     private var shutdownRequested = false
 
     init(loop: EventLoop) throws(UVError) {
@@ -175,7 +179,7 @@ public final class TCPConnection: LoopResource {
     public func write(_ bytes: inout [UInt8]) {
         guard !isClosing, !bytes.isEmpty else { bytes.removeAll(keepingCapacity: true); return }
         var written = 0
-        if queuedBytes == 0 {
+        if writeQueueBytes == 0 {
             let rc = bytes.withUnsafeBytes { raw -> Int32 in
                 var buf = uv_buf_init(UnsafeMutableRawPointer(mutating: raw.baseAddress!).assumingMemoryBound(to: CChar.self),
                                       UInt32(raw.count))
@@ -213,10 +217,10 @@ public final class TCPConnection: LoopResource {
             let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
             UnsafeMutableRawPointer(request).deallocate()
             guard let connection else { return }
-            connection.queuedBytes -= count
+            connection.writeQueueBytes -= count
             if status < 0 {
                 if status != UV_ECANCELED.rawValue { connection.handler?(.closed(UVError(code: status, operation: "write"))) }
-            } else if connection.queuedBytes == 0 {
+            } else if connection.writeQueueBytes == 0 {
                 connection.handler?(.drained)
             }
         }
@@ -225,14 +229,14 @@ public final class TCPConnection: LoopResource {
             handler?(.closed(UVError(code: rc, operation: "uv_write")))
             return
         }
-        queuedBytes += count
+        writeQueueBytes += count
     }
 
     /// Closes once queued writes have reached the kernel (a TCP shutdown first), or at once if none are queued.
     public func closeAfterWrites() {
         guard !isClosing else { return }
         stopReading()
-        guard queuedBytes > 0 else { close(); return }
+        guard writeQueueBytes > 0 else { close(); return }
         guard !shutdownRequested else { return }
         shutdownRequested = true
         let request = UnsafeMutablePointer<uv_shutdown_t>.allocate(capacity: 1)
