@@ -1,6 +1,7 @@
 import ArgumentParser
 import Logging
 import SwitchboardServer
+import SwitchboardTransport
 
 @main
 struct Switchboard: AsyncParsableCommand {
@@ -42,6 +43,7 @@ struct Serve: ParsableCommand {
     }
 
     func run() throws {
+        MallocTuning.keepLargeBlocks()
         let level = logLevel
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)

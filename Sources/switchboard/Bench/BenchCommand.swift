@@ -40,6 +40,7 @@ struct Bench: ParsableCommand {
     }
 
     func run() throws {
+        MallocTuning.keepLargeBlocks()  // the client moves the same large buffers as the server
         let loop = try EventLoop()
         var outcome: BenchResult?
         let done: (BenchResult) -> Void = { result in
