@@ -100,25 +100,28 @@ public struct MethodResult: Sendable {
         self.client = ClientID(request.connectionID)
     }
 
+    // Each answer is given at once when the handler answers on the loop thread (the common case: no
+    // hop and no closure), else queued onto the loop.
+
     /// Answers with a success envelope.
-    public func success(_ value: ChannelValue) { complete(.success(value)) }
+    public func success(_ value: ChannelValue) {
+        if request.loop.isInLoopThread { request.value.answerSuccess(value) } else { request.onLoop { $0.answerSuccess(value) } }
+    }
+
     /// Answers with an error envelope.
-    public func error(_ error: ChannelError) { complete(.error(error)) }
+    public func error(_ error: ChannelError) {
+        if request.loop.isInLoopThread { request.value.answerError(error) } else { request.onLoop { $0.answerError(error) } }
+    }
+
     /// Answers with a null reply ("not implemented").
-    public func notImplemented() { complete(.notImplemented) }
+    public func notImplemented() {
+        if request.loop.isInLoopThread { request.value.answer(.notImplemented) } else { request.onLoop { $0.answer(.notImplemented) } }
+    }
 
     /// Runs `body` if the caller cancels (CANCEL frame) before an answer is given. The cancel itself is
     /// answered with the error code `cancelled`; later answers are ignored.
     public func onCancel(_ body: @escaping @Sendable () -> Void) {
         request.onLoop { $0.cancelHandler = body }
-    }
-
-    private func complete(_ answer: MethodAnswer) {
-        if request.loop.isInLoopThread {  // the common case: a handler answering at once, no hop and no closure
-            request.value.answerCall(answer)
-        } else {
-            request.onLoop { $0.answerCall(answer) }
-        }
     }
 }
 

@@ -265,44 +265,69 @@ final class Connection {
     /// Closes `request` and writes its answer in this connection's encoding.
     func finish(_ request: PendingRequest, with answer: Answer) {
         guard !isClosing else { return }
-        if request.isRegistered {
-            switch request.origin {
-            case .binary(let id): binaryRequests.removeValue(forKey: id)
-            case .text: textRequests.removeValue(forKey: request.serial)
-            }
-            core.stats.repliesPending -= 1
-        }
+        forget(request)
         switch request.origin {
         case .binary(let id): writeBinaryAnswer(answer, id: id)
         case .text(let id, let kind): TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
         }
-        if request.isRegistered {
-            core.requestFinished()
-            closeIfPeerIsDone()
+        afterAnswer(request)
+    }
+
+    /// ``finish(_:with:)`` for a success envelope, the common answer, without wrapping the value in an
+    /// ``Answer`` (each wrapping copies it).
+    func finish(_ request: PendingRequest, success value: ChannelValue, codec: any MethodCodec) {
+        guard !isClosing else { return }
+        forget(request)
+        switch request.origin {
+        case .binary(let id): writeSuccess(value, codec: codec, id: id)
+        case .text(let id, let kind): TextMode.writeAnswer(.success(value, codec), id: id, kind: kind, on: self)
         }
+        afterAnswer(request)
+    }
+
+    /// Takes an answered request out of the table of open requests.
+    private func forget(_ request: PendingRequest) {
+        guard request.isRegistered else { return }
+        switch request.origin {
+        case .binary(let id): binaryRequests.removeValue(forKey: id)
+        case .text: textRequests.removeValue(forKey: request.serial)
+        }
+        core.stats.repliesPending -= 1
+    }
+
+    /// The shutdown drain or a half-closed peer may have waited for this answer.
+    private func afterAnswer(_ request: PendingRequest) {
+        guard request.isRegistered else { return }
+        core.requestFinished()
+        closeIfPeerIsDone()
     }
 
     private func closeIfPeerIsDone() {
         if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(.peerClosed) }
     }
 
+    /// Writes a REPLY with a success envelope, encoded in place in the outbound buffer.
+    private func writeSuccess(_ value: ChannelValue, codec: any MethodCodec, id: UInt32) {
+        guard !isClosed else { return }
+        var bytes = takeOutbound()
+        let start = Frame.startFrame(.reply, id: id, to: &bytes)
+        do throws(CodecError) {
+            try codec.encodeSuccessEnvelope(value, appendingTo: &bytes)
+        } catch {
+            bytes.removeSubrange(start...)
+            restoreOutbound(bytes)
+            return writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
+        }
+        Frame.finishFrame(startingAt: start, in: &bytes)
+        unflushedFrames += 1
+        restoreOutbound(bytes)
+        markDirty()
+    }
+
     private func writeBinaryAnswer(_ answer: Answer, id: UInt32) {
         switch answer {
         case .success(let value, let codec):
-            guard !isClosed else { return }
-            var bytes = takeOutbound()
-            let start = Frame.startFrame(.reply, id: id, to: &bytes)  // the envelope goes in place
-            do throws(CodecError) {
-                try codec.encodeSuccessEnvelope(value, appendingTo: &bytes)
-            } catch {
-                bytes.removeSubrange(start...)
-                restoreOutbound(bytes)
-                return writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
-            }
-            Frame.finishFrame(startingAt: start, in: &bytes)
-            unflushedFrames += 1
-            restoreOutbound(bytes)
-            markDirty()
+            writeSuccess(value, codec: codec, id: id)
         case .failure(let error, let codec):
             if let payload = try? codec.encodeErrorEnvelope(error) {
                 writeFrame(.reply, id: id, payload: payload)

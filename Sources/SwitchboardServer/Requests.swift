@@ -12,13 +12,6 @@ enum Answer {
     case error(WireError)
 }
 
-/// A method handler's answer, before the codec of its channel is applied.
-enum MethodAnswer: Sendable {
-    case success(ChannelValue)
-    case error(ChannelError)
-    case notImplemented
-}
-
 /// What a text-mode request asked for, which decides the shape of its answer line.
 enum TextRequestKind { case call, listen, cancel, send }
 
@@ -81,24 +74,31 @@ final class PendingRequest {
         return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec)
     }
 
-    /// Answers a method call in its channel's codec.
-    func answerCall(_ answer: MethodAnswer) {
-        guard let methodCodec else { return self.answer(.notImplemented) }  // set for every method call
-        switch answer {
-        case .success(let value): self.answer(.success(value, methodCodec))
-        case .error(let error): self.answer(.failure(error, methodCodec))
-        case .notImplemented: self.answer(.notImplemented)
-        }
+    /// Answers a method call with a success envelope in its channel's codec.
+    func answerSuccess(_ value: ChannelValue) {
+        guard let methodCodec else { return answer(.notImplemented) }  // set for every method call
+        take()?.finish(self, success: value, codec: methodCodec)
+    }
+
+    /// Answers a method call with an error envelope in its channel's codec.
+    func answerError(_ error: ChannelError) {
+        guard let methodCodec else { return answer(.notImplemented) }
+        answer(.failure(error, methodCodec))
     }
 
     /// Sends the answer (if the requester is still connected) and closes the request.
     func answer(_ answer: Answer) {
-        guard !isAnswered else { return }
+        take()?.finish(self, with: answer)
+    }
+
+    /// Closes the request: the requester's connection for the first answer (nil once it has gone),
+    /// nil for any later one.
+    private func take() -> Connection? {
+        guard !isAnswered else { return nil }
         isAnswered = true
         cancelHandler = nil
-        let connection = self.connection
-        self.connection = nil
-        connection?.finish(self, with: answer)
+        defer { connection = nil }
+        return connection
     }
 }
 

@@ -74,7 +74,14 @@ public struct Frame: Equatable, Sendable {
     /// where the frame starts, for ``finishFrame(startingAt:in:)``.
     public static func startFrame(_ kind: Kind, id: UInt32, channel: String = "", to out: inout [UInt8]) -> Int {
         let start = out.count
-        write(kind, id: id, channel: channel, payload: [], to: &out)
+        let channelLength = channel.utf8.count
+        appendBigEndian(UInt32(8 + channelLength), to: &out)
+        out.append(kind.rawValue)
+        out.append(0)
+        out.append(UInt8(truncatingIfNeeded: channelLength >> 8))
+        out.append(UInt8(truncatingIfNeeded: channelLength))
+        appendBigEndian(id, to: &out)
+        if channelLength > 0 { out.append(contentsOf: channel.utf8) }
         return start
     }
 
