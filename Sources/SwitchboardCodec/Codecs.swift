@@ -24,6 +24,9 @@ public protocol MethodCodec: Sendable {
     func encodeMethodCall(_ call: MethodCall) throws(CodecError) -> [UInt8]
     /// Decodes a call; a NULL_PAYLOAD is an error.
     func decodeMethodCall(_ payload: [UInt8]?) throws(CodecError) -> MethodCall
+    /// Decodes a call from a slice of a larger buffer, such as a frame read in place (the default copies
+    /// the slice into an array first).
+    func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall
     /// Encodes a success envelope.
     func encodeSuccessEnvelope(_ result: ChannelValue) throws(CodecError) -> [UInt8]
     /// Encodes an error envelope.
@@ -35,6 +38,10 @@ public protocol MethodCodec: Sendable {
 extension MethodCodec {
     public func encodeSuccessEnvelope(_ result: ChannelValue, appendingTo buffer: inout [UInt8]) throws(CodecError) {
         buffer.append(contentsOf: try encodeSuccessEnvelope(result))
+    }
+
+    public func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall {
+        try decodeMethodCall(payload.map(Array.init))
     }
 }
 
@@ -81,9 +88,9 @@ public struct StandardMethodCodec: MethodCodec {
         self.messageCodec = messageCodec
     }
 
-    private func reader(_ payload: [UInt8]?, _ what: String) throws(CodecError) -> StandardReader {
+    private func reader(_ payload: ArraySlice<UInt8>?, _ what: String) throws(CodecError) -> StandardReader {
         guard let payload else { throw CodecError(offset: 0, "null payload where a \(what) was expected") }
-        return StandardReader(payload[...], customTypes: messageCodec.customTypes)
+        return StandardReader(payload, customTypes: messageCodec.customTypes)
     }
 
     public func encodeMethodCall(_ call: MethodCall) throws(CodecError) -> [UInt8] {
@@ -94,6 +101,11 @@ public struct StandardMethodCodec: MethodCodec {
     }
 
     public func decodeMethodCall(_ payload: [UInt8]?) throws(CodecError) -> MethodCall {
+        try decodeMethodCall(from: payload?[...])
+    }
+
+    /// Decodes in place: offsets and alignment count from the slice's start.
+    public func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall {
         var reader = try reader(payload, "method call")
         guard case .string(let method) = try reader.readValue() else {
             throw CodecError(offset: 0, "method name is not a string")
@@ -128,7 +140,7 @@ public struct StandardMethodCodec: MethodCodec {
     }
 
     public func decodeEnvelope(_ payload: [UInt8]?) throws(CodecError) -> Result<ChannelValue, ChannelError> {
-        var reader = try reader(payload, "envelope")
+        var reader = try reader(payload?[...], "envelope")
         switch try reader.readByte() {
         case 0:
             let value = try reader.readValue()

@@ -160,7 +160,7 @@ extension ServerCore {
     /// Routes a request (or a holder's event) on a client-held channel.
     func routeToHolder(_ registration: Registration, input: RouteInput, request: PendingRequest, connection: Connection) {
         if registration.holder === connection, registration.kind == .event, request.isDetached, case .bytes(let payload) = input {
-            return fanOut(registration, payload: payload)
+            return fanOut(registration, payload: payload.map(Array.init))
         }
         if registration.kind == .event, let events = registration.events {
             if let call = eventCall(registration, input: input, request: request) {
@@ -175,7 +175,7 @@ extension ServerCore {
         }
         let payload: [UInt8]?
         switch input {
-        case .bytes(let bytes): payload = bytes
+        case .bytes(let bytes): payload = bytes.map(Array.init)
         case .call(let call):
             guard registration.kind != .message, let codec = registration.methodCodec else {
                 return request.answer(.error(.badRequest("\(registration.name) declared no method codec")))
@@ -254,7 +254,7 @@ extension ServerCore {
         case .bytes(let payload):
             // Without a declared codec the call is opaque; a Standard-encoded listen/cancel is still recognised.
             let codec = registration.methodCodec ?? StandardMethodCodec()
-            return try? codec.decodeMethodCall(payload)
+            return try? codec.decodeMethodCall(from: payload)
         }
     }
 

@@ -122,24 +122,31 @@ final class Connection {
             lineDecoder = decoder
         } else {
             var decoder = frameDecoder
-            decoding: while !isClosing {
-                let decoded: FrameDecoder.Decoded?
-                do { decoded = try decoder.next(from: &buffer) } catch {
-                    let id: UInt32 = if case .malformedFrame = error { Self.headerID(buffer) } else { 0 }
-                    fail(error, id: id)
-                    break decoding
-                }
-                guard let decoded else { break }
+            while !isClosing, let length = decodeFrame(&decoder, in: buffer) {
                 count += 1
-                switch decoded {
-                case .frame(let frame): handleFrame(frame)
-                case .rejected(let error, let id): writeError(error, id: id)
-                }
+                buffer.consume(length)  // after the frame's view (and its payload slice) is gone
             }
             frameDecoder = decoder
         }
         core.stats.framesIn += count
         inbound = buffer
+    }
+
+    /// Handles the next frame in `buffer`, read in place; returns its length, or nil when more bytes are
+    /// needed or the connection failed.
+    private func decodeFrame(_ decoder: inout FrameDecoder, in buffer: InboundBuffer) -> Int? {
+        let peeked: (FrameDecoder.Peeked, length: Int)?
+        do { peeked = try decoder.peek(buffer) } catch {
+            let id: UInt32 = if case .malformedFrame = error { Self.headerID(buffer) } else { 0 }
+            fail(error, id: id)
+            return nil
+        }
+        guard let (decoded, length) = peeked else { return nil }
+        switch decoded {
+        case .frame(let view): handleFrame(view)
+        case .rejected(let error, let id): writeError(error, id: id)
+        }
+        return length
     }
 
     /// The id of a frame whose header is in but is unusable; 0 when the header was never read.
@@ -150,18 +157,18 @@ final class Connection {
         return (8..<12).reduce(0) { $0 << 8 | UInt32(inbound.byte(at: $1)) }
     }
 
-    private func handleFrame(_ frame: Frame) {
+    private func handleFrame(_ frame: FrameDecoder.View) {
         if frame.kind.isServerOnly { return writeError(.badFrame("clients may not send \(frame.kind)"), id: frame.id) }
         if !isAuthenticated, frame.kind != .hello, frame.kind != .ping { return fail(.unauthorized, id: frame.id) }
         switch frame.kind {
-        case .hello: handleHello(payload: frame.payload, id: frame.id)
-        case .ping: writeFrame(.pong, id: frame.id, payload: frame.payload)
+        case .hello: handleHello(payload: frame.payload.map(Array.init), id: frame.id)
+        case .ping: writeFrame(.pong, id: frame.id, payload: frame.payload.map(Array.init))
         case .pong: break
         case .message: handleMessage(frame)
         case .reply: handleReply(frame)
         case .cancel: cancelRequest(frame.id)
         case .demand: handleDemand(frame)
-        case .register: core.register(frame, from: self)
+        case .register: core.register(frame.frame, from: self)
         case .unregister: core.unregister(frame.channel, id: frame.id, from: self)
         case .welcome, .error, .goAway: break  // refused above
         }
@@ -195,7 +202,8 @@ final class Connection {
         }
     }
 
-    private func handleMessage(_ frame: Frame) {
+    /// A MESSAGE, with its payload still in the inbound buffer: a method call is decoded in place.
+    private func handleMessage(_ frame: FrameDecoder.View) {
         if frame.id != 0, !binaryRequests.isEmpty, binaryRequests[frame.id] != nil {
             return writeError(.duplicateId, id: frame.id)
         }
@@ -210,12 +218,12 @@ final class Connection {
         }
     }
 
-    private func handleReply(_ frame: Frame) {
+    private func handleReply(_ frame: FrameDecoder.View) {
         guard let completion = outgoing.removeValue(forKey: frame.id) else { core.stats.ignoredFrames += 1; return }
-        completion(.success(frame.payload))
+        completion(.success(frame.payload.map(Array.init)))
     }
 
-    private func handleDemand(_ frame: Frame) {
+    private func handleDemand(_ frame: FrameDecoder.View) {
         guard let payload = frame.payload, payload.count == 4 else {
             return writeError(.badFrame("DEMAND payload must be exactly 4 bytes"), id: frame.id)
         }

@@ -8,8 +8,9 @@ import SwitchboardWire
 
 /// What a request carries into the router.
 enum RouteInput {
-    /// A binary MESSAGE payload, in the channel's codec.
-    case bytes([UInt8]?)
+    /// A binary MESSAGE payload, in the channel's codec: a slice of the connection's inbound buffer,
+    /// valid while the request is being routed (copied by whatever keeps it).
+    case bytes(ArraySlice<UInt8>?)
     /// A text-mode call, listen or cancel.
     case call(MethodCall)
     /// A text-mode send.
@@ -165,7 +166,7 @@ final class ServerCore {
         case .message(let message):
             request = connection.makeRequest(origin, methodCodec: nil)
             switch input {
-            case .bytes(let payload): message.handle(.bytes(payload), request)
+            case .bytes(let payload): message.handle(.bytes(payload.map(Array.init)), request)
             case .message(let value): message.handle(.value(value), request)
             case .call: request.answer(.error(.badRequest("\(name) is a message channel: use \"send\"")))
             }
@@ -178,7 +179,7 @@ final class ServerCore {
         case .call(let call): return call
         case .message: request.answer(.error(.badRequest("this is a method or event channel: use \"call\" or \"listen\"")))
         case .bytes(let payload):
-            do throws(CodecError) { return try codec.decodeMethodCall(payload) } catch {
+            do throws(CodecError) { return try codec.decodeMethodCall(from: payload) } catch {
                 request.answer(.error(.badPayload("method call could not be decoded: \(error)")))
             }
         }

@@ -22,9 +22,45 @@ public struct FrameDecoder: Sendable {
         case rejected(WireError, id: UInt32)
     }
 
+    /// A frame read in place: its payload is a slice of the buffer, valid until the frame is consumed.
+    public struct View: Sendable {
+        /// The frame's type.
+        public let kind: Frame.Kind
+        /// The request id.
+        public let id: UInt32
+        /// The channel name, empty for types that take none.
+        public let channel: String
+        /// The payload as a slice of the buffer; nil is NULL_PAYLOAD.
+        public let payload: ArraySlice<UInt8>?
+
+        /// The frame with a payload of its own.
+        public var frame: Frame { Frame(kind, id: id, channel: channel, payload: payload.map(Array.init)) }
+    }
+
+    /// The outcome of parsing one frame in place.
+    public enum Peeked: Sendable {
+        /// A valid frame.
+        case frame(View)
+        /// A complete frame that breaks a non-fatal rule: answer ERROR with `id`, keep the connection.
+        case rejected(WireError, id: UInt32)
+    }
+
     /// Parses the next frame from `buffer`; nil means more bytes are needed.
     /// - Throws: `WireError.malformedFrame` or `.frameTooLarge`, after which the connection must close.
     public mutating func next(from buffer: inout InboundBuffer) throws(WireError) -> Decoded? {
+        guard let (peeked, length) = try peek(buffer) else { return nil }
+        defer { buffer.consume(length) }
+        switch peeked {
+        case .frame(let view): return .frame(view.frame)
+        case .rejected(let error, let id): return .rejected(error, id: id)
+        }
+    }
+
+    /// Parses the next frame without copying its payload or consuming it; nil means more bytes are
+    /// needed. The caller consumes `length` bytes once it is done with the view (consuming while the
+    /// payload slice is still held would copy the buffer).
+    /// - Throws: `WireError.malformedFrame` or `.frameTooLarge`, after which the connection must close.
+    public mutating func peek(_ buffer: InboundBuffer) throws(WireError) -> (Peeked, length: Int)? {
         let available = buffer.readableBytes
         guard available >= 4 else { return nil }
         let length = readU32(buffer, 0)
@@ -37,7 +73,10 @@ public struct FrameDecoder: Sendable {
         }
         let total = 4 + Int(length)
         guard available >= total else { return nil }
-        defer { buffer.consume(total) }
+        return (peekFrame(buffer, total: total, channelLength: channelLength), total)
+    }
+
+    private mutating func peekFrame(_ buffer: InboundBuffer, total: Int, channelLength: Int) -> Peeked {
 
         let typeByte = buffer.byte(at: 4)
         let flags = buffer.byte(at: 5)
@@ -77,8 +116,8 @@ public struct FrameDecoder: Sendable {
                 lastChannel = (Array(raw), name)
             }
         }
-        let payload: [UInt8]? = isNull ? nil : Array(bytes[payloadStart..<payloadEnd])
-        return .frame(Frame(kind, id: id, channel: channel, payload: payload))
+        let payload = isNull ? nil : bytes[payloadStart..<payloadEnd]
+        return .frame(View(kind: kind, id: id, channel: channel, payload: payload))
     }
 
     private func readU32(_ buffer: InboundBuffer, _ offset: Int) -> UInt32 {

@@ -70,6 +70,21 @@ func randomValue(_ rng: inout SeededRandom, depth: Int = 0, jsonSafe: Bool = fal
         }
     }
 
+    @Test func methodCallsDecodeInPlaceAtAnyOffset() async {
+        await propertyCheck(count: 200, input: Gen.uint64()) { seed throws in
+            var rng = SeededRandom(state: seed)
+            let call = MethodCall(method: "m", arguments: randomValue(&rng))
+            let bytes = try StandardMethodCodec().encodeMethodCall(call)
+            // Alignment padding counts from the payload's start, not the enclosing buffer's.
+            let before = Int(seed % 13), after = Int(seed / 13 % 5)
+            let buffer = [UInt8](repeating: 0xEE, count: before) + bytes + [UInt8](repeating: 0xEE, count: after)
+            let slice = buffer[before..<(before + bytes.count)]
+            #expect(try StandardMethodCodec().decodeMethodCall(from: slice) == call)
+            #expect(try JSONMethodCodec().decodeMethodCall(from: JSONMethodCodec().encodeMethodCall(.init(method: "m", arguments: .int(Int(seed % 100))))[...])
+                == MethodCall(method: "m", arguments: .int(Int(seed % 100))))
+        }
+    }
+
     @Test func jsonRoundTripsJSONShapedValues() async {
         await propertyCheck(count: 300, input: Gen.uint64()) { seed throws in
             var rng = SeededRandom(state: seed)
