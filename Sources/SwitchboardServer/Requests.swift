@@ -20,7 +20,7 @@ enum TextRequestKind { case call, listen, cancel, send }
 final class PendingRequest {
     enum Origin {
         case binary(id: UInt32)
-        case text(id: ChannelValue?, kind: TextRequestKind)
+        indirect case text(id: ChannelValue?, kind: TextRequestKind)  // boxed: copying a binary origin stays trivial
     }
 
     /// Strong: the connection's request tables hold the request until it is answered or abandoned,
