@@ -58,6 +58,8 @@ final class ServerCore {
     var registrations: [String: Registration] = [:]
     /// Connections with output made this turn; flushed once just before the loop blocks.
     var dirty: [Connection] = []
+    /// The other of the two arrays `flushDirty` swaps with `dirty` (empty between turns).
+    private var flushing: [Connection] = []
     private var beforeSleep: BeforeSleep?
     private var housekeeping: Timer?
     private var kick: Timer?
@@ -228,11 +230,14 @@ final class ServerCore {
     private func flushDirty() {
         var rounds = 0
         while !dirty.isEmpty, rounds < 8 {
-            let batch = dirty
-            dirty.removeAll(keepingCapacity: true)
+            var batch: [Connection] = []  // two arrays take turns, so a turn allocates nothing
+            swap(&batch, &flushing)
+            swap(&batch, &dirty)
             // Newest first (as Redis does): a request's reply is made after the output it caused (a room
             // post's broadcast), so its sender can send again while the other connections are written.
             for connection in batch.reversed() { connection.flush() }
+            batch.removeAll(keepingCapacity: true)
+            swap(&batch, &flushing)
             rounds += 1
         }
         if !dirty.isEmpty { kick?.start(after: 0) {} }  // more output is ready: don't let the loop block
