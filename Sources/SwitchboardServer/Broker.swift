@@ -203,17 +203,17 @@ extension ServerCore {
             holder.writeFrame(.message, id: 0, channel: registration.name, payload: payload)
             return
         }
-        var forwardedID: UInt32 = 0
-        let id = holder.sendRequest(channel: registration.name, payload: payload) { [weak registration] result in
-            registration?.forwarded.remove(forwardedID)
+        // Strong captures: the holder's table of requests waiting for its REPLY holds these closures only
+        // until the answer, a CANCEL, or the holder or registration going, whichever comes first.
+        let id = holder.sendRequest(channel: registration.name, payload: payload) { id, result in
+            registration.forwarded.remove(id)
             if let then { return then(result) }
             self.relay(result, of: registration, to: request)
         }
         guard let id else { return }
-        forwardedID = id
         registration.forwarded.insert(id)
-        request.cancelHandler = { [weak registration] in  // CANCEL is relayed to the holder
-            registration?.forwarded.remove(id)
+        request.cancelHandler = {  // CANCEL is relayed to the holder
+            registration.forwarded.remove(id)
             holder.sendCancel(id)
         }
     }

@@ -42,7 +42,7 @@ final class Connection {
     private var textRequests: [UInt64: PendingRequest] = [:]
     private var nextSerial: UInt64 = 0
     /// Server-initiated requests waiting for this client's REPLY.
-    private var outgoing: [UInt32: (Result<[UInt8]?, InvokeError>) -> Void] = [:]
+    private var outgoing: [UInt32: OutgoingCompletion] = [:]
     private var nextOutgoingID: UInt32 = 0
     /// Active event streams by channel.
     var streams: [String: EventStream] = [:]
@@ -220,7 +220,7 @@ final class Connection {
 
     private func handleReply(_ frame: FrameDecoder.View) {
         guard let completion = outgoing.removeValue(forKey: frame.id) else { core.stats.ignoredFrames += 1; return }
-        completion(.success(frame.payload.map(Array.init)))
+        completion(frame.id, .success(frame.payload.map(Array.init)))
     }
 
     private func handleDemand(_ frame: FrameDecoder.View) {
@@ -355,12 +355,16 @@ final class Connection {
         for request in open { request.answer(answer) }
     }
 
-    /// Sends a server-initiated MESSAGE; `completion` gets the REPLY payload or why none came.
-    /// Returns the id used on this connection (nil if it could not be sent).
+    /// What waits for the REPLY to a server-initiated request: the request's id on this connection, and
+    /// the REPLY payload or why none came.
+    typealias OutgoingCompletion = (UInt32, Result<[UInt8]?, InvokeError>) -> Void
+
+    /// Sends a server-initiated MESSAGE; `completion` gets its answer. Returns the id used on this
+    /// connection (nil if it could not be sent; `completion` then got id 0).
     @discardableResult
-    func sendRequest(channel: String, payload: [UInt8]?, completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) -> UInt32? {
+    func sendRequest(channel: String, payload: [UInt8]?, completion: @escaping OutgoingCompletion) -> UInt32? {
         guard mode == .binary, !isClosing else {
-            completion(.failure(mode == .text ? .textClient : .disconnected))
+            completion(0, .failure(mode == .text ? .textClient : .disconnected))
             return nil
         }
         repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0 || outgoing[nextOutgoingID] != nil
@@ -371,7 +375,7 @@ final class Connection {
 
     /// Fails a server-initiated request still waiting for this client's REPLY.
     func failOutgoing(_ id: UInt32, _ error: InvokeError) {
-        outgoing.removeValue(forKey: id)?(.failure(error))
+        outgoing.removeValue(forKey: id)?(id, .failure(error))
     }
 
     /// Tells this client that the server no longer wants the answer to its request `id`.
@@ -540,7 +544,7 @@ final class Connection {
         }
         let waiting = outgoing
         outgoing = [:]
-        for completion in waiting.values { completion(.failure(.disconnected)) }
+        for (id, completion) in waiting { completion(id, .failure(.disconnected)) }
         for request in binaryRequests.values { request.abandon() }
         for request in textRequests.values { request.abandon() }
         core.stats.repliesPending -= openRequestCount
