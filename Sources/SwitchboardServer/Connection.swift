@@ -49,6 +49,8 @@ final class Connection {
     /// Some stream has queued events or a producer waiting to be told it may send: set by the streams,
     /// checked after each write, so that connections with nothing waiting skip the pump.
     var hasWaitingStreams = false
+    /// The channel this connection's last request went to (see `ServerCore.entry(named:for:)`).
+    var lastRoute: (name: String, entry: ChannelEntry, version: Int)?
     /// Credit that arrived before `listen`, by channel.
     var pendingCredit: [String: Credit] = [:]
     var overLimitSince: UInt64?

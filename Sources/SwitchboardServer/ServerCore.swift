@@ -54,6 +54,8 @@ final class ServerCore {
     private var closingConnections: [Connection] = []
     private var nextConnectionID: UInt64 = 0
     private(set) var channels: [String: ChannelEntry] = [:]
+    /// Changes whenever `channels` does (invalidating the connections' route caches).
+    private var channelsVersion = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
     /// Connections with output made this turn; flushed once just before the loop blocks.
@@ -129,13 +131,26 @@ final class ServerCore {
             for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
         }
         channels[name] = entry
+        channelsVersion &+= 1
+    }
+
+    /// The channel entry for `name`, through the connection's one-entry cache: a connection mostly
+    /// calls one channel, and its frame decoder hands back the same string object each time, so a hit
+    /// costs a pointer comparison instead of hashing the name.
+    private func entry(named name: String, for connection: Connection) -> ChannelEntry? {
+        if let cached = connection.lastRoute, cached.version == channelsVersion, cached.name == name {
+            return cached.entry
+        }
+        guard let entry = channels[name] else { return nil }
+        connection.lastRoute = (name, entry, channelsVersion)
+        return entry
     }
 
     /// Hands a request (`origin` nil: a MESSAGE with id 0, answered nowhere) to the channel's handler or
     /// holder; returns the request, which may or may not be answered yet.
     @discardableResult
     func route(channel name: String, input: RouteInput, origin: PendingRequest.Origin?, connection: Connection) -> PendingRequest {
-        guard let entry = channels[name] else {
+        guard let entry = entry(named: name, for: connection) else {
             guard let registration = registrations[name] else {
                 let request = connection.makeRequest(origin, methodCodec: nil)
                 request.answer(.notImplemented)
