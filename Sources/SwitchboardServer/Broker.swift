@@ -64,9 +64,12 @@ final class Registration {
             ? EventEntry(name: name, codec: codec?.methodCodec ?? StandardMethodCodec(), handler: BrokerListeners(),
                          overflow: .dropOldest, queueLimit: queueLimit)
             : nil
+        sharedMethodCodec = codec?.methodCodec.map(SharedMethodCodec.init)
     }
 
     var methodCodec: (any MethodCodec)? { codec?.methodCodec }
+    /// ``methodCodec`` for the requests forwarded to the holder.
+    let sharedMethodCodec: SharedMethodCodec?
 }
 
 /// The stream handler of a client-held event channel: the server keeps the listeners itself; when the

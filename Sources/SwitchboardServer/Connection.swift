@@ -260,7 +260,7 @@ final class Connection {
     }
 
     /// A new request from this client (detached, answered nowhere, when `origin` is nil).
-    func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: (any MethodCodec)?) -> PendingRequest {
+    func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: SharedMethodCodec?) -> PendingRequest {
         guard let origin else { return .detached(connectionID: id) }
         nextSerial += 1
         return PendingRequest(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)

@@ -32,7 +32,7 @@ final class PendingRequest {
     let serial: UInt64
     /// Set for method calls: their answers are envelopes in this codec, and so is a CANCEL's
     /// (`cancelled`). A constant, so reading it needs no exclusivity check.
-    let methodCodec: (any MethodCodec)?
+    let methodCodec: SharedMethodCodec?
     /// Whether the request outlived its handler's first run and sits in the connection's table of open
     /// requests (most are answered at once and never need it).
     var isRegistered = false
@@ -40,7 +40,7 @@ final class PendingRequest {
     var cancelHandler: (() -> Void)?
     private(set) var isAnswered = false
 
-    init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: (any MethodCodec)?) {
+    init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
         self.connection = connection
         self.connectionID = connection.id
         self.origin = origin
@@ -71,19 +71,19 @@ final class PendingRequest {
     /// What a CANCEL answers when the handler has produced nothing.
     var cancelAnswer: Answer {
         guard let methodCodec else { return .error(.cancelled) }
-        return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec)
+        return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec.codec)
     }
 
     /// Answers a method call with a success envelope in its channel's codec.
     func answerSuccess(_ value: ChannelValue) {
         guard let methodCodec else { return answer(.notImplemented) }  // set for every method call
-        take()?.finish(self, success: value, codec: methodCodec)
+        take()?.finish(self, success: value, codec: methodCodec.codec)
     }
 
     /// Answers a method call with an error envelope in its channel's codec.
     func answerError(_ error: ChannelError) {
         guard let methodCodec else { return answer(.notImplemented) }
-        answer(.failure(error, methodCodec))
+        answer(.failure(error, methodCodec.codec))
     }
 
     /// Sends the answer (if the requester is still connected) and closes the request.
@@ -116,12 +116,19 @@ enum ChannelEntry {
 }
 
 final class MethodEntry {
-    let codec: any MethodCodec
+    let codec: SharedMethodCodec
     let handler: @Sendable (MethodCall, MethodResult) -> Void
     init(codec: any MethodCodec, handler: @escaping @Sendable (MethodCall, MethodResult) -> Void) {
-        self.codec = codec
+        self.codec = SharedMethodCodec(codec)
         self.handler = handler
     }
+}
+
+/// A method codec behind one reference, so that every request on a channel shares it: passing a
+/// reference costs a retain, copying the existential costs several runtime calls.
+final class SharedMethodCodec {
+    let codec: any MethodCodec
+    init(_ codec: any MethodCodec) { self.codec = codec }
 }
 
 final class MessageEntry {

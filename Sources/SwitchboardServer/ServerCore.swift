@@ -156,7 +156,7 @@ final class ServerCore {
                 request.answer(.notImplemented)
                 return request
             }
-            let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.methodCodec : nil)
+            let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
             routeToHolder(registration, input: input, request: request, connection: connection)
             return request
         }
@@ -164,7 +164,7 @@ final class ServerCore {
         switch entry {
         case .method(let method):
             request = connection.makeRequest(origin, methodCodec: method.codec)
-            guard let call = methodCall(input, codec: method.codec, request: request) else { return request }
+            guard let call = methodCall(input, codec: method.codec.codec, request: request) else { return request }
             method.handler(call, MethodResult(request: request, loop: handle))
         case .event(let event):
             request = connection.makeRequest(origin, methodCodec: nil)
