@@ -75,12 +75,15 @@ public struct Frame: Equatable, Sendable {
     public static func startFrame(_ kind: Kind, id: UInt32, channel: String = "", to out: inout [UInt8]) -> Int {
         let start = out.count
         let channelLength = channel.utf8.count
-        appendBigEndian(UInt32(8 + channelLength), to: &out)
-        out.append(kind.rawValue)
-        out.append(0)
-        out.append(UInt8(truncatingIfNeeded: channelLength >> 8))
-        out.append(UInt8(truncatingIfNeeded: channelLength))
-        appendBigEndian(id, to: &out)
+        let length = UInt32(8 + channelLength)
+        // One append of a literal the optimizer keeps on the stack: one capacity check, not twelve.
+        out.append(contentsOf: [
+            UInt8(truncatingIfNeeded: length >> 24), UInt8(truncatingIfNeeded: length >> 16),
+            UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length),
+            kind.rawValue, 0, UInt8(truncatingIfNeeded: channelLength >> 8), UInt8(truncatingIfNeeded: channelLength),
+            UInt8(truncatingIfNeeded: id >> 24), UInt8(truncatingIfNeeded: id >> 16),
+            UInt8(truncatingIfNeeded: id >> 8), UInt8(truncatingIfNeeded: id),
+        ])
         if channelLength > 0 { out.append(contentsOf: channel.utf8) }
         return start
     }
