@@ -59,13 +59,8 @@ public struct Frame: Equatable, Sendable {
         _ kind: Kind, id: UInt32, channel: String, payload: [UInt8]?, to out: inout [UInt8]
     ) {
         let channelLength = channel.utf8.count
-        let length = 8 + channelLength + (payload?.count ?? 0)
-        appendBigEndian(UInt32(length), to: &out)
-        out.append(kind.rawValue)
-        out.append(payload == nil ? nullPayloadFlag : 0)
-        out.append(UInt8(truncatingIfNeeded: channelLength >> 8))
-        out.append(UInt8(truncatingIfNeeded: channelLength))
-        appendBigEndian(id, to: &out)
+        appendHeader(kind, id: id, channelLength: channelLength, payloadLength: payload?.count ?? 0,
+                     flags: payload == nil ? nullPayloadFlag : 0, to: &out)
         if channelLength > 0 { out.append(contentsOf: channel.utf8) }
         if let payload { out.append(contentsOf: payload) }
     }
@@ -75,17 +70,24 @@ public struct Frame: Equatable, Sendable {
     public static func startFrame(_ kind: Kind, id: UInt32, channel: String = "", to out: inout [UInt8]) -> Int {
         let start = out.count
         let channelLength = channel.utf8.count
-        let length = UInt32(8 + channelLength)
-        // One append of a literal the optimizer keeps on the stack: one capacity check, not twelve.
+        appendHeader(kind, id: id, channelLength: channelLength, payloadLength: 0, flags: 0, to: &out)
+        if channelLength > 0 { out.append(contentsOf: channel.utf8) }
+        return start
+    }
+
+    /// The 12 header bytes in one append of a literal the optimizer keeps on the stack: one capacity
+    /// check, not twelve.
+    private static func appendHeader(
+        _ kind: Kind, id: UInt32, channelLength: Int, payloadLength: Int, flags: UInt8, to out: inout [UInt8]
+    ) {
+        let length = UInt32(8 + channelLength + payloadLength)
         out.append(contentsOf: [
             UInt8(truncatingIfNeeded: length >> 24), UInt8(truncatingIfNeeded: length >> 16),
             UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length),
-            kind.rawValue, 0, UInt8(truncatingIfNeeded: channelLength >> 8), UInt8(truncatingIfNeeded: channelLength),
+            kind.rawValue, flags, UInt8(truncatingIfNeeded: channelLength >> 8), UInt8(truncatingIfNeeded: channelLength),
             UInt8(truncatingIfNeeded: id >> 24), UInt8(truncatingIfNeeded: id >> 16),
             UInt8(truncatingIfNeeded: id >> 8), UInt8(truncatingIfNeeded: id),
         ])
-        if channelLength > 0 { out.append(contentsOf: channel.utf8) }
-        return start
     }
 
     /// Fills in the length of a frame begun with ``startFrame(_:id:channel:to:)`` once its payload is written.
