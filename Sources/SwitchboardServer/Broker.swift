@@ -202,7 +202,7 @@ extension ServerCore {
                          then: ((Result<[UInt8]?, InvokeError>) -> Void)? = nil) {
         stats.forwardedRequests += 1
         let holder = registration.holder
-        if then == nil, request.serial == 0 {  // a MESSAGE with id 0: nothing to relay
+        if then == nil, request.isDetached {  // a MESSAGE with id 0: nothing to relay
             holder.writeFrame(.message, id: 0, channel: registration.name, payload: payload)
             return
         }
