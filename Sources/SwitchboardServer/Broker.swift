@@ -67,9 +67,9 @@ final class Registration {
         sharedMethodCodec = codec?.methodCodec.map(SharedMethodCodec.init)
     }
 
-    var methodCodec: (any MethodCodec)? { codec?.methodCodec }
-    /// ``methodCodec`` for the requests forwarded to the holder.
+    /// The declared method codec, made once and shared by the requests forwarded to the holder.
     let sharedMethodCodec: SharedMethodCodec?
+    var methodCodec: (any MethodCodec)? { sharedMethodCodec?.codec }
 }
 
 /// The stream handler of a client-held event channel: the server keeps the listeners itself; when the
