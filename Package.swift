@@ -46,7 +46,10 @@ let package = Package(
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
             ]
         ),
-        .target(name: "SwitchboardTesting", dependencies: ["SwitchboardCodec", "SwitchboardWire"]),
+        .target(
+            name: "SwitchboardTesting",
+            dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardServer", "SwitchboardTransport"]
+        ),
         .executableTarget(
             name: "switchboard",
             dependencies: [

@@ -138,8 +138,10 @@ final class ClientCore {
         write(remove ? .unregister : .register, id: id, channel: channel, payload: remove ? nil : declaration)
     }
 
-    /// The connection is gone (or never came): fail what waits on it, then reconnect if allowed.
-    private func connectionEnded(_ reason: String, permanent: Bool = false) {
+    /// The connection is gone (or never came): fail what waits on it, then reconnect if allowed. When
+    /// the client is closing, the loop stops too, unless `stopsLoop` is false (a graceful close whose
+    /// last bytes are still leaving: the transport's `.closed` stops it).
+    private func connectionEnded(_ reason: String, permanent: Bool = false, stopsLoop: Bool = true) {
         transport = nil
         outbound.removeAll()
         let failed = pending
@@ -152,7 +154,8 @@ final class ClientCore {
             for listener in streams.values { listener.end(nil) }
             streams = [:]
             setState(.closed)
-            return loop.stop()
+            if stopsLoop { loop.stop() }
+            return
         }
         if !hasConnected || permanent || config.reconnect == nil {
             let waiters = connectWaiters
@@ -181,13 +184,18 @@ final class ClientCore {
         guard !isClosing else { return }
         isClosing = true
         reconnectTimer?.stop()
-        if let transport {
-            flush()
-            transport.closeAfterWrites()
-            connectionEnded("closed")
-        } else {
-            connectionEnded("closed")
+        guard let transport else { return connectionEnded("closed") }
+        // The last writes (a CANCEL, say) leave before the loop stops: the transport reports `.closed`
+        // once the server has closed its side too, or the linger timer gives up after a second.
+        flush()
+        transport.closeAfterWrites()
+        let linger = reconnectTimer ?? (try? Timer(loop: loop))
+        reconnectTimer = linger
+        linger?.start(after: 1000) { [unowned self] in
+            transport.closeNow()
+            loop.stop()
         }
+        connectionEnded("closed", stopsLoop: linger == nil)
     }
 
     // MARK: Requests
@@ -293,7 +301,7 @@ final class ClientCore {
 
     // MARK: Input
 
-    private func handle(_ event: TCPEvent) {
+    private func handle(_ event: TransportEvent) {
         switch event {
         case .data(let bytes):
             inbound.append(bytes)

@@ -3,6 +3,7 @@ import Combine
 #else
 import OpenCombine
 #endif
+import Synchronization
 import SwitchboardCodec
 import SwitchboardTransport
 
@@ -33,7 +34,8 @@ public struct EventPublisher: Publisher, Sendable {
 /// all deliveries to the subscriber.
 private final class EventSubscription: Subscription, @unchecked Sendable {
     // @unchecked: `state` is only touched on the client's loop thread (every entry point hops there
-    // through `onLoop`), and `subscriber` is only called from there.
+    // through `onLoop`), and `subscriber` is only called from there, with one exception: once the loop
+    // has stopped (nothing runs there any more), the first caller to win `failedAfterStop` fails it.
     private let core: LoopBound<ClientCore>
     private let channel: EventChannel
     private let arguments: ChannelValue
@@ -43,6 +45,8 @@ private final class EventSubscription: Subscription, @unchecked Sendable {
     private var buffer: [ChannelValue] = []
     private var demand = Subscribers.Demand.none
     private static var bufferLimit: Int { 16 }
+    /// Set by the one caller that fails the subscriber because the client's loop has stopped.
+    private let failedAfterStop = Atomic<Bool>(false)
 
     init(channel: EventChannel, arguments: ChannelValue, subscriber: AnySubscriber<ChannelValue, any Error>) {
         core = channel.client.core
@@ -51,12 +55,18 @@ private final class EventSubscription: Subscription, @unchecked Sendable {
         self.subscriber = subscriber
     }
 
-    private func onLoop(_ body: @escaping @Sendable (EventSubscription) -> Void) {
+    /// Runs `body` on the client's loop; false if the loop has stopped (the client is closed).
+    @discardableResult
+    private func onLoop(_ body: @escaping @Sendable (EventSubscription) -> Void) -> Bool {
         core.loop.execute { body(self) }
     }
 
     func request(_ newDemand: Subscribers.Demand) {
-        onLoop { $0.add(newDemand) }
+        guard !onLoop({ $0.add(newDemand) }) else { return }
+        // The client is closed: nothing will ever come. Fail the subscriber once, here.
+        guard !failedAfterStop.exchange(true, ordering: .acquiringAndReleasing), let subscriber else { return }
+        self.subscriber = nil
+        subscriber.receive(completion: .failure(ClientError.closed))
     }
 
     func cancel() {

@@ -121,7 +121,7 @@ extension ServerCore {
         }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
                                                     queueLimit: config.eventQueueLimit)
-        connection.writeFrame(.reply, id: frame.id, payload: nil)
+        if frame.id != 0 { connection.writeFrame(.reply, id: frame.id, payload: nil) }  // id 0: no answer wanted
     }
 
     func unregister(_ name: String, id: UInt32, from connection: Connection) {
@@ -129,7 +129,7 @@ extension ServerCore {
             return connection.writeError(.notRegistered, id: id)
         }
         release(registration, reason: "unregistered")
-        connection.writeFrame(.reply, id: id, payload: nil)
+        if id != 0 { connection.writeFrame(.reply, id: id, payload: nil) }
     }
 
     /// A connection closes: every channel it held goes.

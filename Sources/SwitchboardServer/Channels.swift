@@ -16,20 +16,22 @@ public final class MethodChannel: Sendable {
     public let name: String
     /// How calls and envelopes are encoded.
     public let codec: any MethodCodec
-    let server: Server
+    /// The server's core, not the ``Server``: a handler that captures its channel must not keep the
+    /// server alive through the jobs that set the channel up (a server that never runs frees itself).
+    let core: LoopBound<ServerCore>
 
     /// Makes a channel on `server`; it answers nothing until a handler is set.
     public init(name: String, codec: any MethodCodec = StandardMethodCodec(), server: Server) {
         self.name = name
         self.codec = codec
-        self.server = server
+        core = server.core
     }
 
     /// Sets (or, with nil, removes) the handler. It runs on the server's loop thread and must answer
     /// through `result` exactly once, from any thread, now or later.
     public func setMethodCallHandler(_ handler: (@Sendable (MethodCall, MethodResult) -> Void)?) {
         let name = self.name, codec = self.codec
-        server.onLoop { core in
+        core.onLoop { core in
             core.setChannel(name, handler.map { .method(MethodEntry(codec: codec, handler: $0)) })
         }
     }
@@ -60,7 +62,7 @@ public final class MethodChannel: Sendable {
         completion: @escaping @Sendable (Result<ChannelValue, InvokeError>) -> Void
     ) {
         let name = self.name, codec = self.codec
-        server.onLoop { core in
+        core.onLoop { core in
             let payload: [UInt8]
             do throws(CodecError) { payload = try codec.encodeMethodCall(MethodCall(method: method, arguments: arguments)) } catch {
                 return completion(.failure(.codec(error)))
@@ -148,7 +150,11 @@ public final class EventChannel: Sendable {
     public let overflow: OverflowPolicy
     /// Per-listener queue length; nil = the server's default.
     public let queueLimit: Int?
-    let server: Server
+    /// The server's core, not the ``Server``: a handler that captures its channel must not keep the
+    /// server alive through the jobs that set the channel up (a server that never runs frees itself).
+    let core: LoopBound<ServerCore>
+    /// Broadcasts from other threads on their way to the loop.
+    private let producerQueue: ProducerQueue
 
     /// Makes a channel on `server`.
     public init(name: String, codec: any MethodCodec = StandardMethodCodec(), overflow: OverflowPolicy = .dropOldest,
@@ -157,13 +163,14 @@ public final class EventChannel: Sendable {
         self.codec = codec
         self.overflow = overflow
         self.queueLimit = queueLimit
-        self.server = server
+        core = server.core
+        producerQueue = ProducerQueue(limit: queueLimit ?? server.configuration.eventQueueLimit, overflow: overflow)
     }
 
     /// Sets (or removes) the stream handler; its methods run on the loop thread.
     public func setStreamHandler(_ handler: (any StreamHandler)?) {
         let name = self.name, codec = self.codec, overflow = self.overflow, queueLimit = self.queueLimit
-        server.onLoop { core in
+        core.onLoop { core in
             core.setChannel(name, handler.map {
                 .event(EventEntry(name: name, codec: codec, handler: $0, overflow: overflow,
                                   queueLimit: queueLimit ?? core.config.eventQueueLimit))
@@ -171,16 +178,25 @@ public final class EventChannel: Sendable {
         }
     }
 
-    /// Sends `value` to every current listener, encoded once per wire encoding. Callable from any thread.
-    public func broadcast(_ value: ChannelValue) {
-        let name = self.name
-        server.onLoop { core in core.broadcast(on: name, .data(value)) }
-    }
+    /// Sends `value` to every current listener, encoded once per wire encoding. Callable from any
+    /// thread: on the loop thread it is queued for every listener at once; from another thread it waits
+    /// for one coalesced hop in a queue bounded by ``queueLimit`` under ``overflow`` (drops counted as
+    /// `producerQueueFull`), so a producer faster than the loop never blocks and never grows memory.
+    public func broadcast(_ value: ChannelValue) { send(.data(value)) }
 
-    /// Sends an error event to every current listener. Callable from any thread.
-    public func broadcastError(_ error: ChannelError) {
-        let name = self.name
-        server.onLoop { core in core.broadcast(on: name, .error(error)) }
+    /// Sends an error event to every current listener. Callable from any thread, as ``broadcast(_:)``.
+    public func broadcastError(_ error: ChannelError) { send(.error(error)) }
+
+    private func send(_ content: EventContent) {
+        let name = self.name, core = self.core
+        if core.loop.isInLoopThread { return core.value.broadcast(on: name, content) }
+        guard producerQueue.add(content) else { return }
+        let queue = producerQueue
+        core.loop.execute {
+            let (events, dropped) = queue.take()
+            core.value.countDrop("producerQueueFull", count: dropped)
+            for event in events { core.value.broadcast(on: name, event) }
+        }
     }
 }
 
@@ -210,14 +226,19 @@ public struct StreamHandlerClosures: StreamHandler {
 
 /// One listener's end of an event stream: Flutter's `EventSink`. `success`, `error` and `endOfStream`
 /// may be called from any thread; after the stream ends they do nothing.
+///
+/// From another thread, events wait for one coalesced hop onto the loop in a queue bounded by the
+/// channel's queue length under its overflow policy (drops counted as `producerQueueFull`).
 public final class EventSink: Sendable {
     let stream: LoopBound<EventStream>
     /// The listening client.
     public let client: ClientID
+    private let producerQueue: ProducerQueue
 
     init(stream: EventStream, loop: LoopHandle, client: ClientID) {
         self.stream = LoopBound(stream, loop: loop)
         self.client = client
+        producerQueue = ProducerQueue(limit: stream.entry.queueLimit, overflow: stream.entry.overflow)
     }
 
     /// Sends an event.
@@ -228,28 +249,39 @@ public final class EventSink: Sendable {
     public func endOfStream() { send(.end) }
 
     private func send(_ content: EventContent) {
-        if stream.loop.isInLoopThread {
-            stream.value.emit(content)
-        } else {
-            stream.onLoop { $0.emit(content) }
+        if stream.loop.isInLoopThread { return stream.value.emit(content) }
+        guard producerQueue.add(content) else { return }
+        let stream = self.stream, queue = producerQueue
+        stream.loop.execute {
+            let (events, dropped) = queue.take()
+            let owned = stream.value
+            owned.connection.core.countDrop("producerQueueFull", count: dropped)
+            for event in events { owned.emit(event) }
         }
+    }
+
+    /// The stream, for the loop-thread-only properties below: checked in every build, since a foreign
+    /// thread here would race the loop.
+    private var loopStream: EventStream {
+        precondition(stream.loop.isInLoopThread || !stream.loop.isRunning, "EventSink: this property is for the loop thread")
+        return stream.value
     }
 
     /// Loop thread only: whether an event sent now goes straight out (the stream is live, has credit,
     /// nothing waits before it, and the connection is under its outbound limit).
-    public var isReady: Bool { stream.value.isReady }
+    public var isReady: Bool { loopStream.isReady }
 
     /// Loop thread only: the listener's outstanding credit; nil when the stream is in push mode.
-    public var outstandingCredit: UInt32? { stream.value.outstandingCredit }
+    public var outstandingCredit: UInt32? { loopStream.outstandingCredit }
 
     /// Loop thread only: whether the stream is still live.
-    public var isActive: Bool { stream.value.isActive }
+    public var isActive: Bool { loopStream.isActive }
 
     /// Loop thread only: runs `body` once, the next time the sink becomes ready (see ``isReady``).
-    public func onReady(_ body: @escaping () -> Void) { stream.value.readyCallback = body }
+    public func onReady(_ body: @escaping () -> Void) { loopStream.readyCallback = body }
 
     /// Loop thread only: the loop this sink's stream lives on, for producers that need timers.
-    public var eventLoop: EventLoop { stream.value.connection.core.eventLoop }
+    public var eventLoop: EventLoop { loopStream.connection.core.eventLoop }
 }
 
 /// A named channel of messages: Flutter's `BasicMessageChannel`.
@@ -258,19 +290,22 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
     public let name: String
     /// How messages are encoded.
     public let codec: Codec
-    let server: Server
+    /// The server's core, not the ``Server``: a handler that captures its channel must not keep the
+    /// server alive through the jobs that set the channel up (a server that never runs frees itself).
+    let core: LoopBound<ServerCore>
 
     /// Makes a channel on `server`.
     public init(name: String, codec: Codec, server: Server) {
         self.name = name
         self.codec = codec
-        self.server = server
+        core = server.core
     }
 
     /// Sets (or removes) the message handler; it runs on the loop thread and answers through `reply`.
     public func setMessageHandler(_ handler: (@Sendable (Codec.Message, MessageReply<Codec>) -> Void)?) {
         let name = self.name, codec = self.codec
-        server.onLoop { core in
+        core.onLoop { core in
+            let loop = core.handle  // not the core: the channel table must not keep the core alive
             core.setChannel(name, handler.map { handler in
                 .message(MessageEntry { input, request in
                     let message: Codec.Message
@@ -282,7 +317,7 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
                     } catch {
                         return request.answer(.error(.badPayload("message could not be decoded: \(error)")))
                     }
-                    handler(message, MessageReply(request: request, codec: codec, loop: core.handle))
+                    handler(message, MessageReply(request: request, codec: codec, loop: loop))
                 })
             })
         }
@@ -292,7 +327,7 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
     public func send(_ message: Codec.Message, to client: ClientID,
                      reply: @escaping @Sendable (Result<Codec.Message, InvokeError>) -> Void) {
         let name = self.name, codec = self.codec
-        server.onLoop { core in
+        core.onLoop { core in
             let payload: [UInt8]?
             do throws(CodecError) { payload = try codec.encode(message) } catch { return reply(.failure(.codec(error))) }
             core.sendRequest(to: client, channel: name, payload: payload) { answer in

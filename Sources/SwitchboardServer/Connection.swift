@@ -3,9 +3,24 @@ import SwitchboardCodec
 import SwitchboardTransport
 import SwitchboardWire
 
-/// Why a connection was closed; counted in stats and logged.
+/// Why a connection was closed; counted in stats (`closes`) and logged.
 enum CloseReason: String {
-    case peerClosed, protocolError, unauthorized, slowConsumer, heartbeatTimeout, shutdown, ioError
+    /// The peer closed (or half-closed and every request it made was answered).
+    case peerClosed
+    /// A frame or line that ends the connection (wire-v1 section 2's closing errors, but for HELLO's).
+    case protocolError
+    /// A missing or wrong token.
+    case unauthorized
+    /// Over the outbound limit for longer than the grace period.
+    case slowConsumer
+    /// Nothing arrived for two heartbeat intervals.
+    case heartbeatTimeout
+    /// The server shut down.
+    case shutdown
+    /// A read or write failed (such as a reset by the peer).
+    case ioError
+    /// The peer half-closed and its open requests were not answered within the drain timeout.
+    case peerGone
 }
 
 /// One client connection. Loop thread only: all of its state belongs to the loop.
@@ -17,7 +32,7 @@ final class Connection {
     enum Mode { case undecided, binary, text }
 
     let id: UInt64
-    let transport: TCPConnection
+    let transport: any Transport
     /// Strong (not `unowned`, which costs a check per use): the core outlives every connection.
     let core: ServerCore
     var logger: Logger
@@ -54,12 +69,18 @@ final class Connection {
     /// Credit that arrived before `listen`, by channel.
     var pendingCredit: [String: Credit] = [:]
     var overLimitSince: UInt64?
-    /// The peer half-closed; the connection closes once its open requests are answered.
-    private var peerFinishedSending = false
+    /// When the peer half-closed; the connection closes once its open requests are answered (or, if
+    /// they take longer than the drain timeout, cancels them and closes: see `ServerCore.keepHouse`).
+    private(set) var peerFinishedAt: UInt64?
+    private var peerFinishedSending: Bool { peerFinishedAt != nil }
+    /// Reading is paused: the output it would make has nowhere to go (see ``mustPauseInput``).
+    private(set) var isInputPaused = false
+    /// `processInput` is running: answers given meanwhile must not start it again.
+    private var isProcessingInput = false
     var lastInbound: UInt64
     var lastPing: UInt64
 
-    init(id: UInt64, transport: TCPConnection, core: ServerCore) {
+    init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
         self.transport = transport
         self.core = core
@@ -79,15 +100,24 @@ final class Connection {
     var openRequestCount: Int { binaryRequests.count + textRequests.count }
     var isText: Bool { mode == .text }
 
+    /// Input waits while the output it would make has nowhere to go: the connection is at or over its
+    /// outbound limit (replies are never dropped, so reading on would buffer without bound), or it has
+    /// as many open requests as it may. The peer's kernel buffers then fill and it waits: TCP's own
+    /// backpressure, as Redis and NATS use it.
+    private var mustPauseInput: Bool {
+        pendingBytes >= core.config.outboundLimit || openRequestCount >= core.config.maxOpenRequests
+    }
     // MARK: Input
 
-    func handle(_ event: TCPEvent) {
+    func handle(_ event: TransportEvent) {
         switch event {
         case .data(let bytes):
             guard !isClosing else { return }
             core.stats.bytesIn += bytes.count
             lastInbound = core.eventLoop.now
             processInput(bytes)
+        case .closed where isClosing:
+            close(.shutdown)  // a graceful close finished; its reason was counted when it began
         case .closed(let error?):
             logger.debug("connection failed: \(error)")
             close(.ioError)
@@ -95,7 +125,7 @@ final class Connection {
             // The peer closed its sending side: a client that went away looks the same as one that only
             // half-closed (`printf … | nc -q1`). Its streams end now (a silent stream would otherwise never
             // notice); requests it already sent are still answered, then the connection closes.
-            peerFinishedSending = true
+            peerFinishedAt = core.eventLoop.now
             for stream in Array(streams.values) { endStream(stream, notifyHandler: true) }
             closeIfPeerIsDone()
         case .drained:
@@ -107,24 +137,26 @@ final class Connection {
     /// decoders are taken out of the connection for the whole batch (they are this function's alone), so
     /// their accesses need no per-frame exclusivity checks.
     private func processInput(_ bytes: [UInt8]) {
+        isProcessingInput = true
+        defer { isProcessingInput = false }
         var buffer = InboundBuffer()
         swap(&buffer, &inbound)
         buffer.append(bytes)
-        if mode == .undecided {
+        if mode == .undecided, buffer.readableBytes > 0 {
             mode = buffer.byte(at: 0) == UInt8(ascii: "{") ? .text : .binary
             logger.debug("connection opened in \(mode) mode")
         }
         var count = 0
         if mode == .text {
             var decoder = lineDecoder
-            while !isClosing, let line = decoder.next(from: &buffer) {
+            while !isClosing, !mustPauseInput, let line = decoder.next(from: &buffer) {
                 count += 1
                 TextMode.handle(line, on: self)
             }
             lineDecoder = decoder
         } else {
             var decoder = frameDecoder
-            while !isClosing, let length = decodeFrame(&decoder, in: buffer) {
+            while !isClosing, !mustPauseInput, let length = decodeFrame(&decoder, in: buffer) {
                 count += 1
                 buffer.consume(length)  // after the frame's view (and its payload slice) is gone
             }
@@ -132,6 +164,18 @@ final class Connection {
         }
         core.stats.framesIn += count
         inbound = buffer
+        if !isClosing, mustPauseInput, !isInputPaused {
+            isInputPaused = true
+            transport.pauseReading()
+        }
+    }
+
+    /// Reads again once the reason for pausing is gone, starting with what was read before the pause.
+    private func resumeInputIfPossible() {
+        guard isInputPaused, !isProcessingInput, !isClosing, !mustPauseInput else { return }
+        isInputPaused = false
+        transport.resumeReading()
+        processInput([])
     }
 
     /// Handles the next frame in `buffer`, read in place; returns its length, or nil when more bytes are
@@ -154,8 +198,6 @@ final class Connection {
     /// The id of a frame whose header is in but is unusable; 0 when the header was never read.
     private static func headerID(_ inbound: InboundBuffer) -> UInt32 {
         guard inbound.readableBytes >= 12 else { return 0 }
-        let length = (0..<4).reduce(UInt32(0)) { $0 << 8 | UInt32(inbound.byte(at: $1)) }
-        guard length >= 8 else { return 0 }
         return (8..<12).reduce(0) { $0 << 8 | UInt32(inbound.byte(at: $1)) }
     }
 
@@ -163,7 +205,7 @@ final class Connection {
         if frame.kind.isServerOnly { return writeError(.badFrame("clients may not send \(frame.kind)"), id: frame.id) }
         if !isAuthenticated, frame.kind != .hello, frame.kind != .ping { return fail(.unauthorized, id: frame.id) }
         switch frame.kind {
-        case .hello: handleHello(payload: frame.payload.map(Array.init), id: frame.id)
+        case .hello: handleHello(payload: frame.payload.map(Array.init), id: frame.id, textID: nil)
         case .ping: writeFrame(.pong, id: frame.id, payload: frame.payload.map(Array.init))
         case .pong: break
         case .message: handleMessage(frame)
@@ -176,11 +218,12 @@ final class Connection {
         }
     }
 
-    func handleHello(payload: [UInt8]?, id: UInt32) {
+    /// HELLO, or a text-mode `hello` (whose `id`, `textID`, is echoed).
+    func handleHello(payload: [UInt8]?, id: UInt32, textID: ChannelValue?) {
         var hello: ChannelValue = .map([])
         if let payload, !payload.isEmpty {
             guard let parsed = try? JSONText.parse(payload), case .map = parsed else {
-                return fail(.badHello("HELLO payload is not a JSON object"), id: id)
+                return fail(.badHello("HELLO payload is not a JSON object"), id: id, textID: textID)
             }
             hello = parsed
         }
@@ -190,15 +233,15 @@ final class Connection {
             case .float64(let d): d == 1
             default: false
             }
-            guard isOne else { return fail(.unsupportedVersion, id: id) }
+            guard isOne else { return fail(.unsupportedVersion, id: id, textID: textID) }
         }
         if let token = core.config.token {
-            guard hello["token"] == .string(token) else { return fail(.unauthorized, id: id) }
+            guard hello["token"] == .string(token) else { return fail(.unauthorized, id: id, textID: textID) }
         }
         isAuthenticated = true
         let welcome = core.welcome
         if mode == .text {
-            TextMode.writeLine(.stringMap(["welcome": welcome]), on: self)
+            TextMode.writeLine(TextMode.withID(textID, ["welcome": welcome]), on: self)
         } else {
             writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
         }
@@ -206,7 +249,10 @@ final class Connection {
 
     /// A MESSAGE, with its payload still in the inbound buffer: a method call is decoded in place.
     private func handleMessage(_ frame: FrameDecoder.View) {
-        if frame.id != 0, !binaryRequests.isEmpty, binaryRequests[frame.id] != nil {
+        if frame.id != 0, !binaryRequests.isEmpty, let first = binaryRequests[frame.id] {
+            // An ERROR carrying a pending request's id is that request's answer (wire-v1 section 2), so
+            // this one ERROR answers the id: the first request goes on, but its own answer never follows.
+            detach(first)
             return writeError(.duplicateId, id: frame.id)
         }
         if core.isDraining {
@@ -305,11 +351,26 @@ final class Connection {
         core.stats.repliesPending -= 1
     }
 
-    /// The shutdown drain or a half-closed peer may have waited for this answer.
+    /// Takes an open request off the wire: it goes on, but its answer will go nowhere.
+    private func detach(_ request: PendingRequest) {
+        forget(request)
+        request.abandon()
+        afterAnswer(request)
+    }
+
+    /// The shutdown drain, a half-closed peer or paused input may have waited for this answer.
     private func afterAnswer(_ request: PendingRequest) {
         guard request.isRegistered else { return }
         core.requestFinished()
         closeIfPeerIsDone()
+        resumeInputIfPossible()
+    }
+
+    /// The peer half-closed and its open requests outlived the drain timeout: their handlers are told
+    /// (as by a CANCEL), and the connection closes.
+    func abandonOpenRequests() {
+        for request in Array(binaryRequests.values) + Array(textRequests.values) { request.cancelHandler?() }
+        close(.peerGone)
     }
 
     private func closeIfPeerIsDone() {
@@ -351,7 +412,7 @@ final class Connection {
         }
     }
 
-    /// Answers every open request (for shutdown).
+    /// Answers every open request (for shutdown), oldest first.
     func answerAllOpenRequests(with answer: Answer) {
         let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
         for request in open { request.answer(answer) }
@@ -432,10 +493,10 @@ final class Connection {
         markDirty()
     }
 
-    /// Writes an ERROR frame (or text error line) that leaves the connection open.
-    func writeError(_ error: WireError, id: UInt32 = 0) {
+    /// Writes an ERROR frame (or, in text mode, an error line with `textID`) that leaves the connection open.
+    func writeError(_ error: WireError, id: UInt32 = 0, textID: ChannelValue? = nil) {
         if mode == .text {
-            TextMode.writeError(error, id: nil, on: self)
+            TextMode.writeError(error, id: textID, on: self)
             return
         }
         writeFrame(.error, id: id, payload: error.payload)
@@ -474,7 +535,7 @@ final class Connection {
         afterWrite()
     }
 
-    /// Tracks the outbound limit and lets waiting streams go once there is room.
+    /// Tracks the outbound limit, and lets waiting streams and paused input go once there is room.
     private func afterWrite() {
         guard !isClosed else { return }
         if isOverOutboundLimit {
@@ -482,6 +543,7 @@ final class Connection {
             return
         }
         overLimitSince = nil
+        resumeInputIfPossible()
         guard hasWaitingStreams else { return }
         hasWaitingStreams = false
         for stream in Array(streams.values) { stream.pump() }  // a stream still waiting sets the flag again
@@ -497,14 +559,15 @@ final class Connection {
         stream.entry.listeners.remove(stream)
         stream.stop(dropReason: "cancelled")
         if notifyHandler { stream.entry.handler.onCancel(arguments: arguments ?? stream.arguments, sink: stream.sink) }
+        stream.sink = nil  // the sink holds the stream: break the cycle now that the stream is over
         closeIfPeerIsDone()
     }
 
     // MARK: Closing
 
     /// Sends `error` and closes (the errors that wire-v1 says end a connection).
-    func fail(_ error: WireError, id: UInt32) {
-        writeError(error, id: id)
+    func fail(_ error: WireError, id: UInt32, textID: ChannelValue? = nil) {
+        writeError(error, id: id, textID: textID)
         let reason: CloseReason = switch error {
         case .unauthorized: .unauthorized
         case .slowConsumer: .slowConsumer
@@ -525,7 +588,8 @@ final class Connection {
         core.connectionClosed(self, reason: reason)
     }
 
-    /// Closes at once (peer gone, I/O error, slow consumer).
+    /// Closes at once (peer gone, I/O error, slow consumer); `reason` counts only if the connection was
+    /// not closing already.
     func close(_ reason: CloseReason) {
         guard !isClosed else { return }
         if !isClosing {

@@ -27,9 +27,9 @@ extension Server {
         let room = EventChannel(name: "switchboard/room", server: self)
         room.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
         BasicMessageChannel(name: "switchboard/room.post", codec: BinaryCodec(), server: self)
-            .setMessageHandler { [core] bytes, reply in
+            .setMessageHandler { bytes, reply in
                 guard let bytes else { return reply.fail(.badPayload("a room post needs a payload")) }
-                core.value.broadcast(on: room.name, .data(.uint8List(bytes)))  // on the loop: queued for all before the reply
+                room.broadcast(.uint8List(bytes))  // on the loop: queued for every listener before the reply
                 reply.reply(nil)
             }
 

@@ -2,7 +2,7 @@ import SwitchboardCodec
 import SwitchboardWire
 
 /// What one event carries.
-enum EventContent {
+enum EventContent: Sendable {
     case data(ChannelValue)
     case error(ChannelError)
     case end

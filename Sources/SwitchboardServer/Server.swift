@@ -26,14 +26,20 @@ public final class Server: Sendable {
         self.core = LoopBound(core, loop: core.handle)
     }
 
+    /// A server that never ran still holds its loop's handles and file descriptors, and set-up jobs
+    /// that capture its core: both go here. (One that ran released everything when it stopped.)
+    deinit {
+        guard !core.loop.hasStarted else { return }
+        let core = self.core.value
+        core.eventLoop.finishDriving()
+        core.releaseAll()
+    }
+
     /// The port it listens on, once running (useful with port 0).
     public var port: Int { boundPort.load(ordering: .acquiring) }
 
     /// Runs `body` with the loop-owned core on the loop thread (queued until the loop runs).
-    func onLoop(_ body: @escaping @Sendable (ServerCore) -> Void) {
-        let core = self.core
-        core.loop.execute { body(core.value) }
-    }
+    func onLoop(_ body: @escaping @Sendable (ServerCore) -> Void) { core.onLoop(body) }
 
     /// Binds and serves on the calling thread until shut down; returns after a graceful stop.
     public func run(handlingSignals: Bool = false) throws(UVError) {
@@ -42,6 +48,7 @@ public final class Server: Sendable {
         if handlingSignals { try core.handleSignals() }
         core.logger.notice("listening on \(configuration.host):\(port)")
         core.eventLoop.run()
+        core.releaseAll()
         markStopped()
     }
 
@@ -52,10 +59,41 @@ public final class Server: Sendable {
         boundPort.store(port, ordering: .releasing)
         let core = self.core
         startThread { [self] in
-            core.value.eventLoop.run()
+            let owned = core.value
+            owned.eventLoop.run()
+            owned.releaseAll()
             markStopped()
         }
         return port
+    }
+
+    // MARK: Driven by the caller
+
+    /// Starts serving without a listener, with the loop driven by the calling thread through
+    /// ``runOnce()``: for connections over in-memory transports (tests, fuzzers) and for embedders
+    /// that bring their own transports to ``accept(_:)``. End with ``finishDriven()``.
+    public func startDriven() throws(UVError) {
+        try core.value.startPerTurnWork()
+    }
+
+    /// Runs what is ready now (jobs from other threads, due timers, the per-turn flush) without
+    /// blocking. The calling thread owns the loop from the first call on.
+    public func runOnce() {
+        core.value.eventLoop.runOnce()
+    }
+
+    /// Serves a connection over `transport`, as if the listener had accepted it. Loop thread only.
+    public func accept(_ transport: any Transport) {
+        precondition(core.loop.isInLoopThread || !core.loop.hasStarted, "Server.accept is for the loop thread")
+        core.value.accept(transport)
+    }
+
+    /// Stops a server driven by ``runOnce()`` at once: closes every connection and the loop.
+    public func finishDriven() {
+        let core = self.core.value
+        core.releaseAll()
+        core.eventLoop.finishDriving()
+        markStopped()
     }
 
     /// Begins a graceful shutdown (wire-v1 section 7c). Callable from any thread.

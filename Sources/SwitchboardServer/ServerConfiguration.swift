@@ -18,8 +18,13 @@ public struct ServerConfiguration: Sendable {
     public var token: String?
     /// How long shutdown waits for in-flight requests.
     public var drainTimeoutMs: UInt64 = 5000
-    /// Default per-listener queue length of event channels.
+    /// Default per-listener queue length of event channels; also the bound on events a producer thread
+    /// may have in flight to the loop per channel (``EventChannel/broadcast(_:)``) or per listener
+    /// (``EventSink``).
     public var eventQueueLimit = 1024
+    /// Requests one connection may have open (sent, not yet answered) before the server stops reading
+    /// from it until some are answered.
+    public var maxOpenRequests = 4096
 
     /// The defaults of wire-v1.
     public init() {}

@@ -29,6 +29,8 @@ struct Counters {
     var connectionsTotal = 0
     /// Requests forwarded to clients holding channels.
     var forwardedRequests = 0
+    /// Connections that could not be accepted (such as EMFILE: out of file descriptors).
+    var acceptErrors = 0
 }
 
 /// Counts by reason, read by `switchboard/stats`.
@@ -64,7 +66,10 @@ final class ServerCore {
     private var flushing: [Connection] = []
     private var beforeSleep: BeforeSleep?
     private var housekeeping: Timer?
+    /// A zero-delay timer that keeps the loop from blocking while work is ready (see ``kickLoop()``).
     private var kick: Timer?
+    /// The last accept error logged, so a storm of them logs once a second, not once per attempt.
+    private var lastAcceptErrorLog: UInt64 = 0
     private var shutdownTimer: Timer?
     private var signalWatchers: [SignalWatcher] = []
     private let startedAt: UInt64
@@ -78,19 +83,33 @@ final class ServerCore {
 
     // MARK: Lifecycle
 
-    /// Binds the listener and starts the per-turn flush and the housekeeping timer; returns the port.
+    /// Binds the listener and starts the per-turn work; returns the port.
     func bind() throws(UVError) -> Int {
         let listener = try TCPListener(loop: eventLoop, host: config.host, port: config.port) { [unowned self] transport in
             accept(transport)
         }
+        listener.onAcceptError = { [unowned self] error in acceptFailed(error) }
         self.listener = listener
+        try startPerTurnWork()
+        return listener.port
+    }
+
+    /// Starts the per-turn flush, the kick timer and the housekeeping timer.
+    func startPerTurnWork() throws(UVError) {
         beforeSleep = try BeforeSleep(loop: eventLoop) { [unowned self] in flushDirty() }
         kick = try Timer(loop: eventLoop)
         let housekeeping = try Timer(loop: eventLoop)
         let interval = max(10, min(100, config.slowConsumerGraceMs / 4, config.heartbeatMs == 0 ? 100 : config.heartbeatMs / 4))
         housekeeping.start(after: interval, repeat: interval) { [unowned self] in keepHouse() }
         self.housekeeping = housekeeping
-        return listener.port
+    }
+
+    private func acceptFailed(_ error: UVError) {
+        stats.acceptErrors += 1
+        let now = eventLoop.now
+        guard now - lastAcceptErrorLog >= 1000 || lastAcceptErrorLog == 0 else { return }
+        lastAcceptErrorLog = now
+        logger.warning("cannot accept connections: \(error)", metadata: ["acceptErrors": "\(stats.acceptErrors)"])
     }
 
     /// Stops gracefully on SIGINT or SIGTERM; a second signal stops at once.
@@ -102,7 +121,8 @@ final class ServerCore {
         }
     }
 
-    private func accept(_ transport: TCPConnection) {
+    /// Serves a new connection over `transport`.
+    func accept(_ transport: any Transport) {
         guard phase == .running else { return transport.closeNow() }
         nextConnectionID += 1
         let connection = Connection(id: nextConnectionID, transport: transport, core: self)
@@ -238,7 +258,10 @@ final class ServerCore {
         connection.sendRequest(channel: channel, payload: payload) { _, result in completion(result) }
     }
 
-    func countDrop(_ reason: String) { tallies.eventsDropped[reason, default: 0] += 1 }
+    func countDrop(_ reason: String, count: Int = 1) {
+        guard count > 0 else { return }
+        tallies.eventsDropped[reason, default: 0] += count
+    }
 
     // MARK: Per-turn work
 
@@ -255,12 +278,24 @@ final class ServerCore {
             swap(&batch, &flushing)
             rounds += 1
         }
-        if !dirty.isEmpty { kick?.start(after: 0) {} }  // more output is ready: don't let the loop block
+        if !dirty.isEmpty { kickLoop() }  // more output is ready: don't let the loop block
+    }
+
+    /// Makes the loop run another turn without blocking, whoever asks (leftover output, a finished
+    /// drain). One timer with one callback, so that no request can replace another's.
+    func kickLoop() {
+        kick?.start(after: 0) { [unowned self] in
+            if phase == .draining, stats.repliesPending == 0 { finishShutdown() }
+        }
     }
 
     private func keepHouse() {
         let now = eventLoop.now
         for connection in Array(connections.values) {
+            if let since = connection.peerFinishedAt, now - since >= config.drainTimeoutMs {
+                connection.abandonOpenRequests()
+                continue
+            }
             if let since = connection.overLimitSince, connection.isOverOutboundLimit,
                now - since >= config.slowConsumerGraceMs {
                 logger.info("closing slow consumer", metadata: ["connection.id": "\(connection.id)"])
@@ -269,7 +304,8 @@ final class ServerCore {
                 connection.close(.slowConsumer)
                 continue
             }
-            guard config.heartbeatMs > 0, !connection.isText else { continue }
+            // Paused input is the server's doing (the peer may well be sending): no heartbeat verdict.
+            guard config.heartbeatMs > 0, !connection.isText, !connection.isInputPaused else { continue }
             if now - connection.lastInbound >= 2 * config.heartbeatMs {
                 connection.close(.heartbeatTimeout)
             } else if now - connection.lastPing >= config.heartbeatMs {
@@ -280,7 +316,7 @@ final class ServerCore {
         closingConnections.removeAll { connection in
             guard connection.transport.isOpen else { return true }
             if let since = connection.closingSince, now - since >= config.slowConsumerGraceMs {
-                connection.close(.slowConsumer)
+                connection.close(.slowConsumer)  // the linger is over (the reason was counted when it began)
                 return true
             }
             return false
@@ -312,15 +348,18 @@ final class ServerCore {
     /// Called whenever a request is answered: the drain may be over.
     func requestFinished() {
         guard phase == .draining, stats.repliesPending == 0 else { return }
-        kick?.start(after: 0) { [unowned self] in finishShutdown() }
+        kickLoop()
     }
 
     /// Answers what is left with `going_away`, ends every stream, closes every connection, stops the loop.
     func finishShutdown() {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
-        for connection in Array(connections.values) {
-            connection.answerAllOpenRequests(with: .error(.goingAway))
+        // Every open request is answered before any connection closes: a holder's leaving would
+        // otherwise answer the requests forwarded to it with `handler_gone`.
+        let open = Array(connections.values)
+        for connection in open { connection.answerAllOpenRequests(with: .error(.goingAway)) }
+        for connection in open {
             for stream in Array(connection.streams.values) {
                 stream.finishForShutdown()
                 connection.endStream(stream, notifyHandler: true)
@@ -340,6 +379,25 @@ final class ServerCore {
         }
     }
 
+    /// After the loop has stopped: drops every table, so that handlers which capture the server (and
+    /// so this core) no longer keep it alive, and neither do connections, streams or timers.
+    func releaseAll() {
+        for connection in Array(connections.values) { connection.close(.shutdown) }
+        connections = [:]
+        closingConnections = []
+        dirty = []
+        flushing = []
+        channels = [:]
+        registrations = [:]
+        listener = nil
+        beforeSleep = nil
+        housekeeping = nil
+        kick = nil
+        shutdownTimer = nil
+        signalWatchers = []
+        phase = .stopped
+    }
+
     // MARK: Stats
 
     var statsValue: ChannelValue {
@@ -355,6 +413,7 @@ final class ServerCore {
             "ignoredFrames": .int(stats.ignoredFrames),
             "registrations": .int(registrations.count),
             "forwardedRequests": .int(stats.forwardedRequests),
+            "acceptErrors": .int(stats.acceptErrors),
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
         ])
     }

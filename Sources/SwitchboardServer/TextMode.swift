@@ -31,13 +31,13 @@ enum TextMode {
             return writeError(.badRequest("a request needs exactly one of \(verbs.joined(separator: ", "))"), id: id, on: connection)
         }
         if !connection.isAuthenticated, verb != "hello", verb != "ping" {
-            return connection.fail(.unauthorized, id: 0)
+            return connection.fail(.unauthorized, id: 0, textID: id)
         }
         if verb == "hello" {
             guard case .map = request["hello"]! else {
-                return connection.fail(.badHello("hello must be a JSON object"), id: 0)
+                return connection.fail(.badHello("hello must be a JSON object"), id: 0, textID: id)
             }
-            return connection.handleHello(payload: try? JSONText.serialize(request["hello"]!), id: 0)
+            return connection.handleHello(payload: try? JSONText.serialize(request["hello"]!), id: 0, textID: id)
         }
         if verb == "ping" { return writeLine(withID(id, ["pong": true]), on: connection) }
         guard case .string(let channel)? = request[verb], !channel.isEmpty else {

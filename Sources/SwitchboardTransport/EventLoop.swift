@@ -6,6 +6,10 @@ import Glibc
 #endif
 
 /// One libuv loop and the thread that runs it. Everything but ``handle`` is loop-thread only.
+///
+/// Making the first loop sets SIGPIPE to ignored for the whole process (once): libuv writes with
+/// `write(2)`, and on Linux only that turns a write to a vanished peer into an `EPIPE` error instead of
+/// the end of the process. Redis, NATS and nginx do the same.
 public final class EventLoop {
     let loop: UnsafeMutablePointer<uv_loop_t>
     /// The thread-safe way in: ``LoopHandle/execute(_:)`` runs work on this loop.
@@ -14,10 +18,14 @@ public final class EventLoop {
     let readBuffer: UnsafeMutableRawPointer
     static let readBufferSize = 64 * 1024
     private var wakeup: AsyncWakeup!
+    /// Set once the loop and its memory are gone (after ``run()``, or in `deinit` for a loop never run).
+    private var isTornDown = false
+
+    private static let ignoreSIGPIPE: Void = { signal(SIGPIPE, SIG_IGN) }()
 
     /// Makes a loop; call ``run()`` on the thread that will own it.
     public init() throws(UVError) {
-        signal(SIGPIPE, SIG_IGN)  // a write to a vanished peer must be an EPIPE error, not the end of the process
+        Self.ignoreSIGPIPE
         loop = .allocate(capacity: 1)
         let rc = uv_loop_init(loop)
         guard rc == 0 else { loop.deallocate(); throw UVError(code: rc, operation: "uv_loop_init") }
@@ -27,30 +35,73 @@ public final class EventLoop {
         loop.pointee.data = Unmanaged.passUnretained(self).toOpaque()
     }
 
+    /// A loop that never ran (its owner failed to start, say to bind a port) still holds file
+    /// descriptors and handles: they go here.
+    deinit {
+        guard !isTornDown else { return }
+        tearDown()
+    }
+
     /// Milliseconds of the loop's cached clock.
     public var now: UInt64 { uv_now(loop) }
 
     /// A monotonic clock in nanoseconds, for measuring latency.
     public static func nanoseconds() -> UInt64 { uv_hrtime() }
 
-    /// Runs until ``stop()``, then closes every remaining handle and the loop itself.
+    /// Runs until ``stop()``, then runs every job still accepted, closes every remaining handle and the
+    /// loop itself. The calling thread owns the loop until this returns.
     public func run() {
         handle.markLoopThread()
         for job in handle.takeJobs() { job() }  // what was set up before the loop ran comes before any I/O
         uv_run(loop, UV_RUN_DEFAULT)
-        handle.shutDown()
-        uv_walk(loop, { handle, _ in
-            guard let handle, let data = handle.pointee.data else { return }
-            Unmanaged<LoopResource>.fromOpaque(data).takeUnretainedValue().close()
-        }, nil)
-        uv_run(loop, UV_RUN_DEFAULT)  // lets every close callback run
-        uv_loop_close(loop)
-        loop.deallocate()
-        readBuffer.deallocate()
+        tearDown()
+        handle.markFinished()
+    }
+
+    /// Runs what is ready now without blocking (timers due, I/O ready, jobs, the per-turn callbacks),
+    /// on the calling thread, which owns the loop from the first call on: for callers that drive the
+    /// loop themselves, such as tests with in-memory transports. End with ``finishDriving()``.
+    public func runOnce() {
+        if !handle.hasStarted { handle.markLoopThread() }
+        for job in handle.takeJobs() { job() }
+        uv_run(loop, UV_RUN_NOWAIT)
+    }
+
+    /// Ends a loop driven by ``runOnce()``: runs the jobs still accepted, closes everything.
+    public func finishDriving() {
+        guard !isTornDown else { return }
+        tearDown()
+        handle.markFinished()
     }
 
     /// Makes ``run()`` return after the current iteration.
     public func stop() { uv_stop(loop) }
+
+    /// Closes the door to new jobs, runs the ones already accepted (``LoopHandle/execute(_:)`` promised
+    /// they would run), closes every handle, lets their close callbacks run, and frees the loop.
+    private func tearDown() {
+        isTornDown = true
+        for job in handle.shutDown() { job() }
+        var rc: Int32 = 0
+        for _ in 0..<16 {
+            uv_walk(loop, { handle, _ in
+                guard let handle, let data = handle.pointee.data else { return }
+                Unmanaged<LoopResource>.fromOpaque(data).takeUnretainedValue().close()
+            }, nil)
+            uv_run(loop, UV_RUN_DEFAULT)  // lets every close callback (and cancelled request callback) run
+            rc = uv_loop_close(loop)
+            if rc != UV_EBUSY.rawValue { break }
+        }
+        readBuffer.deallocate()
+        // Still busy: some request never finished. Its callback may yet touch the loop, so the loop's
+        // memory is kept (a bounded, one-off leak) rather than freed under it.
+        guard rc == 0 else {
+            let message = "switchboard: \(UVError(code: rc, operation: "uv_loop_close")); loop memory kept\n"
+            _ = message.withCString { write(2, $0, strlen($0)) }
+            return
+        }
+        loop.deallocate()
+    }
 }
 
 /// The thread-safe door into a loop: a Mutex-guarded job list plus a `uv_async_t` whose callback drains it.
@@ -64,12 +115,16 @@ public final class LoopHandle: Sendable {
         var jobs: [@Sendable () -> Void] = []
     }
     private let state = Mutex(State())
+    /// The owning thread's id while the loop is running, 0 before and after: a thread created later
+    /// may get the same `pthread_t`, so a finished loop's id must not linger.
     private let loopThread = Atomic<UInt>(0)
-    private let running = Atomic<Bool>(false)
+    private let started = Atomic<Bool>(false)
+    private let finished = Atomic<Bool>(false)
 
     init() {}
 
-    /// Runs `job` on the loop thread. Returns false (and drops the job) once the loop has shut down.
+    /// Runs `job` on the loop thread. True means it will run, before the loop is torn down; false (the
+    /// job dropped) means the loop has shut down.
     @discardableResult
     public func execute(_ job: @escaping @Sendable () -> Void) -> Bool {
         state.withLock { s in
@@ -85,12 +140,22 @@ public final class LoopHandle: Sendable {
     /// Whether the caller is the loop's thread.
     public var isInLoopThread: Bool { loopThread.load(ordering: .relaxed) == UInt(pthread_self()) }
 
-    /// Whether ``EventLoop/run()`` has begun; before that, the thread setting the loop up owns it.
-    public var hasStarted: Bool { running.load(ordering: .acquiring) }
+    /// Whether ``EventLoop/run()`` (or ``EventLoop/runOnce()``) has begun; before that, the thread
+    /// setting the loop up owns it.
+    public var hasStarted: Bool { started.load(ordering: .acquiring) }
+
+    /// Whether the loop has begun and not finished: only then does one thread own what it owns.
+    public var isRunning: Bool { hasStarted && !finished.load(ordering: .acquiring) }
 
     func markLoopThread() {
         loopThread.store(UInt(pthread_self()), ordering: .relaxed)
-        running.store(true, ordering: .releasing)
+        started.store(true, ordering: .releasing)
+    }
+
+    /// The loop is gone: no thread is its thread any more.
+    func markFinished() {
+        loopThread.store(0, ordering: .relaxed)
+        finished.store(true, ordering: .releasing)
     }
 
     func attach(_ wakeup: UnsafeMutablePointer<uv_async_t>) {
@@ -98,7 +163,15 @@ public final class LoopHandle: Sendable {
         state.withLock { $0.wakeup = address }
     }
 
-    func shutDown() { state.withLock { $0.wakeup = nil; $0.jobs = [] } }
+    /// Closes the door: from now on ``execute(_:)`` returns false. Returns the jobs already accepted,
+    /// which the caller must run.
+    func shutDown() -> [@Sendable () -> Void] {
+        state.withLock { s in
+            s.wakeup = nil
+            defer { s.jobs = [] }
+            return s.jobs
+        }
+    }
 
     func takeJobs() -> [@Sendable () -> Void] {
         state.withLock { s in
@@ -126,7 +199,11 @@ final class AsyncWakeup: LoopResource {
         handle.attach(async)
     }
 
-    override func willClose() { handleRef.shutDown() }
+    /// The tear-down closes the door (and runs the jobs) before closing this handle; should anything
+    /// close it earlier, the jobs still run rather than vanish.
+    override func willClose() {
+        for job in handleRef.shutDown() { job() }
+    }
 }
 
 /// Starts a thread running `body`, for callers that want a loop off the main thread.
@@ -145,8 +222,9 @@ public func startThread(_ body: @escaping @Sendable () -> Void) {
 /// A value that only the loop's thread may touch, carried inside a `Sendable` object.
 ///
 /// `@unchecked Sendable` is sound because every access goes through ``value``, which checks (in debug
-/// builds) that the caller is the loop thread, or that the loop has not started yet (set-up, on the one
-/// thread that builds it). The value itself never crosses threads while the loop runs.
+/// builds) that the caller is the loop thread, or that the loop is not running: before it starts (set-up,
+/// on the one thread that builds it) or after it has finished (tear-down, on the thread that ran it).
+/// The value itself never crosses threads while the loop runs.
 public struct LoopBound<Value>: @unchecked Sendable {
     private let storage: Value
     /// The loop that owns the value.
@@ -160,7 +238,7 @@ public struct LoopBound<Value>: @unchecked Sendable {
 
     /// The value; loop thread only.
     public var value: Value {
-        assert(loop.isInLoopThread || !loop.hasStarted, "loop-bound value touched off the loop thread")
+        assert(loop.isInLoopThread || !loop.isRunning, "loop-bound value touched off the loop thread")
         return storage
     }
 }

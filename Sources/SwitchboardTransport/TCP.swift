@@ -8,6 +8,8 @@ import Glibc
 public final class TCPListener: LoopResource {
     private var onConnection: ((TCPConnection) -> Void)?
     private unowned let eventLoop: EventLoop
+    /// Told when accepting fails (such as EMFILE: out of file descriptors); the listener goes on.
+    public var onAcceptError: ((UVError) -> Void)?
 
     /// Binds `host:port` (port 0 picks a free one) and starts listening.
     public init(
@@ -33,8 +35,11 @@ public final class TCPListener: LoopResource {
                     uv_tcp_bind(tcp, bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self), 0), "uv_tcp_bind")
             }
             try UVError.check(uv_listen(stream, backlog) { server, status in
-                guard status == 0, let listener = LoopResource.owner(UnsafeMutableRawPointer(server), as: TCPListener.self)
-                else { return }
+                guard let listener = LoopResource.owner(UnsafeMutableRawPointer(server), as: TCPListener.self) else { return }
+                guard status == 0 else {
+                    listener.onAcceptError?(UVError(code: status, operation: "accept"))
+                    return
+                }
                 listener.acceptOne()
             }, "uv_listen")
         } catch {
@@ -46,8 +51,17 @@ public final class TCPListener: LoopResource {
     private var stream: UnsafeMutablePointer<uv_stream_t> { raw.assumingMemoryBound(to: uv_stream_t.self) }
 
     private func acceptOne() {
-        guard let connection = try? TCPConnection(loop: eventLoop) else { return }
-        guard uv_accept(stream, connection.stream) == 0 else { connection.close(); return }
+        let connection: TCPConnection
+        do { connection = try TCPConnection(loop: eventLoop) } catch {
+            onAcceptError?(error)
+            return
+        }
+        let rc = uv_accept(stream, connection.stream)
+        guard rc == 0 else {
+            connection.close()
+            onAcceptError?(UVError(code: rc, operation: "uv_accept"))
+            return
+        }
         connection.didConnect()
         onConnection?(connection)
     }
@@ -67,23 +81,16 @@ public final class TCPListener: LoopResource {
     /// Stops listening.
     public func cancel() { close() }
 
-    override func willClose() { onConnection = nil }
-}
-
-/// What a connection reports to its owner.
-public enum TCPEvent {
-    /// Bytes arrived (a fresh array; the owner may keep it).
-    case data([UInt8])
-    /// The peer closed its side, or the connection failed.
-    case closed(UVError?)
-    /// Everything queued has reached the kernel.
-    case drained
+    override func willClose() {
+        onConnection = nil
+        onAcceptError = nil
+    }
 }
 
 /// One TCP connection. Writes try `uv_try_write` first and copy only what the kernel did not take into a
 /// `uv_write` request, so the common case is one syscall and no copy.
-public final class TCPConnection: LoopResource {
-    private var handler: ((TCPEvent) -> Void)?
+public final class TCPConnection: LoopResource, Transport {
+    private var handler: ((TransportEvent) -> Void)?
     private var connectCompletion: ((Result<TCPConnection, UVError>) -> Void)?
     /// Bytes handed to `uv_write` whose callbacks have not run yet.
     public var queuedBytes: Int { writeQueueBytes }
@@ -91,7 +98,12 @@ public final class TCPConnection: LoopResource {
     /// accessing it; a server reads it for every event it fans out, where a dynamic check is measurable.
     /// (Private, so other modules reach it through the getter above and this attribute holds.)
     @exclusivity(unchecked) private var writeQueueBytes = 0
+    /// Set by ``closeAfterWrites()``: input is discarded from then on, and the handle closes once the
+    /// peer has finished and the shutdown (which waits for queued writes) is done.
     private var shutdownRequested = false
+    private var shutdownDone = false
+    private var peerFinished = false
+    private var isReading = false
 
     init(loop: EventLoop) throws(UVError) {
         super.init(type: UV_TCP)
@@ -149,8 +161,22 @@ public final class TCPConnection: LoopResource {
     public var isOpen: Bool { !isClosing }
 
     /// Starts delivering events to `handler`.
-    public func start(_ handler: @escaping (TCPEvent) -> Void) {
+    public func start(_ handler: @escaping (TransportEvent) -> Void) {
         self.handler = handler
+        resumeReading()
+    }
+
+    /// Stops delivering data; queued writes continue.
+    public func pauseReading() {
+        guard !isClosing, isReading, !shutdownRequested else { return }
+        isReading = false
+        uv_read_stop(stream)
+    }
+
+    /// Delivers data again after ``pauseReading()``.
+    public func resumeReading() {
+        guard !isClosing, !isReading, !peerFinished else { return }
+        isReading = true
         let rc = uv_read_start(stream, { handle, _, buf in
             guard let handle, let loop = handle.pointee.loop, let owner = loop.pointee.data else { return }
             let eventLoop = Unmanaged<EventLoop>.fromOpaque(owner).takeUnretainedValue()
@@ -158,21 +184,30 @@ public final class TCPConnection: LoopResource {
                                        UInt32(EventLoop.readBufferSize))
         }, { stream, nread, buf in
             guard let connection = LoopResource.owner(UnsafeMutableRawPointer(stream), as: TCPConnection.self) else { return }
-            if nread > 0 {
-                let bytes = [UInt8](UnsafeRawBufferPointer(start: buf!.pointee.base, count: nread))
-                connection.handler?(.data(bytes))
-            } else if nread < 0 {  // nread == 0 is "try again"; the buffer is the loop's, nothing to free
-                connection.stopReading()
-                connection.handler?(.closed(nread == Int(UV_EOF.rawValue) ? nil : UVError(code: Int32(nread), operation: "read")))
-            }
+            connection.didRead(nread, buf!.pointee.base)
         })
-        if rc < 0 { handler(.closed(UVError(code: rc, operation: "uv_read_start"))) }
+        if rc < 0 {
+            isReading = false
+            handler?(.closed(UVError(code: rc, operation: "uv_read_start")))
+        }
     }
 
-    /// Stops reading; queued writes continue.
-    public func stopReading() {
-        guard !isClosing else { return }
-        uv_read_stop(stream)
+    /// A read callback's outcome; `nread == 0` is "try again" (the buffer is the loop's, nothing to free).
+    private func didRead(_ nread: Int, _ base: UnsafeMutablePointer<CChar>?) {
+        if nread < 0 {
+            isReading = false
+            peerFinished = true
+            uv_read_stop(stream)
+        }
+        if shutdownRequested {  // closing gracefully: the peer's input is drained, not delivered
+            if nread < 0, shutdownDone { finishClosing() }
+            return
+        }
+        if nread > 0 {
+            handler?(.data([UInt8](UnsafeRawBufferPointer(start: base, count: nread))))
+        } else if nread < 0 {
+            handler?(.closed(nread == Int(UV_EOF.rawValue) ? nil : UVError(code: Int32(nread), operation: "read")))
+        }
     }
 
     /// Writes all of `bytes` (in order after earlier writes) and empties the array, keeping its capacity.
@@ -232,22 +267,54 @@ public final class TCPConnection: LoopResource {
         writeQueueBytes += count
     }
 
-    /// Closes once queued writes have reached the kernel (a TCP shutdown first), or at once if none are queued.
+    /// Closes gracefully (see ``Transport/closeAfterWrites()``): a TCP shutdown once queued writes have
+    /// reached the kernel, input discarded until the peer's end of stream, then the close.
     public func closeAfterWrites() {
-        guard !isClosing else { return }
-        stopReading()
-        guard writeQueueBytes > 0 else { close(); return }
-        guard !shutdownRequested else { return }
+        guard !isClosing, !shutdownRequested else { return }
         shutdownRequested = true
+        resumeReading()  // a paused connection must still see the peer finish
         let request = UnsafeMutablePointer<uv_shutdown_t>.allocate(capacity: 1)
         request.initialize(to: uv_shutdown_t())
         let rc = uv_shutdown(request, stream) { request, _ in
             guard let request else { return }
             let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
             request.deallocate()
-            connection?.close()
+            guard let connection else { return }
+            connection.shutdownDone = true
+            if connection.peerFinished { connection.finishClosing() }
         }
-        if rc < 0 { request.deallocate(); close() }
+        if rc < 0 {
+            request.deallocate()
+            finishClosing()
+        }
+    }
+
+    /// The graceful close is over: the owner hears `.closed(nil)` once, then the handle goes.
+    private func finishClosing() {
+        guard !isClosing else { return }
+        let handler = self.handler
+        close()
+        handler?(.closed(nil))
+    }
+
+    /// The peer's address as `host:port`; empty if it cannot be read.
+    public var remoteAddress: String {
+        var storage = sockaddr_storage()
+        var length = Int32(MemoryLayout<sockaddr_storage>.size)
+        return withUnsafeMutableBytes(of: &storage) { bytes -> String in
+            let address = bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self)
+            guard !isClosing, uv_tcp_getpeername(raw.assumingMemoryBound(to: uv_tcp_t.self), address, &length) == 0
+            else { return "" }
+            var name = [CChar](repeating: 0, count: 64)
+            if address.pointee.sa_family == sa_family_t(AF_INET6) {
+                let v6 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
+                uv_ip6_name(v6, &name, name.count)
+                return "[\(String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))]:\(UInt16(bigEndian: v6.pointee.sin6_port))"
+            }
+            let v4 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
+            uv_ip4_name(v4, &name, name.count)
+            return "\(String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)):\(UInt16(bigEndian: v4.pointee.sin_port))"
+        }
     }
 
     /// Closes now; queued writes are cancelled.

@@ -9,6 +9,7 @@ import SwitchboardWire
     @Test(arguments: [
         // hex frame,                                     code,              id, closes
         ("00000004 03 00 0000",                          "malformed_frame",  0, true),   // length < 8
+        ("00000004 03 00 0000 00000011",                 "malformed_frame", 17, true),   // length < 8, whole header in
         ("00000008 03 00 0005 00000009",                 "malformed_frame",  9, true),   // chanlen > length - 8
         ("00100000 03 00 0004 00000001",                 "frame_too_large",  0, true),   // 1 MiB > 64 KiB maxFrame
         ("00000008 0f 00 0000 00000003",                 "bad_frame",        3, false),  // unknown type
@@ -47,10 +48,14 @@ import SwitchboardWire
         }
     }
 
-    @Test func duplicateIdKeepsTheFirstRequestGoing() async throws {
+    /// The ERROR answers the id: the first request goes on (its handler finishes), but no REPLY with
+    /// that id follows, so the id gets exactly one answer and is free again.
+    @Test func duplicateIdIsTheOneAnswerAndTheFirstRequestGoesOn() async throws {
+        let finished = AtomicCounter()
         try await withServer(setUp: { server in
             MethodChannel(name: "slow", server: server).setMethodCallHandler { call in
                 try await Task.sleep(for: .milliseconds(200))
+                finished.increment()
                 return call.arguments
             }
         }) { _, port in
@@ -59,9 +64,13 @@ import SwitchboardWire
             try wire.send(.call(5, "slow", "x", "second"))
             let duplicate = try await wire.frame()
             #expect(duplicate.errorCode == "duplicate_id" && duplicate.id == 5)
+            try await Task.sleep(for: .milliseconds(400))
+            #expect(finished.value == 1)
+            #expect(try await wire.barrier().isEmpty)  // no REPLY for id 5 after its ERROR
+            try wire.send(.call(5, "switchboard/echo", "echo", "again"))  // the id is free again
             let reply = try await wire.frame()
             #expect(reply.kind == .reply && reply.id == 5)
-            #expect(try reply.envelope() == .success("first"))
+            #expect(try reply.envelope() == .success("again"))
         }
     }
 

@@ -39,8 +39,8 @@ binary_session "ticker stream: reply, 2 events, end" "$(frame 3 0 11 switchboard
     "$(frame 4 0 11 "" 0000)$(frame 3 0 0 switchboard/ticker 000300000000)$(frame 3 0 0 switchboard/ticker 000301000000)$(frame 3 1 0 switchboard/ticker)" 0.5
 binary_session "bad frame keeps the connection" "$(frame 15 0 12 "")$(frame 5 0 13 "")" \
     "$(json_error bad_frame 'unknown frame type 15' 12)$(frame 6 0 13 "")"
-binary_session "malformed frame closes" "00000004 03 00 0000 $(frame 5 0 14 "")" \
-    "$(json_error malformed_frame 'length 4 is less than 8' 0)"
+binary_session "malformed frame closes, with the id its header carries" "00000004 03 00 0000 0000000e" \
+    "$(json_error malformed_frame 'length 4 is less than 8' 14)"
 binary_session "frame too large closes before the body" "7fffffff" \
     "$(json_error frame_too_large "frame of 2147483647 bytes exceeds the server's maxFrame" 0)"
 finish

@@ -71,8 +71,8 @@ text_session "bad lines" "{\"id\":29,\"ping\":true}\nnot json\n[1,2]\n{\"id\":30
 
 stop_server
 start_server --token s3cret
-text_session "token required" '{"id":1,"call":"switchboard/echo","method":"echo"}\n' \
-'{"error":{"code":"unauthorized","message":"a valid token is required"}}'
+text_session "token required (the refused request's id is echoed)" '{"id":1,"call":"switchboard/echo","method":"echo"}\n' \
+'{"id":1,"error":{"code":"unauthorized","message":"a valid token is required"}}'
 text_session "wrong token" '{"hello":{"token":"nope"}}\n{"id":2,"ping":true}\n' \
 '{"error":{"code":"unauthorized","message":"a valid token is required"}}'
 text_session "right token" '{"hello":{"version":1,"token":"s3cret"}}\n{"id":3,"call":"switchboard/echo","method":"echo","args":1}\n' \

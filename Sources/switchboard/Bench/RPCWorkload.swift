@@ -140,7 +140,7 @@ final class RPCWorkload {
         client.inFlight += 1
     }
 
-    private func handle(_ event: TCPEvent, _ client: Client, onReady: () -> Void) {
+    private func handle(_ event: TransportEvent, _ client: Client, onReady: () -> Void) {
         guard case .data(let bytes) = event else {
             if clock.phase != .done { abortBench("the server closed a connection") }
             return

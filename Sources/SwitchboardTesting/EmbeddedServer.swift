@@ -1,0 +1,70 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import SwitchboardServer
+import SwitchboardTransport
+
+/// A real server whose loop the test drives, with connections over ``InMemoryTransport``s: no
+/// sockets, no threads, the same bytes in the same order every run. Use it from one thread.
+///
+/// ```swift
+/// let embedded = try EmbeddedServer()
+/// let peer = embedded.connect()
+/// peer.send(Frame(.ping, id: 7, payload: nil))
+/// embedded.run()
+/// let pong = try peer.frames()  // [Frame(.pong, id: 7, payload: nil)]
+/// ```
+public final class EmbeddedServer {
+    /// The server; attach channels to it as usual.
+    public let server: Server
+    private var transports: [InMemoryTransport] = []
+    private var isFinished = false
+
+    /// Makes a server (with the demo channels unless `demoChannels` is false) driven by ``run(turns:)``.
+    public init(configuration: ServerConfiguration = ServerConfiguration(), demoChannels: Bool = true) throws {
+        server = try Server(configuration: configuration)
+        if demoChannels { server.installDemoChannels() }
+        try server.startDriven()
+        server.runOnce()  // the channels are set
+    }
+
+    deinit { finish() }
+
+    /// A new connection; the test is its peer.
+    public func connect(name: String = "memory") -> InMemoryTransport {
+        let transport = InMemoryTransport(name: name)
+        transports.append(transport)
+        server.accept(transport)
+        return transport
+    }
+
+    /// Runs loop turns: input that waited for resumed reading is delivered, jobs from other threads
+    /// run, and every connection's output is flushed to its transport.
+    public func run(turns: Int = 2) {
+        for _ in 0..<turns {
+            transports.removeAll { $0.isClosed }
+            for transport in transports { transport.deliverWaitingInput() }
+            server.runOnce()
+        }
+    }
+
+    /// Runs turns until `condition` holds (true) or `timeoutMs` passes (false): for answers that come
+    /// from other threads, such as async handlers.
+    public func run(until condition: () -> Bool, timeoutMs: UInt64 = 5000) -> Bool {
+        let deadline = EventLoop.nanoseconds() + timeoutMs * 1_000_000
+        while !condition() {
+            guard EventLoop.nanoseconds() < deadline else { return false }
+            run(turns: 1)
+            usleep(100)  // the answer comes from another thread: don't spin
+        }
+        return true
+    }
+
+    /// Closes every connection and the loop. Also done when the value goes away.
+    public func finish() {
+        guard !isFinished else { return }
+        isFinished = true
+        server.finishDriven()
+        transports = []
+    }
+}

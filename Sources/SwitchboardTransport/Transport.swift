@@ -1,0 +1,37 @@
+/// What a transport reports to the connection above it.
+public enum TransportEvent {
+    /// Bytes arrived (a fresh array; the owner may keep it).
+    case data([UInt8])
+    /// The peer closed its side, or the connection failed.
+    case closed(UVError?)
+    /// Everything queued has been handed on (to the kernel, or to the layer below).
+    case drained
+}
+
+/// The seam between a server or client connection and the bytes it travels on: TCP today, an
+/// in-memory pipe in tests and fuzzers, TLS and WebSocket layered on top of either later.
+///
+/// Loop thread only, like the connection that owns it. Every event is delivered on the loop thread,
+/// never from inside a call the owner makes, except `.closed` from a `write` that fails at once.
+public protocol Transport: AnyObject {
+    /// Starts delivering events to `handler`.
+    func start(_ handler: @escaping (TransportEvent) -> Void)
+    /// Writes all of `bytes` after earlier writes and empties the array (keeping its capacity when small).
+    func write(_ bytes: inout [UInt8])
+    /// Bytes accepted by ``write(_:)`` that have not been handed on yet.
+    var queuedBytes: Int { get }
+    /// Whether the transport can still be written to.
+    var isOpen: Bool { get }
+    /// Stops delivering `.data` until ``resumeReading()`` (the peer then fills its send buffer and waits).
+    func pauseReading()
+    /// Starts delivering `.data` again.
+    func resumeReading()
+    /// Closes gracefully: queued bytes go out, the sending side is shut, and input is read and discarded
+    /// until the peer closes too (so the kernel never answers with a reset that could destroy a final
+    /// error frame), or until ``closeNow()``. Then one `.closed(nil)` is delivered.
+    func closeAfterWrites()
+    /// Closes at once; queued bytes are dropped.
+    func closeNow()
+    /// The peer's address, such as `127.0.0.1:50312`; empty when it has none.
+    var remoteAddress: String { get }
+}

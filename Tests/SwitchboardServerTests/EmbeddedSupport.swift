@@ -1,0 +1,43 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+import SwitchboardTransport
+import SwitchboardCodec
+import SwitchboardTesting
+import SwitchboardWire
+
+/// A count shared with handlers on other threads.
+final class AtomicCounter: Sendable {
+    private let count = Atomic<Int>(0)
+    func increment() { count.add(1, ordering: .relaxed) }
+    var value: Int { count.load(ordering: .relaxed) }
+}
+
+/// A value handed from a handler to the test.
+final class Handoff<Value: Sendable>: Sendable {
+    private let box = Mutex<Value?>(nil)
+    func put(_ value: Value) { box.withLock { $0 = value } }
+    var value: Value? { box.withLock { $0 } }
+}
+
+extension InMemoryTransport {
+    /// The `switchboard/stats` map, asked on this connection with `id`.
+    func stats(on server: EmbeddedServer, id: UInt32 = 0x5747) throws -> ChannelValue {
+        send(try .call(id, "switchboard/stats", "get"))
+        server.run()
+        guard let reply = try frames().last(where: { $0.id == id }) else { throw TestFailure("no stats reply") }
+        return try reply.envelope().get()
+    }
+}
+
+/// Runs `body` on a thread of its own and waits for it: an embedded server's loop belongs to the
+/// (synchronous) test's thread, and an async test may hop threads, so producer threads are real ones.
+func onAnotherThread(_ body: @escaping @Sendable () -> Void) {
+    let done = AtomicCounter()
+    startThread {
+        body()
+        done.increment()
+    }
+    while done.value == 0 { usleep(200) }
+}
