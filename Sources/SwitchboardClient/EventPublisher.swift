@@ -3,6 +3,9 @@ import Combine
 #else
 import OpenCombine
 #endif
+#if canImport(Glibc)
+import Glibc
+#endif
 import Synchronization
 import SwitchboardCodec
 import SwitchboardTransport
@@ -35,7 +38,8 @@ public struct EventPublisher: Publisher, Sendable {
 private final class EventSubscription: Subscription, @unchecked Sendable {
     // @unchecked: `state` is only touched on the client's loop thread (every entry point hops there
     // through `onLoop`), and `subscriber` is only called from there, with one exception: once the loop
-    // has stopped (nothing runs there any more), the first caller to win `failedAfterStop` fails it.
+    // has finished (its tear-down done, so nothing runs there any more), the first caller to win
+    // `failedAfterStop` fails it.
     private let core: LoopBound<ClientCore>
     private let channel: EventChannel
     private let arguments: ChannelValue
@@ -63,8 +67,11 @@ private final class EventSubscription: Subscription, @unchecked Sendable {
 
     func request(_ newDemand: Subscribers.Demand) {
         guard !onLoop({ $0.add(newDemand) }) else { return }
-        // The client is closed: nothing will ever come. Fail the subscriber once, here.
-        guard !failedAfterStop.exchange(true, ordering: .acquiringAndReleasing), let subscriber else { return }
+        // The client is closed: nothing will ever come. Fail the subscriber once, here, after the loop's
+        // tear-down (which still runs jobs accepted earlier, possibly for this subscription) is over.
+        guard !failedAfterStop.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        while core.loop.isRunning, !core.loop.isInLoopThread { sched_yield() }
+        guard let subscriber else { return }
         self.subscriber = nil
         subscriber.receive(completion: .failure(ClientError.closed))
     }

@@ -101,12 +101,9 @@ final class Connection {
     var isText: Bool { mode == .text }
 
     /// Input waits while the output it would make has nowhere to go: the connection is at or over its
-    /// outbound limit (replies are never dropped, so reading on would buffer without bound), or it has
-    /// as many open requests as it may. The peer's kernel buffers then fill and it waits: TCP's own
-    /// backpressure, as Redis and NATS use it.
-    private var mustPauseInput: Bool {
-        pendingBytes >= core.config.outboundLimit || openRequestCount >= core.config.maxOpenRequests
-    }
+    /// outbound limit (replies are never dropped, so reading on would buffer without bound). The peer's
+    /// kernel buffers then fill and it waits: TCP's own backpressure, as Redis and NATS use it.
+    private var mustPauseInput: Bool { pendingBytes >= core.config.outboundLimit }
     // MARK: Input
 
     func handle(_ event: TransportEvent) {
@@ -358,19 +355,19 @@ final class Connection {
         afterAnswer(request)
     }
 
-    /// The shutdown drain, a half-closed peer or paused input may have waited for this answer.
+    /// The shutdown drain or a half-closed peer may have waited for this answer.
     private func afterAnswer(_ request: PendingRequest) {
         guard request.isRegistered else { return }
         core.requestFinished()
         closeIfPeerIsDone()
-        resumeInputIfPossible()
     }
 
-    /// The peer half-closed and its open requests outlived the drain timeout: their handlers are told
-    /// (as by a CANCEL), and the connection closes.
+    /// The peer half-closed and its open requests outlived the drain timeout: the connection closes and
+    /// their handlers are told (as by a CANCEL); whatever they answer now goes nowhere.
     func abandonOpenRequests() {
-        for request in Array(binaryRequests.values) + Array(textRequests.values) { request.cancelHandler?() }
-        close(.peerGone)
+        let cancelHooks = (Array(binaryRequests.values) + Array(textRequests.values)).compactMap(\.cancelHandler)
+        closeAfterFlush(.peerGone)
+        for hook in cancelHooks { hook() }
     }
 
     private func closeIfPeerIsDone() {
@@ -616,6 +613,7 @@ final class Connection {
         core.stats.repliesPending -= openRequestCount
         binaryRequests = [:]
         textRequests = [:]
+        core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")
     }
 }

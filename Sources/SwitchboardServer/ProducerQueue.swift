@@ -7,12 +7,17 @@ import SwitchboardCodec
 ///
 /// A producer thread never blocks and never grows memory without bound: past `limit` waiting events
 /// the channel's policy decides which event goes (the oldest, the new one, or all but the newest), and
-/// the loop adds each drop to stats as `eventsDropped.producerQueueFull`.
+/// the loop adds each drop to stats as `eventsDropped.producerQueueFull`. An end of stream is never
+/// dropped; nothing after it is kept (the stream is over).
 final class ProducerQueue: Sendable {
     private struct State: ~Copyable {
+        /// Waiting events are `events[head...]`: dropping the oldest moves `head` instead of shifting.
         var events: [EventContent] = []
+        var head = 0
         var dropped = 0
         var hopScheduled = false
+        var hasEnd = false
+        var count: Int { events.count - head }
     }
 
     private let state = Mutex(State())
@@ -27,17 +32,25 @@ final class ProducerQueue: Sendable {
     /// Adds `content`; true when the caller must schedule the hop that will ``take()`` it.
     func add(_ content: EventContent) -> Bool {
         state.withLock { s in
-            if s.events.count >= limit {
+            guard !s.hasEnd else { return false }  // after the end, as on the loop, events go nowhere
+            if case .end = content {
+                s.hasEnd = true
+            } else if s.count >= limit {
                 switch overflow {
                 case .dropNewest:
                     s.dropped += 1
                     return false
                 case .dropOldest:
-                    s.events.removeFirst()
+                    s.head += 1
                     s.dropped += 1
+                    if s.head * 2 > s.events.count {
+                        s.events.removeFirst(s.head)
+                        s.head = 0
+                    }
                 case .keepLatest:
-                    s.dropped += s.events.count
+                    s.dropped += s.count
                     s.events.removeAll(keepingCapacity: true)
+                    s.head = 0
                 }
             }
             s.events.append(content)
@@ -47,14 +60,15 @@ final class ProducerQueue: Sendable {
     }
 
     /// On the loop: everything waiting, and how many events were dropped since the last take.
-    func take() -> (events: [EventContent], dropped: Int) {
+    func take() -> (events: ArraySlice<EventContent>, dropped: Int) {
         state.withLock { s in
             defer {
                 s.events = []
+                s.head = 0
                 s.dropped = 0
                 s.hopScheduled = false
             }
-            return (s.events, s.dropped)
+            return (s.events[s.head...], s.dropped)
         }
     }
 }

@@ -91,8 +91,8 @@ public final class Server: Sendable {
     /// Stops a server driven by ``runOnce()`` at once: closes every connection and the loop.
     public func finishDriven() {
         let core = self.core.value
+        core.eventLoop.finishDriving()  // first: jobs still queued run, and may set channels
         core.releaseAll()
-        core.eventLoop.finishDriving()
         markStopped()
     }
 

@@ -22,9 +22,6 @@ public struct ServerConfiguration: Sendable {
     /// may have in flight to the loop per channel (``EventChannel/broadcast(_:)``) or per listener
     /// (``EventSink``).
     public var eventQueueLimit = 1024
-    /// Requests one connection may have open (sent, not yet answered) before the server stops reading
-    /// from it until some are answered.
-    public var maxOpenRequests = 4096
 
     /// The defaults of wire-v1.
     public init() {}

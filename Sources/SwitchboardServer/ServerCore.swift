@@ -382,7 +382,7 @@ final class ServerCore {
     /// After the loop has stopped: drops every table, so that handlers which capture the server (and
     /// so this core) no longer keep it alive, and neither do connections, streams or timers.
     func releaseAll() {
-        for connection in Array(connections.values) { connection.close(.shutdown) }
+        for connection in Array(connections.values) + closingConnections { connection.close(.shutdown) }
         connections = [:]
         closingConnections = []
         dirty = []

@@ -29,6 +29,11 @@ public final class InMemoryTransport: Transport {
     public private(set) var isClosingGracefully = false
     /// Whether the transport is closed for good.
     public private(set) var isClosed = false
+    /// The peer has closed its sending side.
+    public private(set) var peerHasClosed = false
+    /// A graceful close whose peer had already closed: it completes on the next delivery turn, not
+    /// inside the owner's call.
+    private var finishIsDue = false
     /// A name for the peer, as `remoteAddress`.
     public let remoteAddress: String
 
@@ -47,9 +52,14 @@ public final class InMemoryTransport: Transport {
         }
     }
 
-    /// Delivers input that waited while reading was paused; true if any was delivered.
+    /// Delivers input that waited while reading was paused, and completes a graceful close whose peer
+    /// had already closed; true if anything was delivered.
     @discardableResult
     public func deliverWaitingInput() -> Bool {
+        if finishIsDue {
+            finish()
+            return true
+        }
         var delivered = false
         while !isClosed, !isReadingPaused, handler != nil, !waitingInput.isEmpty {
             handler?(.data(waitingInput.removeFirst()))
@@ -97,7 +107,8 @@ public final class InMemoryTransport: Transport {
 
     /// The peer closes its sending side (end of stream), or the connection fails with `error`.
     public func peerCloses(error: UVError? = nil) {
-        guard !isClosed else { return }
+        guard !isClosed, !peerHasClosed else { return }
+        peerHasClosed = true
         if isClosingGracefully { return finish() }
         handler?(.closed(error))
     }
@@ -112,7 +123,7 @@ public final class InMemoryTransport: Transport {
     }
 
     public var queuedBytes: Int { peerWindow == .max ? 0 : max(0, unread.count - peerWindow) }
-    public var isOpen: Bool { !isClosed && !isClosingGracefully }
+    public var isOpen: Bool { !isClosed }
     public func pauseReading() { isReadingPaused = true }
     public func resumeReading() { isReadingPaused = false }
 
@@ -121,6 +132,7 @@ public final class InMemoryTransport: Transport {
         guard !isClosed else { return }
         isClosingGracefully = true
         waitingInput = []
+        finishIsDue = peerHasClosed
     }
 
     public func closeNow() {

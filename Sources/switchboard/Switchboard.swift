@@ -28,8 +28,6 @@ struct Serve: ParsableCommand {
     @Option(help: "Largest frame or text line in bytes (at most 1 GiB).") var maxFrame: UInt32 = 16 << 20
     @Option(help: "Bytes queued per connection before events wait, reading pauses and the slow-consumer clock starts.")
     var outboundLimit = 8 << 20
-    @Option(help: "Requests one connection may have open before the server stops reading from it.")
-    var maxOpenRequests = 4096
     @Option(help: "Milliseconds a connection may stay over the outbound limit before it is closed.")
     var slowConsumerGrace: UInt64 = 5000
     @Option(help: "Heartbeat interval in milliseconds (0 = none).") var heartbeat: UInt64 = 0
@@ -42,7 +40,6 @@ struct Serve: ParsableCommand {
         guard maxFrame >= 16, maxFrame <= 1 << 30 else { throw ValidationError("--max-frame must be 16 … 1073741824") }
         guard (0...65535).contains(port) else { throw ValidationError("--port must be 0 … 65535") }
         guard outboundLimit > 0 else { throw ValidationError("--outbound-limit must be positive") }
-        guard maxOpenRequests > 0 else { throw ValidationError("--max-open-requests must be positive") }
     }
 
     func run() throws {
@@ -58,7 +55,6 @@ struct Serve: ParsableCommand {
         config.port = port
         config.maxFrame = maxFrame
         config.outboundLimit = outboundLimit
-        config.maxOpenRequests = maxOpenRequests
         config.slowConsumerGraceMs = slowConsumerGrace
         config.heartbeatMs = heartbeat
         config.token = token ?? environment("SWITCHBOARD_TOKEN")
