@@ -153,6 +153,8 @@ final class ClientCore {
         if isClosing {
             for listener in streams.values { listener.end(nil) }
             streams = [:]
+            handlers = [:]  // they may capture the client (a producer's sink does): let it go
+            registrations = [:]
             setState(.closed)
             if stopsLoop { loop.stop() }
             return

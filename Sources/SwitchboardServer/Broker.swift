@@ -77,15 +77,9 @@ final class Registration {
 struct BrokerListeners: StreamHandler {
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? { nil }
     func onCancel(arguments: ChannelValue, sink: EventSink) {
-        sink.connection.core.listenerLeft(sink.channelName, arguments: arguments)
+        guard let stream = sink.liveStream else { return }  // live: the stream is ending as this runs
+        stream.connection.core.listenerLeft(stream.entry.name, arguments: arguments)
     }
-}
-
-extension EventSink {
-    /// Loop thread only: the connection of this sink's listener.
-    var connection: Connection { stream.value.connection }
-    /// The sink's channel.
-    var channelName: String { stream.value.entry.name }
 }
 
 extension ServerCore {

@@ -229,14 +229,21 @@ public struct StreamHandlerClosures: StreamHandler {
 ///
 /// From another thread, events wait for one coalesced hop onto the loop in a queue bounded by the
 /// channel's queue length under its overflow policy (drops counted as `producerQueueFull`).
+///
+/// A handler may keep its sinks as long as it likes: a sink refers to its stream weakly, so a kept sink
+/// never keeps a finished stream (and through it the connection and the server) alive.
 public final class EventSink: Sendable {
-    let stream: LoopBound<EventStream>
+    struct Target {
+        weak var stream: EventStream?
+        let eventLoop: EventLoop
+    }
+    let target: LoopBound<Target>
     /// The listening client.
     public let client: ClientID
     private let producerQueue: ProducerQueue
 
     init(stream: EventStream, loop: LoopHandle, client: ClientID) {
-        self.stream = LoopBound(stream, loop: loop)
+        target = LoopBound(Target(stream: stream, eventLoop: stream.connection.core.eventLoop), loop: loop)
         self.client = client
         producerQueue = ProducerQueue(limit: stream.entry.queueLimit, overflow: stream.entry.overflow)
     }
@@ -249,39 +256,42 @@ public final class EventSink: Sendable {
     public func endOfStream() { send(.end) }
 
     private func send(_ content: EventContent) {
-        if stream.loop.isInLoopThread { return stream.value.emit(content) }
+        if target.loop.isInLoopThread { target.value.stream?.emit(content); return }
         guard producerQueue.add(content) else { return }
-        let stream = self.stream, queue = producerQueue
-        stream.loop.execute {
+        let target = self.target, queue = producerQueue
+        target.loop.execute {
             let (events, dropped) = queue.take()
-            let owned = stream.value
-            owned.connection.core.countDrop("producerQueueFull", count: dropped)
-            for event in events { owned.emit(event) }
+            guard let stream = target.value.stream else { return }  // ended meanwhile: nowhere to go
+            stream.connection.core.countDrop("producerQueueFull", count: dropped)
+            for event in events { stream.emit(event) }
         }
     }
 
-    /// The stream, for the loop-thread-only properties below: checked in every build, since a foreign
-    /// thread here would race the loop.
-    private var loopStream: EventStream {
-        precondition(stream.loop.isInLoopThread || !stream.loop.isRunning, "EventSink: this property is for the loop thread")
-        return stream.value
+    /// The stream while it lasts, for the loop-thread-only properties below: checked in every build,
+    /// since a foreign thread here would race the loop.
+    var liveStream: EventStream? {
+        precondition(target.loop.isInLoopThread || !target.loop.isRunning, "EventSink: this property is for the loop thread")
+        return target.value.stream
     }
 
     /// Loop thread only: whether an event sent now goes straight out (the stream is live, has credit,
     /// nothing waits before it, and the connection is under its outbound limit).
-    public var isReady: Bool { loopStream.isReady }
+    public var isReady: Bool { liveStream?.isReady ?? false }
 
     /// Loop thread only: the listener's outstanding credit; nil when the stream is in push mode.
-    public var outstandingCredit: UInt32? { loopStream.outstandingCredit }
+    public var outstandingCredit: UInt32? { liveStream?.outstandingCredit }
 
     /// Loop thread only: whether the stream is still live.
-    public var isActive: Bool { loopStream.isActive }
+    public var isActive: Bool { liveStream?.isActive ?? false }
 
     /// Loop thread only: runs `body` once, the next time the sink becomes ready (see ``isReady``).
-    public func onReady(_ body: @escaping () -> Void) { loopStream.readyCallback = body }
+    public func onReady(_ body: @escaping () -> Void) { liveStream?.readyCallback = body }
 
     /// Loop thread only: the loop this sink's stream lives on, for producers that need timers.
-    public var eventLoop: EventLoop { loopStream.connection.core.eventLoop }
+    public var eventLoop: EventLoop {
+        precondition(target.loop.isInLoopThread || !target.loop.isRunning, "EventSink: this property is for the loop thread")
+        return target.value.eventLoop
+    }
 }
 
 /// A named channel of messages: Flutter's `BasicMessageChannel`.

@@ -556,7 +556,6 @@ final class Connection {
         stream.entry.listeners.remove(stream)
         stream.stop(dropReason: "cancelled")
         if notifyHandler { stream.entry.handler.onCancel(arguments: arguments ?? stream.arguments, sink: stream.sink) }
-        stream.sink = nil  // the sink holds the stream: break the cycle now that the stream is over
         closeIfPeerIsDone()
     }
 

@@ -86,3 +86,18 @@ final class Tally: Sendable {
     func add() { count.add(1, ordering: .relaxed) }
     var value: Int { count.load(ordering: .relaxed) }
 }
+
+/// A client that held an event channel is freed once closed, although its producer's sink refers to it.
+@Test func aClosedClientThatHeldAnEventChannelIsFreed() async throws {
+    let server = try startServer()
+    weak var weakClient: Client?
+    do {
+        let client = try await connect(server)
+        weakClient = client
+        try await EventChannel(name: "held/events", client: client).setStreamHandler(Counter(count: 1))
+        await client.close()
+    }
+    for _ in 0..<200 where weakClient != nil { try await Task.sleep(for: .milliseconds(5)) }
+    #expect(weakClient == nil)
+    await stop(server)
+}

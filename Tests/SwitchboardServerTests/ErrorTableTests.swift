@@ -64,7 +64,7 @@ import SwitchboardWire
             try wire.send(.call(5, "slow", "x", "second"))
             let duplicate = try await wire.frame()
             #expect(duplicate.errorCode == "duplicate_id" && duplicate.id == 5)
-            try await Task.sleep(for: .milliseconds(400))
+            for _ in 0..<500 where finished.value == 0 { try await Task.sleep(for: .milliseconds(10)) }
             #expect(finished.value == 1)
             #expect(try await wire.barrier().isEmpty)  // no REPLY for id 5 after its ERROR
             try wire.send(.call(5, "switchboard/echo", "echo", "again"))  // the id is free again

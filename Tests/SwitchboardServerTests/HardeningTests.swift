@@ -138,6 +138,27 @@ import SwitchboardWire
         #expect(loop == nil)
     }
 
+    /// A handler that keeps its sinks does not keep the server alive once it has stopped: a sink refers
+    /// to its stream weakly.
+    @Test func keptSinksDoNotKeepAStoppedServerAlive() throws {
+        weak var core: ServerCore?
+        do {
+            let embedded = try EmbeddedServer()
+            let kept = Handoff<EventSink>()
+            EventChannel(name: "kept", server: embedded.server)
+                .setStreamHandler(StreamHandlerClosures(onListen: { _, sink in kept.put(sink); return nil }))
+            embedded.run()
+            let listener = embedded.connect()
+            listener.send(try .call(1, "kept", "listen"))
+            embedded.run()
+            #expect(kept.value?.isActive == true)
+            core = embedded.server.core.value
+            embedded.finish()
+            #expect(kept.value?.isActive == false)
+        }
+        #expect(core == nil)
+    }
+
     /// Once a loop has finished, no thread is its thread, although thread ids get reused.
     @Test func aFinishedLoopHasNoThread() async throws {
         let eventLoop = try EventLoop()
