@@ -70,6 +70,9 @@ final class ServerCore {
     private var kick: Timer?
     /// The last accept error logged, so a storm of them logs once a second, not once per attempt.
     private var lastAcceptErrorLog: UInt64 = 0
+    /// Output bytes that closed connections held, since free memory was last given back to the kernel.
+    private var releasedSinceTrim = 0
+    private var lastTrim: UInt64 = 0
     private var shutdownTimer: Timer?
     private var signalWatchers: [SignalWatcher] = []
     private let startedAt: UInt64
@@ -134,6 +137,7 @@ final class ServerCore {
     func connectionClosed(_ connection: Connection, reason: CloseReason) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
         tallies.closes[reason.rawValue, default: 0] += 1
+        releasedSinceTrim += connection.pendingBytes + connection.waitingEventBytes
         if reason == .slowConsumer { stats.slowConsumersClosed += 1 }
         if !connection.transport.isOpen { return }
         closingConnections.append(connection)
@@ -312,6 +316,13 @@ final class ServerCore {
                 connection.lastPing = now
                 connection.writeFrame(.ping, payload: nil)
             }
+        }
+        // Many connections closing with full buffers (slow consumers) free a lot at once, scattered
+        // through the loop thread's malloc arena: give it back, at most once a second.
+        if releasedSinceTrim >= 16 << 20, now - lastTrim >= 1000 {
+            MallocTuning.releaseFreeMemory()
+            releasedSinceTrim = 0
+            lastTrim = now
         }
         closingConnections.removeAll { connection in
             guard connection.transport.isOpen else { return true }

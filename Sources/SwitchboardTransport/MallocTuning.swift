@@ -13,4 +13,14 @@ public enum MallocTuning {
         _ = mallopt(M_TRIM_THRESHOLD, 128 << 20)
         #endif
     }
+
+    /// Gives free memory back to the kernel from every malloc arena (glibc's `malloc_trim`). A server
+    /// calls it after freeing a lot at once (such as many slow consumers' buffers): freed blocks scattered
+    /// through a thread's arena are otherwise kept for good. Costs a walk of the free lists; a no-op
+    /// where the C library is not glibc.
+    public static func releaseFreeMemory() {
+        #if os(Linux) && canImport(Glibc)
+        _ = malloc_trim(0)
+        #endif
+    }
 }
