@@ -50,4 +50,16 @@ import SwitchboardWire
         server.shutdown()
         await server.waitUntilStopped()
     }
+
+    /// The README's "Testing" snippet, as written there.
+    @Test func embeddedServerExample() throws {
+        let embedded = try EmbeddedServer()          // the demo channels, served over in-memory transports
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/echo", "echo", "hi"))
+        embedded.run()
+        let reply = try peer.frames()[0]             // REPLY id 1, a success envelope holding "hi"
+        peer.peerWindow = 0                          // a peer that stops reading: the server holds back
+        #expect(reply.kind == .reply && reply.id == 1)
+        #expect(try reply.envelope() == .success("hi"))
+    }
 }
