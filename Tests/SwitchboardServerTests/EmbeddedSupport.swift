@@ -2,8 +2,10 @@
 import Glibc
 #endif
 import Synchronization
+import Testing
 import SwitchboardTransport
 import SwitchboardCodec
+import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
@@ -40,4 +42,20 @@ func onAnotherThread(_ body: @escaping @Sendable () -> Void) {
         done.increment()
     }
     while done.value == 0 { usleep(200) }
+}
+
+extension EmbeddedServer {
+    /// A listener on a new event channel "own" whose handler hands out its sink: the listener's
+    /// connection (its listen reply read) and the sink.
+    func listenToOwnSink(overflow: OverflowPolicy, queueLimit: Int) throws -> (InMemoryTransport, EventSink) {
+        let sinks = Handoff<EventSink>()
+        EventChannel(name: "own", overflow: overflow, queueLimit: queueLimit, server: server)
+            .setStreamHandler(StreamHandlerClosures(onListen: { _, sink in sinks.put(sink); return nil }))
+        run()
+        let listener = connect()
+        listener.send(try .call(1, "own", "listen"))
+        run()
+        _ = try listener.frames()
+        return (listener, try #require(sinks.value))
+    }
 }

@@ -65,15 +65,7 @@ import SwitchboardWire
     /// The same bound applies to one listener's sink used from another thread.
     @Test func sinkEventsFromAnotherThreadAreBoundedAndCounted() throws {
         let embedded = try EmbeddedServer()
-        let sinks = Handoff<EventSink>()
-        EventChannel(name: "own", overflow: .dropNewest, queueLimit: 4, server: embedded.server)
-            .setStreamHandler(StreamHandlerClosures(onListen: { _, sink in sinks.put(sink); return nil }))
-        embedded.run()
-        let listener = embedded.connect()
-        listener.send(try .call(1, "own", "listen"))
-        embedded.run()
-        _ = try listener.frames()
-        let sink = try #require(sinks.value)
+        let (listener, sink) = try embedded.listenToOwnSink(overflow: .dropNewest, queueLimit: 4)
         onAnotherThread { for n in 0..<100 { sink.success(.int(n)) } }
         embedded.run()
         #expect(try listener.frames().map { try $0.envelope().get() } == [0, 1, 2, 3])
@@ -380,15 +372,7 @@ import SwitchboardWire
     /// stream then never ends.
     @Test func endOfStreamFromAnotherThreadIsNeverDropped() throws {
         let embedded = try EmbeddedServer()
-        let sinks = Handoff<EventSink>()
-        EventChannel(name: "own", overflow: .dropNewest, queueLimit: 4, server: embedded.server)
-            .setStreamHandler(StreamHandlerClosures(onListen: { _, sink in sinks.put(sink); return nil }))
-        embedded.run()
-        let listener = embedded.connect()
-        listener.send(try .call(1, "own", "listen"))
-        embedded.run()
-        _ = try listener.frames()
-        let sink = try #require(sinks.value)
+        let (listener, sink) = try embedded.listenToOwnSink(overflow: .dropNewest, queueLimit: 4)
         onAnotherThread {
             for n in 0..<10 { sink.success(.int(n)) }
             sink.endOfStream()
