@@ -12,7 +12,8 @@ public enum TransportEvent {
 /// in-memory pipe in tests and fuzzers, TLS and WebSocket layered on top of either later.
 ///
 /// Loop thread only, like the connection that owns it. Every event is delivered on the loop thread,
-/// never from inside a call the owner makes, except `.closed` from a `write` that fails at once.
+/// never from inside a call the owner makes, except `.closed` when that call fails at once (a write,
+/// resuming reading, or starting a graceful close).
 public protocol Transport: AnyObject {
     /// Starts delivering events to `handler`.
     func start(_ handler: @escaping (TransportEvent) -> Void)
