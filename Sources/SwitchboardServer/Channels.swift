@@ -164,7 +164,8 @@ public final class EventChannel: Sendable {
         self.overflow = overflow
         self.queueLimit = queueLimit
         core = server.core
-        producerQueue = ProducerQueue(limit: queueLimit ?? server.configuration.eventQueueLimit, overflow: overflow)
+        producerQueue = ProducerQueue(limit: queueLimit ?? server.configuration.eventQueueLimit, overflow: overflow,
+                                      loop: server.core.loop)
     }
 
     /// Sets (or removes) the stream handler; its methods run on the loop thread.
@@ -190,9 +191,8 @@ public final class EventChannel: Sendable {
     private func send(_ content: EventContent) {
         let name = self.name, core = self.core
         if core.loop.isInLoopThread { return core.value.broadcast(on: name, content) }
-        guard producerQueue.add(content) else { return }
         let queue = producerQueue
-        core.loop.execute {
+        queue.add(content) {
             let (events, dropped) = queue.take()
             core.value.countDrop("producerQueueFull", count: dropped)
             for event in events { core.value.broadcast(on: name, event) }
@@ -245,7 +245,7 @@ public final class EventSink: Sendable {
     init(stream: EventStream, loop: LoopHandle, client: ClientID) {
         target = LoopBound(Target(stream: stream, eventLoop: stream.connection.core.eventLoop), loop: loop)
         self.client = client
-        producerQueue = ProducerQueue(limit: stream.entry.queueLimit, overflow: stream.entry.overflow)
+        producerQueue = ProducerQueue(limit: stream.entry.queueLimit, overflow: stream.entry.overflow, loop: loop)
     }
 
     /// Sends an event.
@@ -257,11 +257,11 @@ public final class EventSink: Sendable {
 
     private func send(_ content: EventContent) {
         if target.loop.isInLoopThread { target.value.stream?.emit(content); return }
-        guard producerQueue.add(content) else { return }
         let target = self.target, queue = producerQueue
-        target.loop.execute {
+        queue.add(content) {
             let (events, dropped) = queue.take()
-            guard let stream = target.value.stream else { return }  // ended meanwhile: nowhere to go
+            // Ended meanwhile: like events sent after the end, these go nowhere (drops included).
+            guard let stream = target.value.stream else { return }
             stream.connection.core.countDrop("producerQueueFull", count: dropped)
             for event in events { stream.emit(event) }
         }

@@ -7,7 +7,7 @@ import SwitchboardWire
 enum CloseReason: String {
     /// The peer closed (or half-closed and every request it made was answered).
     case peerClosed
-    /// A frame or line that ends the connection (wire-v1 section 2's closing errors, but for HELLO's).
+    /// A frame, line or HELLO that ends the connection (wire-v1 section 2's closing errors).
     case protocolError
     /// A missing or wrong token.
     case unauthorized
@@ -77,6 +77,8 @@ final class Connection {
     private(set) var isInputPaused = false
     /// `processInput` is running: answers given meanwhile must not start it again.
     private var isProcessingInput = false
+    /// How a half-closed connection's close is counted once its requests are answered.
+    private var closeReasonOncePeerIsDone = CloseReason.peerClosed
     var lastInbound: UInt64
     var lastPing: UInt64
 
@@ -100,10 +102,7 @@ final class Connection {
     var openRequestCount: Int { binaryRequests.count + textRequests.count }
     var isText: Bool { mode == .text }
 
-    /// Input waits while the output it would make has nowhere to go: the connection is at or over its
-    /// outbound limit (replies are never dropped, so reading on would buffer without bound). The peer's
-    /// kernel buffers then fill and it waits: TCP's own backpressure, as Redis and NATS use it.
-    private var mustPauseInput: Bool { pendingBytes >= core.config.outboundLimit }
+
     // MARK: Input
 
     func handle(_ event: TransportEvent) {
@@ -133,9 +132,17 @@ final class Connection {
     /// Handles every complete frame or line in `bytes` plus what was buffered before. The buffer and the
     /// decoders are taken out of the connection for the whole batch (they are this function's alone), so
     /// their accesses need no per-frame exclusivity checks.
+    ///
+    /// Input waits while the output it would make has nowhere to go: once the connection is at or over
+    /// its outbound limit (replies are never dropped, so reading on would buffer without bound), the
+    /// rest stays in the buffer and reading pauses. The peer's kernel buffers then fill and it waits:
+    /// TCP's own backpressure, as Redis and NATS use it.
     private func processInput(_ bytes: [UInt8]) {
         isProcessingInput = true
         defer { isProcessingInput = false }
+        // What the transport holds cannot change while input is processed (it changes on writes and
+        // their callbacks, between turns): only `outbound` is checked per frame.
+        let outboundRoom = core.config.outboundLimit - transport.queuedBytes
         var buffer = InboundBuffer()
         swap(&buffer, &inbound)
         buffer.append(bytes)
@@ -146,14 +153,14 @@ final class Connection {
         var count = 0
         if mode == .text {
             var decoder = lineDecoder
-            while !isClosing, !mustPauseInput, let line = decoder.next(from: &buffer) {
+            while !isClosing, outbound.count < outboundRoom, let line = decoder.next(from: &buffer) {
                 count += 1
                 TextMode.handle(line, on: self)
             }
             lineDecoder = decoder
         } else {
             var decoder = frameDecoder
-            while !isClosing, !mustPauseInput, let length = decodeFrame(&decoder, in: buffer) {
+            while !isClosing, outbound.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
                 count += 1
                 buffer.consume(length)  // after the frame's view (and its payload slice) is gone
             }
@@ -161,7 +168,7 @@ final class Connection {
         }
         core.stats.framesIn += count
         inbound = buffer
-        if !isClosing, mustPauseInput, !isInputPaused {
+        if !isClosing, isOverOutboundLimit, !isInputPaused {
             isInputPaused = true
             transport.pauseReading()
         }
@@ -169,8 +176,10 @@ final class Connection {
 
     /// Reads again once the reason for pausing is gone, starting with what was read before the pause.
     private func resumeInputIfPossible() {
-        guard isInputPaused, !isProcessingInput, !isClosing, !mustPauseInput else { return }
+        guard isInputPaused, !isProcessingInput, !isClosing, !isOverOutboundLimit else { return }
         isInputPaused = false
+        lastInbound = core.eventLoop.now  // the silence was the server's doing: no heartbeat verdict on it
+        lastPing = lastInbound
         transport.resumeReading()
         processInput([])
     }
@@ -362,16 +371,20 @@ final class Connection {
         closeIfPeerIsDone()
     }
 
-    /// The peer half-closed and its open requests outlived the drain timeout: the connection closes and
-    /// their handlers are told (as by a CANCEL); whatever they answer now goes nowhere.
+    /// The peer half-closed and its open requests outlived the drain timeout: each is cancelled, oldest
+    /// first, as by a CANCEL (its handler is told, and it is answered, with `cancelled` unless the
+    /// handler answers at once), and the connection closes once they are, counted as `peerGone`.
     func abandonOpenRequests() {
-        let cancelHooks = (Array(binaryRequests.values) + Array(textRequests.values)).compactMap(\.cancelHandler)
-        closeAfterFlush(.peerGone)
-        for hook in cancelHooks { hook() }
+        closeReasonOncePeerIsDone = .peerGone
+        let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
+        for request in open {
+            request.cancelHandler?()
+            request.answer(request.cancelAnswer)
+        }
     }
 
     private func closeIfPeerIsDone() {
-        if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(.peerClosed) }
+        if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(closeReasonOncePeerIsDone) }
     }
 
     /// Writes a REPLY with a success envelope, encoded in place in the outbound buffer.

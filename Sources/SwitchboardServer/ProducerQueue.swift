@@ -1,5 +1,6 @@
 import Synchronization
 import SwitchboardCodec
+import SwitchboardTransport
 
 /// Events posted from threads other than the loop's, waiting for their hop onto it: one channel's
 /// broadcasts, or one listener's sink. Bounded, under the channel's overflow policy, with every drop
@@ -9,29 +10,36 @@ import SwitchboardCodec
 /// the channel's policy decides which event goes (the oldest, the new one, or all but the newest), and
 /// the loop adds each drop to stats as `eventsDropped.producerQueueFull`. An end of stream is never
 /// dropped; nothing after it is kept (the stream is over).
+///
+/// Order: an event joins the batch of the hop already queued only while no other job has been queued
+/// since that hop; otherwise it starts a batch with a hop of its own. So from one thread, events keep
+/// their place among its other loop-bound calls (answers, other channels), not just among themselves.
 final class ProducerQueue: Sendable {
     private struct State: ~Copyable {
-        /// Waiting events are `events[head...]`: dropping the oldest moves `head` instead of shifting.
-        var events: [EventContent] = []
-        var head = 0
+        /// Waiting events in batches, oldest first; each batch is taken by one hop.
+        var batches: [[EventContent]] = []
+        var count = 0
+        /// The job number of the last batch's hop, while events may still join that batch.
+        var openHop: UInt64?
         var dropped = 0
-        var hopScheduled = false
         var hasEnd = false
-        var count: Int { events.count - head }
     }
 
     private let state = Mutex(State())
     private let limit: Int
     private let overflow: OverflowPolicy
+    private let loop: LoopHandle
 
-    init(limit: Int, overflow: OverflowPolicy) {
+    init(limit: Int, overflow: OverflowPolicy, loop: LoopHandle) {
         self.limit = max(1, limit)
         self.overflow = overflow
+        self.loop = loop
     }
 
-    /// Adds `content`; true when the caller must schedule the hop that will ``take()`` it.
-    func add(_ content: EventContent) -> Bool {
-        state.withLock { s in
+    /// Adds `content` and makes sure a hop will deliver it: `hop` (which must ``take()``) is queued
+    /// when the event starts a batch.
+    func add(_ content: EventContent, hop: @escaping @Sendable () -> Void) {
+        let startsBatch = state.withLock { s -> Bool in
             guard !s.hasEnd else { return false }  // after the end, as on the loop, events go nowhere
             if case .end = content {
                 s.hasEnd = true
@@ -41,34 +49,37 @@ final class ProducerQueue: Sendable {
                     s.dropped += 1
                     return false
                 case .dropOldest:
-                    s.head += 1
+                    let index = s.batches.firstIndex { !$0.isEmpty }!
+                    s.batches[index].removeFirst()
+                    s.count -= 1
                     s.dropped += 1
-                    if s.head * 2 > s.events.count {
-                        s.events.removeFirst(s.head)
-                        s.head = 0
-                    }
                 case .keepLatest:
                     s.dropped += s.count
-                    s.events.removeAll(keepingCapacity: true)
-                    s.head = 0
+                    for index in s.batches.indices { s.batches[index].removeAll() }  // their hops still come
+                    s.count = 0
                 }
             }
-            s.events.append(content)
-            defer { s.hopScheduled = true }
-            return !s.hopScheduled
+            s.count += 1
+            if let open = s.openHop, open == loop.acceptedJobs, !s.batches.isEmpty {
+                s.batches[s.batches.count - 1].append(content)
+                return false
+            }
+            s.batches.append([content])
+            s.openHop = nil
+            return true
         }
+        guard startsBatch, let number = loop.enqueue(hop) else { return }
+        state.withLock { s in if !s.batches.isEmpty { s.openHop = number } }
     }
 
-    /// On the loop: everything waiting, and how many events were dropped since the last take.
-    func take() -> (events: ArraySlice<EventContent>, dropped: Int) {
+    /// On the loop: the oldest batch, and how many events were dropped since the last take.
+    func take() -> (events: [EventContent], dropped: Int) {
         state.withLock { s in
-            defer {
-                s.events = []
-                s.head = 0
-                s.dropped = 0
-                s.hopScheduled = false
-            }
-            return (s.events[s.head...], s.dropped)
+            let events = s.batches.isEmpty ? [] : s.batches.removeFirst()
+            s.count -= events.count
+            if s.batches.isEmpty { s.openHop = nil }
+            defer { s.dropped = 0 }
+            return (events, s.dropped)
         }
     }
 }

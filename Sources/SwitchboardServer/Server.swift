@@ -31,8 +31,7 @@ public final class Server: Sendable {
     deinit {
         guard !core.loop.hasStarted else { return }
         let core = self.core.value
-        core.eventLoop.finishDriving()
-        core.releaseAll()
+        core.eventLoop.finishDriving(beforeClosing: core.releaseAll)
     }
 
     /// The port it listens on, once running (useful with port 0).
@@ -47,8 +46,7 @@ public final class Server: Sendable {
         boundPort.store(try core.bind(), ordering: .releasing)
         if handlingSignals { try core.handleSignals() }
         core.logger.notice("listening on \(configuration.host):\(port)")
-        core.eventLoop.run()
-        core.releaseAll()
+        core.eventLoop.run(beforeClosing: core.releaseAll)
         markStopped()
     }
 
@@ -60,8 +58,7 @@ public final class Server: Sendable {
         let core = self.core
         startThread { [self] in
             let owned = core.value
-            owned.eventLoop.run()
-            owned.releaseAll()
+            owned.eventLoop.run(beforeClosing: owned.releaseAll)
             markStopped()
         }
         return port
@@ -91,8 +88,7 @@ public final class Server: Sendable {
     /// Stops a server driven by ``runOnce()`` at once: closes every connection and the loop.
     public func finishDriven() {
         let core = self.core.value
-        core.eventLoop.finishDriving()  // first: jobs still queued run, and may set channels
-        core.releaseAll()
+        core.eventLoop.finishDriving(beforeClosing: core.releaseAll)  // after the queued jobs, which may set channels
         markStopped()
     }
 

@@ -16,7 +16,8 @@ public struct ServerConfiguration: Sendable {
     public var heartbeatMs: UInt64 = 0
     /// A token clients must present in HELLO; nil = none required.
     public var token: String?
-    /// How long shutdown waits for in-flight requests.
+    /// How long shutdown waits for in-flight requests; also how long a client that closed its sending
+    /// side waits for answers before its open requests are cancelled.
     public var drainTimeoutMs: UInt64 = 5000
     /// Default per-listener queue length of event channels; also the bound on events a producer thread
     /// may have in flight to the loop per channel (``EventChannel/broadcast(_:)``) or per listener

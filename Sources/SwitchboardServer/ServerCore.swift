@@ -137,7 +137,7 @@ final class ServerCore {
     func connectionClosed(_ connection: Connection, reason: CloseReason) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
         tallies.closes[reason.rawValue, default: 0] += 1
-        releasedSinceTrim += connection.pendingBytes + connection.waitingEventBytes
+        releasedSinceTrim += connection.pendingBytes
         if reason == .slowConsumer { stats.slowConsumersClosed += 1 }
         if !connection.transport.isOpen { return }
         closingConnections.append(connection)
@@ -326,8 +326,8 @@ final class ServerCore {
         }
         closingConnections.removeAll { connection in
             guard connection.transport.isOpen else { return true }
-            if let since = connection.closingSince, now - since >= config.slowConsumerGraceMs {
-                connection.close(.slowConsumer)  // the linger is over (the reason was counted when it began)
+            if let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) {
+                connection.close(.shutdown)  // the linger is over (the reason was counted when it began)
                 return true
             }
             return false
@@ -390,8 +390,9 @@ final class ServerCore {
         }
     }
 
-    /// After the loop has stopped: drops every table, so that handlers which capture the server (and
-    /// so this core) no longer keep it alive, and neither do connections, streams or timers.
+    /// Once the loop has stopped (its last jobs run, its handles not yet closed): drops every table, so
+    /// that handlers which capture the server (and so this core) no longer keep it alive, and neither
+    /// do connections, streams or timers.
     func releaseAll() {
         for connection in Array(connections.values) + closingConnections { connection.close(.shutdown) }
         connections = [:]

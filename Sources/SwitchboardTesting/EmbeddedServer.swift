@@ -41,6 +41,7 @@ public final class EmbeddedServer {
     /// Runs loop turns: input that waited for resumed reading is delivered, jobs from other threads
     /// run, and every connection's output is flushed to its transport.
     public func run(turns: Int = 2) {
+        precondition(!isFinished, "EmbeddedServer.run after finish()")
         for _ in 0..<turns {
             transports.removeAll { $0.isClosed }
             for transport in transports { transport.deliverWaitingInput() }

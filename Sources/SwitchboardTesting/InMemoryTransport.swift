@@ -9,7 +9,8 @@ import SwitchboardWire
 /// The peer's kernel is modelled by ``peerWindow``: unread bytes beyond it count as queued in the
 /// transport, as a slow reader's would; taking them out drains the queue (and reports `.drained`).
 /// Input sent while reading is paused waits, as it would in the peer's socket, until reading resumes
-/// and ``EmbeddedServer`` delivers it.
+/// and ``EmbeddedServer`` delivers it; so does the peer's end of stream, which a paused TCP reader
+/// cannot see either.
 public final class InMemoryTransport: Transport {
     private var handler: ((TransportEvent) -> Void)?
     private var unread: [UInt8] = []
@@ -34,11 +35,13 @@ public final class InMemoryTransport: Transport {
     /// A graceful close whose peer had already closed: it completes on the next delivery turn, not
     /// inside the owner's call.
     private var finishIsDue = false
-    /// A name for the peer, as `remoteAddress`.
-    public let remoteAddress: String
+    /// A name for the peer, for messages.
+    public let name: String
+    /// The peer's end of stream (or failure), waiting behind input held back by a pause.
+    private var waitingClose: UVError??
 
     /// Makes a transport; ``EmbeddedServer/connect()`` makes one and hands it to the server.
-    public init(name: String = "memory") { remoteAddress = name }
+    public init(name: String = "memory") { self.name = name }
 
     // MARK: The peer's side
 
@@ -57,12 +60,18 @@ public final class InMemoryTransport: Transport {
     @discardableResult
     public func deliverWaitingInput() -> Bool {
         if finishIsDue {
+            finishIsDue = false
             finish()
             return true
         }
         var delivered = false
         while !isClosed, !isReadingPaused, handler != nil, !waitingInput.isEmpty {
             handler?(.data(waitingInput.removeFirst()))
+            delivered = true
+        }
+        if !isClosed, !isReadingPaused, waitingInput.isEmpty, let error = waitingClose {
+            waitingClose = nil
+            handler?(.closed(error))
             delivered = true
         }
         return delivered
@@ -110,6 +119,7 @@ public final class InMemoryTransport: Transport {
         guard !isClosed, !peerHasClosed else { return }
         peerHasClosed = true
         if isClosingGracefully { return finish() }
+        if isReadingPaused || !waitingInput.isEmpty { return waitingClose = .some(error) }
         handler?(.closed(error))
     }
 

@@ -48,13 +48,15 @@ public final class EventLoop {
     /// A monotonic clock in nanoseconds, for measuring latency.
     public static func nanoseconds() -> UInt64 { uv_hrtime() }
 
-    /// Runs until ``stop()``, then runs every job still accepted, closes every remaining handle and the
-    /// loop itself. The calling thread owns the loop until this returns.
-    public func run() {
+    /// Runs until ``stop()``, then runs every job still accepted, then `beforeClosing` (the owner's last
+    /// word on the loop thread, with the loop still alive: release what holds handles), closes every
+    /// remaining handle and the loop itself. The calling thread owns the loop until this returns.
+    public func run(beforeClosing: () -> Void = {}) {
+        precondition(!isTornDown, "EventLoop.run: the loop has been torn down")
         handle.markLoopThread()
         for job in handle.takeJobs() { job() }  // what was set up before the loop ran comes before any I/O
         uv_run(loop, UV_RUN_DEFAULT)
-        tearDown()
+        tearDown(beforeClosing: beforeClosing)
         handle.markFinished()
     }
 
@@ -62,15 +64,17 @@ public final class EventLoop {
     /// on the calling thread, which owns the loop from the first call on: for callers that drive the
     /// loop themselves, such as tests with in-memory transports. End with ``finishDriving()``.
     public func runOnce() {
+        precondition(!isTornDown, "EventLoop.runOnce: the loop has been torn down")
         if !handle.hasStarted { handle.markLoopThread() }
         for job in handle.takeJobs() { job() }
         uv_run(loop, UV_RUN_NOWAIT)
     }
 
-    /// Ends a loop driven by ``runOnce()``: runs the jobs still accepted, closes everything.
-    public func finishDriving() {
+    /// Ends a loop driven by ``runOnce()`` (or one that never ran): runs the jobs still accepted, then
+    /// `beforeClosing`, then closes everything, as ``run(beforeClosing:)`` does.
+    public func finishDriving(beforeClosing: () -> Void = {}) {
         guard !isTornDown else { return }
-        tearDown()
+        tearDown(beforeClosing: beforeClosing)
         handle.markFinished()
     }
 
@@ -79,9 +83,10 @@ public final class EventLoop {
 
     /// Closes the door to new jobs, runs the ones already accepted (``LoopHandle/execute(_:)`` promised
     /// they would run), closes every handle, lets their close callbacks run, and frees the loop.
-    private func tearDown() {
+    private func tearDown(beforeClosing: () -> Void = {}) {
         isTornDown = true
         for job in handle.shutDown() { job() }
+        beforeClosing()
         var rc: Int32 = 0
         for _ in 0..<16 {
             uv_walk(loop, { handle, _ in
@@ -115,6 +120,8 @@ public final class LoopHandle: Sendable {
         var jobs: [@Sendable () -> Void] = []
     }
     private let state = Mutex(State())
+    /// Jobs accepted so far: each job's number in the order they run (see ``enqueue(_:)``).
+    private let accepted = Atomic<UInt64>(0)
     /// The owning thread's id while the loop is running, 0 before and after: a thread created later
     /// may get the same `pthread_t`, so a finished loop's id must not linger.
     private let loopThread = Atomic<UInt>(0)
@@ -123,19 +130,27 @@ public final class LoopHandle: Sendable {
 
     init() {}
 
-    /// Runs `job` on the loop thread. True means it will run, before the loop is torn down; false (the
-    /// job dropped) means the loop has shut down.
+    /// Runs `job` on the loop thread (or, for a loop that never ran, on the thread that tears it down).
+    /// True means it will run, before the loop is torn down; false (the job dropped) means the loop has
+    /// shut down.
     @discardableResult
-    public func execute(_ job: @escaping @Sendable () -> Void) -> Bool {
+    public func execute(_ job: @escaping @Sendable () -> Void) -> Bool { enqueue(job) != nil }
+
+    /// ``execute(_:)`` that returns the job's number: jobs run in the order of their numbers, and
+    /// ``acceptedJobs`` tells whether any job was accepted after it. Nil if the loop has shut down.
+    public func enqueue(_ job: @escaping @Sendable () -> Void) -> UInt64? {
         state.withLock { s in
             guard let address = s.wakeup, let wakeup = UnsafeMutablePointer<uv_async_t>(bitPattern: address) else {
-                return false
+                return nil
             }
             s.jobs.append(job)
             if s.jobs.count == 1 { uv_async_send(wakeup) }  // coalesced: one wakeup drains them all
-            return true
+            return accepted.add(1, ordering: .relaxed).newValue
         }
     }
+
+    /// How many jobs have been accepted so far (the number of the latest).
+    public var acceptedJobs: UInt64 { accepted.load(ordering: .relaxed) }
 
     /// Whether the caller is the loop's thread.
     public var isInLoopThread: Bool { loopThread.load(ordering: .relaxed) == UInt(pthread_self()) }

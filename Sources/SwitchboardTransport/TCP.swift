@@ -297,26 +297,6 @@ public final class TCPConnection: LoopResource, Transport {
         handler?(.closed(nil))
     }
 
-    /// The peer's address as `host:port`; empty if it cannot be read.
-    public var remoteAddress: String {
-        var storage = sockaddr_storage()
-        var length = Int32(MemoryLayout<sockaddr_storage>.size)
-        return withUnsafeMutableBytes(of: &storage) { bytes -> String in
-            let address = bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self)
-            guard !isClosing, uv_tcp_getpeername(raw.assumingMemoryBound(to: uv_tcp_t.self), address, &length) == 0
-            else { return "" }
-            var name = [CChar](repeating: 0, count: 64)
-            if address.pointee.sa_family == sa_family_t(AF_INET6) {
-                let v6 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
-                uv_ip6_name(v6, &name, name.count)
-                return "[\(String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))]:\(UInt16(bigEndian: v6.pointee.sin6_port))"
-            }
-            let v4 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
-            uv_ip4_name(v4, &name, name.count)
-            return "\(String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)):\(UInt16(bigEndian: v4.pointee.sin_port))"
-        }
-    }
-
     /// Closes now; queued writes are cancelled.
     public func closeNow() { close() }
 

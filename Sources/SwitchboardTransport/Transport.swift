@@ -33,6 +33,4 @@ public protocol Transport: AnyObject {
     func closeAfterWrites()
     /// Closes at once; queued bytes are dropped.
     func closeNow()
-    /// The peer's address, such as `127.0.0.1:50312`; empty when it has none.
-    var remoteAddress: String { get }
 }

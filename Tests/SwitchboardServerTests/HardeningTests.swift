@@ -254,8 +254,15 @@ import SwitchboardWire
         peer.peerCloses()
         embedded.run()
         #expect(!peer.isClosed)
-        #expect(embedded.run(until: { peer.isClosed }, timeoutMs: 2000))
+        var answers: [Frame] = []
+        #expect(embedded.run(until: {
+            answers += (try? peer.frames()) ?? []
+            return peer.isClosed
+        }, timeoutMs: 2000))
         #expect(cancelled.value == 1)
+        // Still exactly one answer (the peer only half-closed): `cancelled`, as a CANCEL would get.
+        #expect(try answers.filter { $0.id == 1 }.map { try $0.envelope() }
+                == [.failure(ChannelError(code: "cancelled", message: "the caller cancelled"))])
     }
 
     // MARK: From the review of the first round of fixes
@@ -397,6 +404,77 @@ import SwitchboardWire
             embedded.finish()
         }
         #expect(core == nil)
+    }
+
+    /// From one thread, an event keeps its place among that thread's other calls: broadcast(1), remove
+    /// the handler (ending the stream), broadcast(2) gives 1 then the end, never 2.
+    @Test func eventsFromAThreadKeepTheirPlaceAmongItsOtherCalls() throws {
+        let embedded = try EmbeddedServer()
+        let channel = EventChannel(name: "ordered", server: embedded.server)
+        channel.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
+        embedded.run()
+        let peer = embedded.connect()
+        peer.send(try .call(1, "ordered", "listen"))
+        embedded.run()
+        _ = try peer.frames()
+        onAnotherThread {
+            channel.broadcast(.int(1))
+            channel.setStreamHandler(nil)
+            channel.broadcast(.int(2))
+        }
+        embedded.run()
+        let events = try peer.frames().map { try $0.payload.map { try StandardMethodCodec().decodeEnvelope($0).get() } }
+        #expect(events == [.int(1), nil])
+    }
+
+    /// Paused reading hides the silence from the heartbeat, and resuming starts its clock afresh: a
+    /// connection paused for longer than two intervals is not closed the moment it resumes.
+    @Test func resumingAfterALongPauseIsNotAHeartbeatTimeout() throws {
+        var config = ServerConfiguration()
+        config.heartbeatMs = 100
+        config.outboundLimit = 1024
+        config.slowConsumerGraceMs = 60_000
+        let embedded = try EmbeddedServer(configuration: config)
+        let peer = embedded.connect()
+        peer.peerWindow = 0
+        var burst: [UInt8] = []
+        for id in 1...60 { burst += try Frame.call(UInt32(id), "switchboard/echo", "echo", .string(String(repeating: "x", count: 64))).bytes }
+        peer.send(burst)
+        embedded.run()
+        #expect(peer.isReadingPaused)
+        let pausedAt = EventLoop.nanoseconds()
+        while EventLoop.nanoseconds() - pausedAt < 400_000_000 { embedded.run(turns: 1); usleep(1000) }
+        peer.peerWindow = .max
+        var replies = 0
+        _ = embedded.run(until: {
+            replies += ((try? peer.frames()) ?? []).filter { $0.kind == .reply }.count
+            return replies == 60 || peer.isClosed
+        }, timeoutMs: 2000)
+        #expect(!peer.isClosed)
+        #expect(replies == 60)
+    }
+
+    /// A peer that sends, then closes, while the server is not reading: everything it sent is still
+    /// answered (its end of stream waits behind its input, as on TCP).
+    @Test func inputSentBeforeThePeerClosedIsAnsweredAfterAPause() throws {
+        var config = ServerConfiguration()
+        config.outboundLimit = 1024
+        let embedded = try EmbeddedServer(configuration: config)
+        let peer = embedded.connect()
+        peer.peerWindow = 0
+        var burst: [UInt8] = []
+        for id in 1...60 { burst += try Frame.call(UInt32(id), "switchboard/echo", "echo", .string(String(repeating: "x", count: 64))).bytes }
+        peer.send(burst)
+        embedded.run()
+        peer.send(try .call(1000, "switchboard/echo", "echo", "late"))
+        peer.peerCloses()
+        peer.peerWindow = .max
+        var ids = Set<UInt32>()
+        _ = embedded.run(until: {
+            for frame in (try? peer.frames()) ?? [] where frame.kind == .reply { ids.insert(frame.id) }
+            return ids.count == 61
+        }, timeoutMs: 2000)
+        #expect(ids == Set(1...60).union([1000]))
     }
 }
 
