@@ -295,6 +295,15 @@ final class ServerCore {
 
     private func keepHouse() {
         let now = eventLoop.now
+        // Many connections closing with full buffers (slow consumers) free a lot at once, scattered
+        // through the loop thread's malloc arena: give it back, at most once a second. Checked before
+        // this pass closes anything, so that the buffers of earlier closes (freed by the close
+        // callbacks after the pass that closed them) are already free.
+        if releasedSinceTrim >= 16 << 20, now - lastTrim >= 1000 {
+            MallocTuning.releaseFreeMemory()
+            releasedSinceTrim = 0
+            lastTrim = now
+        }
         for connection in Array(connections.values) {
             if let since = connection.peerFinishedAt, now - since >= config.drainTimeoutMs {
                 connection.abandonOpenRequests()
@@ -316,13 +325,6 @@ final class ServerCore {
                 connection.lastPing = now
                 connection.writeFrame(.ping, payload: nil)
             }
-        }
-        // Many connections closing with full buffers (slow consumers) free a lot at once, scattered
-        // through the loop thread's malloc arena: give it back, at most once a second.
-        if releasedSinceTrim >= 16 << 20, now - lastTrim >= 1000 {
-            MallocTuning.releaseFreeMemory()
-            releasedSinceTrim = 0
-            lastTrim = now
         }
         closingConnections.removeAll { connection in
             guard connection.transport.isOpen else { return true }
