@@ -8,7 +8,9 @@ public enum JSONText {
     public struct Options: Sendable {
         /// Write NaN and the infinities as the strings "NaN", "Infinity", "-Infinity" instead of failing.
         public var nonFiniteAsStrings: Bool
-        /// Write a non-string map key as a string holding the key's JSON text instead of failing.
+        /// Write a non-string map key as a string holding the key's JSON text instead of failing. Only
+        /// one level deep: a key whose own JSON would need a stringified key is an error, since each
+        /// level escapes the one inside it again and the text would double per level.
         public var stringifyKeys: Bool
 
         /// Flutter's JSON codecs: such values are errors.
@@ -95,7 +97,9 @@ extension JSONText {
                     if case .string(let key) = entry.key {
                         writeString(key)
                     } else if options.stringifyKeys {
-                        var keyWriter = Writer(out: [], options: options)
+                        var keyOptions = options
+                        keyOptions.stringifyKeys = false
+                        var keyWriter = Writer(out: [], options: keyOptions)
                         try keyWriter.write(entry.key, depth: depth + 1)
                         writeString(String(decoding: keyWriter.out, as: UTF8.self))
                     } else {

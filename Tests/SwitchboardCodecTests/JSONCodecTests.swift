@@ -101,4 +101,17 @@ import Testing
         #expect(try codec.message(from: "hi") == [0x68, 0x69])
         #expect(throws: CodecError.self) { try codec.message(from: [256]) }
     }
+
+    /// Text mode writes a non-string key as its JSON text, one level deep only: nested, each level would
+    /// escape the one inside again and double the text (found by fuzz-json-text: 73 bytes of Standard
+    /// payload made a 25 MB line at depth 22).
+    @Test func stringifiedKeysAreOneLevelDeep() throws {
+        let oneLevel = ChannelValue.map([.init(.list([1, 2]), "v"), .init(.stringMap(["a": 1]), "w")])
+        #expect(try JSONText.serialize(oneLevel, options: .textMode) == Array(#"{"[1,2]":"v","{\"a\":1}":"w"}"#.utf8))
+        var nested = ChannelValue.string("\"")
+        for _ in 0..<25 { nested = .map([.init(nested, .null)]) }
+        #expect(throws: CodecError.self) { try JSONText.serialize(nested, options: .textMode) }
+        let twoLevels = ChannelValue.map([.init(.map([.init(1, 2)]), "v")])
+        #expect(throws: CodecError.self) { try JSONText.serialize(twoLevels, options: .textMode) }
+    }
 }
