@@ -4,7 +4,8 @@ import PackageDescription
 // Kept out of the main build: `swift run -c release --package-path Benchmarks codec-benchmarks`.
 let package = Package(
     name: "SwitchboardBenchmarks",
-    dependencies: [.package(path: "..")],
+    // Named, so `package: "main"` holds whatever the clone's directory is called.
+    dependencies: [.package(name: "main", path: "..")],
     targets: [
         .executableTarget(
             name: "codec-benchmarks",
