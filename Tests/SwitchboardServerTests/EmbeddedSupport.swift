@@ -58,4 +58,16 @@ extension EmbeddedServer {
         _ = try listener.frames()
         return (listener, try #require(sinks.value))
     }
+
+    /// A peer that reads nothing and has sent 60 echo calls in one read: with a small outbound limit,
+    /// the server has paused reading it.
+    func pausedPeer() throws -> InMemoryTransport {
+        let peer = connect()
+        peer.peerWindow = 0
+        var burst: [UInt8] = []
+        for id in 1...60 { burst += try Frame.call(UInt32(id), "switchboard/echo", "echo", .string(String(repeating: "x", count: 64))).bytes }
+        peer.send(burst)
+        run()
+        return peer
+    }
 }

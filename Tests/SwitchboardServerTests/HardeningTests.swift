@@ -435,12 +435,7 @@ import SwitchboardWire
         config.outboundLimit = 1024
         config.slowConsumerGraceMs = 60_000
         let embedded = try EmbeddedServer(configuration: config)
-        let peer = embedded.connect()
-        peer.peerWindow = 0
-        var burst: [UInt8] = []
-        for id in 1...60 { burst += try Frame.call(UInt32(id), "switchboard/echo", "echo", .string(String(repeating: "x", count: 64))).bytes }
-        peer.send(burst)
-        embedded.run()
+        let peer = try embedded.pausedPeer()
         #expect(peer.isReadingPaused)
         let pausedAt = EventLoop.nanoseconds()
         while EventLoop.nanoseconds() - pausedAt < 400_000_000 { embedded.run(turns: 1); usleep(1000) }
@@ -460,12 +455,7 @@ import SwitchboardWire
         var config = ServerConfiguration()
         config.outboundLimit = 1024
         let embedded = try EmbeddedServer(configuration: config)
-        let peer = embedded.connect()
-        peer.peerWindow = 0
-        var burst: [UInt8] = []
-        for id in 1...60 { burst += try Frame.call(UInt32(id), "switchboard/echo", "echo", .string(String(repeating: "x", count: 64))).bytes }
-        peer.send(burst)
-        embedded.run()
+        let peer = try embedded.pausedPeer()
         peer.send(try .call(1000, "switchboard/echo", "echo", "late"))
         peer.peerCloses()
         peer.peerWindow = .max
