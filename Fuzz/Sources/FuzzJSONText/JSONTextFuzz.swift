@@ -10,7 +10,9 @@ import SwitchboardCodec
 //    codecs) agrees with text mode whenever it succeeds. The value also reaches a standard channel intact.
 // 2. As a StandardMessageCodec payload, which yields any channel value (typed lists, int64, non-string
 //    keys, NaN bits): text mode must write it as JSON that parses to what protocol/text-mode.md says
-//    (Float32 values print shorter than the doubles they parse to, so only that value is then stable).
+//    (Float32 values print shorter than the doubles they parse to, so only that value is then stable),
+//    except a value with a non-string key that itself holds a non-string key, which has no JSON form
+//    (keys are stringified one level deep) and must be refused, quickly.
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
@@ -20,7 +22,11 @@ public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
         parsedJSON(value)
     }
     if let value = try? StandardMessageCodec().decode(bytes) {
-        parsedJSON(throughTextMode(value).parsed)
+        if hasNestedStringifiedKey(value) {
+            check((try? JSONText.serialize(value, options: .textMode)) == nil, "\(value) has no JSON form but was written")
+        } else {
+            parsedJSON(throughTextMode(value).parsed)
+        }
     }
     return 0
 }
@@ -77,4 +83,28 @@ func number(_ v: Double) -> ChannelValue {
 func keyText(_ key: ChannelValue) -> String {
     if case .string(let s) = key { return s }
     return String(decoding: (try? JSONText.serialize(key, options: .textMode)) ?? [], as: UTF8.self)
+}
+
+/// Whether `value` has a non-string map key that itself holds a non-string map key, at any depth.
+func hasNestedStringifiedKey(_ value: ChannelValue) -> Bool {
+    func hasNonStringKey(_ value: ChannelValue) -> Bool {
+        switch value {
+        case .list(let elements): return elements.contains(where: hasNonStringKey)
+        case .map(let entries):
+            return entries.contains { entry in
+                if case .string = entry.key { return hasNonStringKey(entry.value) }
+                return true
+            }
+        default: return false
+        }
+    }
+    switch value {
+    case .list(let elements): return elements.contains(where: hasNestedStringifiedKey)
+    case .map(let entries):
+        return entries.contains { entry in
+            if case .string = entry.key {} else if hasNonStringKey(entry.key) { return true }
+            return hasNestedStringifiedKey(entry.key) || hasNestedStringifiedKey(entry.value)
+        }
+    default: return false
+    }
 }
