@@ -86,25 +86,39 @@ func keyText(_ key: ChannelValue) -> String {
 }
 
 /// Whether `value` has a non-string map key that itself holds a non-string map key, at any depth.
+/// Iterative: values nest up to 1,000 deep, too deep for recursion on an instrumented stack.
 func hasNestedStringifiedKey(_ value: ChannelValue) -> Bool {
-    func hasNonStringKey(_ value: ChannelValue) -> Bool {
-        switch value {
-        case .list(let elements): return elements.contains(where: hasNonStringKey)
+    var pending = [value]
+    while let next = pending.popLast() {
+        switch next {
+        case .list(let elements): pending += elements
         case .map(let entries):
-            return entries.contains { entry in
-                if case .string = entry.key { return hasNonStringKey(entry.value) }
-                return true
+            for entry in entries {
+                if case .string = entry.key {} else {
+                    if hasNonStringKey(entry.key) { return true }
+                    pending.append(entry.key)
+                }
+                pending.append(entry.value)
             }
-        default: return false
+        default: break
         }
     }
-    switch value {
-    case .list(let elements): return elements.contains(where: hasNestedStringifiedKey)
-    case .map(let entries):
-        return entries.contains { entry in
-            if case .string = entry.key {} else if hasNonStringKey(entry.key) { return true }
-            return hasNestedStringifiedKey(entry.key) || hasNestedStringifiedKey(entry.value)
+    return false
+}
+
+/// Whether `value` holds a map with a non-string key, at any depth (iterative, as above).
+func hasNonStringKey(_ value: ChannelValue) -> Bool {
+    var pending = [value]
+    while let next = pending.popLast() {
+        switch next {
+        case .list(let elements): pending += elements
+        case .map(let entries):
+            for entry in entries {
+                guard case .string = entry.key else { return true }
+                pending.append(entry.value)
+            }
+        default: break
         }
-    default: return false
     }
+    return false
 }
