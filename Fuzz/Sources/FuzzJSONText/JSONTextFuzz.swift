@@ -86,39 +86,27 @@ func keyText(_ key: ChannelValue) -> String {
 }
 
 /// Whether `value` has a non-string map key that itself holds a non-string map key, at any depth.
-/// Iterative: values nest up to 1,000 deep, too deep for recursion on an instrumented stack.
 func hasNestedStringifiedKey(_ value: ChannelValue) -> Bool {
-    var pending = [value]
-    while let next = pending.popLast() {
-        switch next {
-        case .list(let elements): pending += elements
-        case .map(let entries):
-            for entry in entries {
-                if case .string = entry.key {} else {
-                    if hasNonStringKey(entry.key) { return true }
-                    pending.append(entry.key)
-                }
-                pending.append(entry.value)
-            }
-        default: break
-        }
+    mapEntries(in: value).contains { entry in
+        !isString(entry.key) && mapEntries(in: entry.key).contains { !isString($0.key) }
     }
-    return false
 }
 
-/// Whether `value` holds a map with a non-string key, at any depth (iterative, as above).
-func hasNonStringKey(_ value: ChannelValue) -> Bool {
+/// Every map entry in `value`, those inside keys included. Iterative: values nest up to 1,000 deep,
+/// too deep for recursion on an instrumented stack.
+func mapEntries(in value: ChannelValue) -> [ChannelValue.MapEntry] {
+    var entries: [ChannelValue.MapEntry] = []
     var pending = [value]
     while let next = pending.popLast() {
         switch next {
         case .list(let elements): pending += elements
-        case .map(let entries):
-            for entry in entries {
-                guard case .string = entry.key else { return true }
-                pending.append(entry.value)
-            }
+        case .map(let found):
+            entries += found
+            for entry in found { pending += [entry.key, entry.value] }
         default: break
         }
     }
-    return false
+    return entries
 }
+
+func isString(_ value: ChannelValue) -> Bool { if case .string = value { true } else { false } }
