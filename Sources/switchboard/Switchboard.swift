@@ -1,15 +1,34 @@
 import ArgumentParser
+import Dispatch
 import Logging
 import SwitchboardServer
 import SwitchboardTransport
 
 @main
-struct Switchboard: AsyncParsableCommand {
+struct Switchboard: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard",
         abstract: "Flutter platform channels over TCP.",
         subcommands: [Serve.self, Call.self, Listen.self, Send.self, Ping.self, Bench.self]
     )
+
+    /// Runs a synchronous command (`serve`) on the main thread as a plain program; only the client
+    /// commands, which are async, start Dispatch's main queue. (Swift's async `main` ends the main
+    /// thread inside `dispatch_main`, which valgrind cannot follow: `scripts/bench-instructions` runs
+    /// the server under callgrind.)
+    static func main() {
+        let parsed: any ParsableCommand
+        do { parsed = try parseAsRoot() } catch { exit(withError: error) }
+        if var command = parsed as? any AsyncParsableCommand {
+            Task.detached {
+                do { try await command.run() } catch { exit(withError: error) }
+                exit()
+            }
+            dispatchMain()
+        }
+        var command = parsed
+        do { try command.run() } catch { exit(withError: error) }
+    }
 }
 
 struct Serve: ParsableCommand {
