@@ -30,11 +30,16 @@ struct Bench: ParsableCommand {
     @Option(name: [.customShort("n"), .long], help: "fanout: listeners; idle: connections.") var count = 100
     @Option(help: "Seconds measured.") var duration = 5.0
     @Option(help: "Seconds of warm-up before measuring.") var warmup = 1.0
+    @Option(help: """
+        rpc and relay: stop after this many calls, fanout: after this many posts (all delivered), instead of \
+        after --duration; measured from the start, with no warm-up. For instruction counts.
+        """)
+    var operations: Int?
     @Option(help: "idle: pid of the server, to read its resident memory.") var serverPID: Int32?
     @Flag(help: "Print the result as JSON.") var json = false
 
     func validate() throws {
-        guard connections > 0, depth > 0, count > 0, size >= 0, duration > 0, warmup >= 0 else {
+        guard connections > 0, depth > 0, count > 0, size >= 0, duration > 0, warmup >= 0, operations ?? 1 > 0 else {
             throw ValidationError("counts and durations must be positive")
         }
     }
@@ -49,14 +54,17 @@ struct Bench: ParsableCommand {
         }
         // The workloads live until the loop stops.
         var workloads: [AnyObject] = []
+        // A fixed number of operations is measured whole: no warm-up, and no time limit.
+        let (warmup, duration) = operations == nil ? (warmup, duration) : (0, 1e6)
         switch workload {
         case .rpc, .relay:
             let rpc = RPCWorkload(loop: loop, target: target, connections: connections, depth: depth, size: size,
-                                  relay: workload == .relay || target == .nats)
+                                  relay: workload == .relay || target == .nats, limit: operations)
             workloads.append(rpc)
             try rpc.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
         case .fanout:
-            let fanout = FanoutWorkload(loop: loop, target: target, listeners: count, size: size, window: depth)
+            let fanout = FanoutWorkload(loop: loop, target: target, listeners: count, size: size, window: depth,
+                                        posts: operations)
             workloads.append(fanout)
             fanout.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
         case .idle:

@@ -101,6 +101,7 @@ final class BenchClock {
     private var progress: Timer?
     private(set) var measureStart: UInt64 = 0
     private(set) var measureEnd: UInt64 = 0
+    private var onDone: (() -> Void)?
 
     init(loop: EventLoop) { self.loop = loop }
 
@@ -108,19 +109,14 @@ final class BenchClock {
     func start(warmup: Double, duration: Double, label: String, count: @escaping () -> Int,
                onMeasure: @escaping () -> Void, onDone: @escaping () -> Void) {
         phase = .warmup
+        self.onDone = onDone
         let timer = try? Timer(loop: loop)
         self.timer = timer
         timer?.start(after: UInt64(warmup * 1000)) { [self] in
             phase = .measuring
             measureStart = EventLoop.nanoseconds()
             onMeasure()
-            timer?.start(after: UInt64(duration * 1000)) { [self] in
-                phase = .done
-                measureEnd = EventLoop.nanoseconds()
-                progress?.cancel()
-                if isatty(2) != 0 { printError("\r\u{1B}[K") }
-                onDone()
-            }
+            timer?.start(after: UInt64(duration * 1000)) { [self] in finish() }
         }
         if isatty(2) != 0 {
             let progress = try? Timer(loop: loop)
@@ -132,6 +128,17 @@ final class BenchClock {
                 last = now
             }
         }
+    }
+
+    /// Ends the measurement now (at the end of the duration, or once a fixed number of operations is done).
+    func finish() {
+        guard phase != .done else { return }
+        phase = .done
+        measureEnd = EventLoop.nanoseconds()
+        timer?.cancel()
+        progress?.cancel()
+        if isatty(2) != 0 { printError("\r\u{1B}[K") }
+        onDone?()
     }
 
     var seconds: Double { Double(measureEnd - measureStart) / 1e9 }

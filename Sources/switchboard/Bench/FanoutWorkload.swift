@@ -9,6 +9,8 @@ final class FanoutWorkload {
     let loop: EventLoop
     let target: BenchTarget
     let listenerCount: Int, size: Int, window: Int
+    /// Posts to make in all, when fixed (`--operations`): done once every listener has every one.
+    let posts: Int?
     private var listeners: [Listener] = []
     private var publisher: Listener?
     private let clock: BenchClock
@@ -18,12 +20,13 @@ final class FanoutWorkload {
     private var nextSequence: UInt64 = 0
     private var unacknowledged = 0
 
-    init(loop: EventLoop, target: BenchTarget, listeners: Int, size: Int, window: Int) {
+    init(loop: EventLoop, target: BenchTarget, listeners: Int, size: Int, window: Int, posts: Int?) {
         self.loop = loop
         self.target = target
         listenerCount = listeners
         self.size = max(size, 16)
         self.window = window
+        self.posts = posts
         clock = BenchClock(loop: loop)
     }
 
@@ -78,7 +81,7 @@ final class FanoutWorkload {
         publisher.adapter.value = makeFanoutAdapter(target)
         self.publisher = publisher
         open(publisher, host: host, port: port, handshake: publisher.adapter.value!.publisherHandshake) { [unowned self] in
-            while unacknowledged < window { post() }
+            while unacknowledged < window, mayStillPost { post() }
             publisher.transport?.write(&publisher.outbound)
             clock.start(warmup: warmup, duration: duration, label: "fanout", count: { [unowned self] in totalDelivered },
                         onMeasure: { [unowned self] in delivered = 0; gaps = 0; reordered = 0; histogram.reset() },
@@ -99,6 +102,8 @@ final class FanoutWorkload {
             extra: [("posts/s", .int(Int(Double(delivered) / clock.seconds / Double(listenerCount))))]))
     }
 
+    private var mayStillPost: Bool { clock.phase != .done && nextSequence < posts ?? .max }
+
     private func post() {
         guard let publisher else { return }
         var payload = [UInt8](repeating: 0, count: size)
@@ -118,7 +123,7 @@ final class FanoutWorkload {
             abortBench("unexpected answer to a post from \(target.rawValue)")
         }
         unacknowledged -= count
-        if clock.phase != .done { while unacknowledged < window { post() } }
+        while unacknowledged < window, mayStillPost { post() }
         if !publisher.outbound.isEmpty { publisher.transport?.write(&publisher.outbound) }
     }
 
@@ -143,5 +148,6 @@ final class FanoutWorkload {
             }
         }
         if !ok { protocolErrors += 1 }
+        if let posts, totalDelivered == posts * listenerCount { clock.finish() }
     }
 }

@@ -7,19 +7,23 @@ import SwitchboardWire
 final class RPCWorkload {
     let loop: EventLoop
     let target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool
+    /// Calls to make in all, when fixed (`--operations`).
+    let limit: Int?
+    private var sent = 0
     private var clients: [Client] = []
     private let clock: BenchClock
     private var histogram = makeHistogram()
     private var completed = 0, totalCompleted = 0, errors = 0
     private var responder: Responder?
 
-    init(loop: EventLoop, target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool) {
+    init(loop: EventLoop, target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool, limit: Int?) {
         self.loop = loop
         self.target = target
         self.connections = connections
         self.depth = depth
         self.size = size
         self.relay = relay
+        self.limit = limit
         clock = BenchClock(loop: loop)
     }
 
@@ -120,7 +124,7 @@ final class RPCWorkload {
 
     private func startLoad(warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         for client in clients {
-            while client.inFlight < depth { send(client) }
+            while client.inFlight < depth, mayStillSend { send(client) }
             client.transport?.write(&client.outbound)
         }
         clock.start(warmup: warmup, duration: duration, label: relay ? "relay" : "rpc", count: { [unowned self] in totalCompleted },
@@ -134,7 +138,10 @@ final class RPCWorkload {
         })
     }
 
+    private var mayStillSend: Bool { clock.phase != .done && sent < limit ?? .max }
+
     private func send(_ client: Client) {
+        sent += 1
         client.adapter.appendRequest(to: &client.outbound)
         client.sentAt[(client.head + client.inFlight) % depth] = EventLoop.nanoseconds()
         client.inFlight += 1
@@ -165,8 +172,9 @@ final class RPCWorkload {
                 completed += 1
                 _ = histogram.record((now - sentAt) / 1000)
             }
-            if clock.phase != .done { send(client) }
+            if mayStillSend { send(client) }
         }
+        if totalCompleted == limit { clock.finish() }
         if !client.outbound.isEmpty { client.transport?.write(&client.outbound) }
     }
 }
