@@ -106,6 +106,7 @@ public struct StandardMethodCodec: MethodCodec {
 
     /// Decodes in place: offsets and alignment count from the slice's start.
     public func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall {
+        if let payload, let call = StandardFastPath.decodeMethodCall(payload) { return call }
         var reader = try reader(payload, "method call")
         guard case .string(let method) = try reader.readValue() else {
             throw CodecError(offset: 0, "method name is not a string")

@@ -56,6 +56,8 @@ final class Connection {
     private var binaryRequests: [UInt32: PendingRequest] = [:]
     private var textRequests: [UInt64: PendingRequest] = [:]
     private var nextSerial: UInt64 = 0
+    /// An answered request to reuse for the next one (see ``PendingRequest/reuse(connection:origin:serial:methodCodec:)``).
+    private var spareRequest: PendingRequest?
     /// Server-initiated requests waiting for this client's REPLY.
     private var outgoing: [UInt32: OutgoingCompletion] = [:]
     private var nextOutgoingID: UInt32 = 0
@@ -267,6 +269,10 @@ final class Connection {
         }
         if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
+        } else if case .method(let method)? = core.entry(named: frame.channel, for: self) {
+            var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
+            core.invoke(method, payload: frame.payload, request: request)
+            settle(&request)
         } else {
             handleRequest(.binary(id: frame.id), channel: frame.channel, input: .bytes(frame.payload))
         }
@@ -300,11 +306,21 @@ final class Connection {
     /// Routes a request from this client. One its handler does not answer at once is kept in the table
     /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).
     func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput) {
-        let request = core.route(channel: channel, input: input, origin: origin, connection: self)
-        guard !request.isAnswered else { return }
+        var request = core.route(channel: channel, input: input, origin: origin, connection: self)
+        settle(&request)
+    }
+
+    /// After a request's handler has run: an open request goes into the table of open requests; an
+    /// answered one becomes the spare for the next request, unless its handler kept its `MethodResult`
+    /// (which a later answer would then reach).
+    private func settle(_ request: inout PendingRequest) {
+        guard !request.isAnswered else {
+            if isKnownUniquelyReferenced(&request) { spareRequest = request }
+            return
+        }
         if isClosing { return request.abandon() }
         request.isRegistered = true
-        switch origin {
+        switch request.origin {
         case .binary(let id): binaryRequests[id] = request
         case .text: textRequests[request.serial] = request
         }
@@ -315,6 +331,10 @@ final class Connection {
     func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: SharedMethodCodec?) -> PendingRequest {
         guard let origin else { return .detached(connectionID: id) }
         nextSerial += 1
+        if let spare = spareRequest.take() {
+            spare.reuse(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
+            return spare
+        }
         return PendingRequest(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
     }
 

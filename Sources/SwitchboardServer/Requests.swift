@@ -27,12 +27,11 @@ final class PendingRequest {
     /// and both break this back reference (a weak one cost a side-table allocation per request).
     var connection: Connection?
     let connectionID: UInt64
-    let origin: Origin
+    private(set) var origin: Origin
     /// Orders open requests; 0 for a detached request.
-    let serial: UInt64
-    /// Set for method calls: their answers are envelopes in this codec, and so is a CANCEL's
-    /// (`cancelled`). A constant, so reading it needs no exclusivity check.
-    let methodCodec: SharedMethodCodec?
+    private(set) var serial: UInt64
+    /// Set for method calls: their answers are envelopes in this codec, and so is a CANCEL's (`cancelled`).
+    private(set) var methodCodec: SharedMethodCodec?
     /// Whether the request outlived its handler's first run and sits in the connection's table of open
     /// requests (most are answered at once and never need it).
     var isRegistered = false
@@ -57,6 +56,18 @@ final class PendingRequest {
     }
 
     static func detached(connectionID: UInt64) -> PendingRequest { PendingRequest(connectionID: connectionID) }
+
+    /// Makes an answered request, that nothing else refers to, a new request of the same connection:
+    /// its connection keeps one such spare, and most calls are answered at once, so most calls allocate
+    /// no request.
+    func reuse(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
+        self.connection = connection
+        self.origin = origin
+        self.serial = serial
+        self.methodCodec = methodCodec
+        isRegistered = false
+        isAnswered = false
+    }
 
     /// Forgets the requester (it disconnected): a late answer goes nowhere.
     func abandon() {

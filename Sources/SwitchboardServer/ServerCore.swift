@@ -161,7 +161,7 @@ final class ServerCore {
     /// The channel entry for `name`, through the connection's one-entry cache: a connection mostly
     /// calls one channel, and its frame decoder hands back the same string object each time, so a hit
     /// costs a pointer comparison instead of hashing the name.
-    private func entry(named name: String, for connection: Connection) -> ChannelEntry? {
+    func entry(named name: String, for connection: Connection) -> ChannelEntry? {
         if let cached = connection.lastRoute, cached.version == channelsVersion, cached.name == name {
             return cached.entry
         }
@@ -188,6 +188,7 @@ final class ServerCore {
         switch entry {
         case .method(let method):
             request = connection.makeRequest(origin, methodCodec: method.codec)
+            if case .bytes(let payload) = input { return invoke(method, payload: payload, request: request) }
             guard let call = methodCall(input, codec: method.codec.codec, request: request) else { return request }
             method.handler(call, MethodResult(request: request, loop: handle))
         case .event(let event):
@@ -212,6 +213,19 @@ final class ServerCore {
             case .call: request.answer(.error(.badRequest("\(name) is a message channel: use \"send\"")))
             }
         }
+        return request
+    }
+
+    /// Decodes a binary method call read in place and runs its channel's handler: the common request,
+    /// which `Connection` sends here straight, without the routing enum. Returns `request`.
+    @discardableResult
+    func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: PendingRequest) -> PendingRequest {
+        let call: MethodCall
+        do throws(CodecError) { call = try method.codec.codec.decodeMethodCall(from: payload) } catch {
+            request.answer(.error(.badPayload("method call could not be decoded: \(error)")))
+            return request
+        }
+        method.handler(call, MethodResult(request: request, loop: handle))
         return request
     }
 

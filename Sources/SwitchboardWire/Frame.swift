@@ -75,28 +75,35 @@ public struct Frame: Equatable, Sendable {
         return start
     }
 
-    /// The 12 header bytes in one append of a literal the optimizer keeps on the stack: one capacity
-    /// check, not twelve.
+    /// The 12 header bytes written in place after one capacity check (no temporary array).
     private static func appendHeader(
         _ kind: Kind, id: UInt32, channelLength: Int, payloadLength: Int, flags: UInt8, to out: inout [UInt8]
     ) {
         let length = UInt32(8 + channelLength + payloadLength)
-        out.append(contentsOf: [
-            UInt8(truncatingIfNeeded: length >> 24), UInt8(truncatingIfNeeded: length >> 16),
-            UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length),
-            kind.rawValue, flags, UInt8(truncatingIfNeeded: channelLength >> 8), UInt8(truncatingIfNeeded: channelLength),
-            UInt8(truncatingIfNeeded: id >> 24), UInt8(truncatingIfNeeded: id >> 16),
-            UInt8(truncatingIfNeeded: id >> 8), UInt8(truncatingIfNeeded: id),
-        ])
+        out.append(addingCapacity: headerSize) { header in
+            header.append(UInt8(truncatingIfNeeded: length >> 24))
+            header.append(UInt8(truncatingIfNeeded: length >> 16))
+            header.append(UInt8(truncatingIfNeeded: length >> 8))
+            header.append(UInt8(truncatingIfNeeded: length))
+            header.append(kind.rawValue)
+            header.append(flags)
+            header.append(UInt8(truncatingIfNeeded: channelLength >> 8))
+            header.append(UInt8(truncatingIfNeeded: channelLength))
+            header.append(UInt8(truncatingIfNeeded: id >> 24))
+            header.append(UInt8(truncatingIfNeeded: id >> 16))
+            header.append(UInt8(truncatingIfNeeded: id >> 8))
+            header.append(UInt8(truncatingIfNeeded: id))
+        }
     }
 
     /// Fills in the length of a frame begun with ``startFrame(_:id:channel:to:)`` once its payload is written.
     public static func finishFrame(startingAt start: Int, in out: inout [UInt8]) {
         let length = UInt32(out.count - start - 4)
-        out[start] = UInt8(truncatingIfNeeded: length >> 24)
-        out[start + 1] = UInt8(truncatingIfNeeded: length >> 16)
-        out[start + 2] = UInt8(truncatingIfNeeded: length >> 8)
-        out[start + 3] = UInt8(truncatingIfNeeded: length)
+        var bytes = out.mutableSpan  // one uniqueness check for the four stores
+        bytes[start] = UInt8(truncatingIfNeeded: length >> 24)
+        bytes[start + 1] = UInt8(truncatingIfNeeded: length >> 16)
+        bytes[start + 2] = UInt8(truncatingIfNeeded: length >> 8)
+        bytes[start + 3] = UInt8(truncatingIfNeeded: length)
     }
 
     /// Appends a u32 in network byte order.

@@ -61,13 +61,16 @@ public struct FrameDecoder: Sendable {
     /// payload slice is still held would copy the buffer).
     /// - Throws: `WireError.malformedFrame` or `.frameTooLarge`, after which the connection must close.
     public mutating func peek(_ buffer: InboundBuffer) throws(WireError) -> (Peeked, length: Int)? {
-        let available = buffer.readableBytes
+        // Read through a span: bounds-checked like the array, without retaining its storage per access.
+        let bytes = buffer.storage.span
+        let start = buffer.readerIndex
+        let available = bytes.count - start
         guard available >= 4 else { return nil }
-        let length = readU32(buffer, 0)
+        let length = Self.readU32(bytes, start)
         guard length <= maxFrame else { throw .frameTooLarge(declared: length) }
         guard length >= 8 else { throw .malformedFrame("length \(length) is less than 8") }
         guard available >= 8 else { return nil }
-        let channelLength = Int(buffer.byte(at: 6)) << 8 | Int(buffer.byte(at: 7))
+        let channelLength = Int(bytes[start + 6]) << 8 | Int(bytes[start + 7])
         guard channelLength <= Int(length) - 8 else {
             throw .malformedFrame("channel length \(channelLength) exceeds frame length \(length)")
         }
@@ -77,14 +80,14 @@ public struct FrameDecoder: Sendable {
     }
 
     private mutating func peekFrame(_ buffer: InboundBuffer, total: Int, channelLength: Int) -> Peeked {
-
-        let typeByte = buffer.byte(at: 4)
-        let flags = buffer.byte(at: 5)
-        let id = readU32(buffer, 8)
-        let bytes = buffer.readable
-        let channelStart = bytes.startIndex + Frame.headerSize
+        let bytes = buffer.storage.span
+        let start = buffer.readerIndex
+        let typeByte = bytes[start + 4]
+        let flags = bytes[start + 5]
+        let id = Self.readU32(bytes, start + 8)
+        let channelStart = start + Frame.headerSize
         let payloadStart = channelStart + channelLength
-        let payloadEnd = bytes.startIndex + total
+        let payloadEnd = start + total
 
         guard let kind = Frame.Kind(rawValue: typeByte) else {
             return .rejected(.badFrame("unknown frame type \(typeByte)"), id: id)
@@ -105,10 +108,10 @@ public struct FrameDecoder: Sendable {
         }
         var channel = ""
         if channelLength > 0 {
-            let raw = bytes[channelStart..<payloadStart]
-            if raw == lastChannel.bytes[...] {
+            if Self.equal(bytes, channelStart..<payloadStart, lastChannel.bytes.span) {
                 channel = lastChannel.name
             } else {
+                let raw = buffer.storage[channelStart..<payloadStart]
                 guard let name = decodeUTF8(raw) else {
                     return .rejected(.badChannel("channel name is not valid UTF-8"), id: id)
                 }
@@ -116,12 +119,21 @@ public struct FrameDecoder: Sendable {
                 lastChannel = (Array(raw), name)
             }
         }
-        let payload = isNull ? nil : bytes[payloadStart..<payloadEnd]
+        let payload = isNull ? nil : buffer.storage[payloadStart..<payloadEnd]
         return .frame(View(kind: kind, id: id, channel: channel, payload: payload))
     }
 
-    private func readU32(_ buffer: InboundBuffer, _ offset: Int) -> UInt32 {
-        UInt32(buffer.byte(at: offset)) << 24 | UInt32(buffer.byte(at: offset + 1)) << 16
-            | UInt32(buffer.byte(at: offset + 2)) << 8 | UInt32(buffer.byte(at: offset + 3))
+    /// Whether `bytes[range]` holds exactly `other`.
+    private static func equal(_ bytes: Span<UInt8>, _ range: Range<Int>, _ other: Span<UInt8>) -> Bool {
+        let part = bytes.extracting(range)
+        guard part.count == other.count else { return false }
+        var difference: UInt8 = 0  // no early exit: a branch-free loop the compiler can vectorise
+        for i in part.indices { difference |= part[i] ^ other[i] }
+        return difference == 0
+    }
+
+    private static func readU32(_ bytes: Span<UInt8>, _ offset: Int) -> UInt32 {
+        UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8
+            | UInt32(bytes[offset + 3])
     }
 }

@@ -1,0 +1,78 @@
+/// The shapes almost every method call has, read straight from the bytes through a span: a method
+/// name, then one argument that is null, a bool, an int32, an int64, a float64, a string or a Uint8List.
+/// No reader, no intermediate values: the general ``StandardReader`` costs several times as much for
+/// these. Anything else (and anything malformed) returns nil, and the general reader decides, with its
+/// exact errors, so both paths accept exactly the same bytes.
+enum StandardFastPath {
+    static func decodeMethodCall(_ payload: ArraySlice<UInt8>) -> MethodCall? {
+        let bytes = payload.span
+        var index = 0
+        guard bytes.count >= 2, bytes[0] == StandardType.string else { return nil }
+        index = 1
+        guard let nameLength = readSize(bytes, &index), nameLength <= bytes.count - index - 1,
+              let method = decodeUTF8(bytes, index..<index + nameLength)
+        else { return nil }
+        index += nameLength
+        let type = bytes[index]
+        index += 1
+        let arguments: ChannelValue
+        switch type {
+        case StandardType.null: arguments = .null
+        case StandardType.true: arguments = .bool(true)
+        case StandardType.false: arguments = .bool(false)
+        case StandardType.int32:
+            guard bytes.count - index == 4 else { return nil }
+            arguments = .int32(Int32(truncatingIfNeeded: readLittleEndian(bytes, index, 4)))
+            index += 4
+        case StandardType.int64:
+            guard bytes.count - index == 8 else { return nil }
+            arguments = .int64(Int64(bitPattern: readLittleEndian(bytes, index, 8)))
+            index += 8
+        case StandardType.float64:
+            index += (8 - index % 8) % 8  // aligned from the payload's first byte
+            guard bytes.count - index == 8 else { return nil }
+            arguments = .float64(Double(bitPattern: readLittleEndian(bytes, index, 8)))
+            index += 8
+        case StandardType.string, StandardType.uint8List:
+            guard let count = readSize(bytes, &index), count == bytes.count - index else { return nil }
+            if type == StandardType.uint8List {
+                let start = payload.startIndex + index
+                arguments = .uint8List(Array(payload[start..<start + count]))
+            } else {
+                guard let string = decodeUTF8(bytes, index..<index + count) else { return nil }
+                arguments = .string(string)
+            }
+            index += count
+        default: return nil
+        }
+        guard index == bytes.count else { return nil }
+        return MethodCall(method: method, arguments: arguments)
+    }
+
+    /// A size (1, 3 or 5 bytes); nil if the bytes end first.
+    @inline(__always)
+    private static func readSize(_ bytes: Span<UInt8>, _ index: inout Int) -> Int? {
+        guard index < bytes.count else { return nil }
+        let first = bytes[index]
+        if first < 254 {
+            index += 1
+            return Int(first)
+        }
+        let width = first == 254 ? 2 : 4
+        guard bytes.count - index - 1 >= width else { return nil }
+        defer { index += 1 + width }
+        return Int(readLittleEndian(bytes, index + 1, width))
+    }
+
+    private static func readLittleEndian(_ bytes: Span<UInt8>, _ index: Int, _ width: Int) -> UInt64 {
+        var value: UInt64 = 0
+        for i in 0..<width { value |= UInt64(bytes[index + i]) << (8 * i) }
+        return value
+    }
+
+    /// The string in `bytes[range]`, validated as UTF-8.
+    private static func decodeUTF8(_ bytes: Span<UInt8>, _ range: Range<Int>) -> String? {
+        guard let text = try? UTF8Span(validating: bytes.extracting(range)) else { return nil }
+        return String(copying: text)
+    }
+}
