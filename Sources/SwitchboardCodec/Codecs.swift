@@ -27,6 +27,10 @@ public protocol MethodCodec: Sendable {
     /// Decodes a call from a slice of a larger buffer, such as a frame read in place (the default copies
     /// the slice into an array first).
     func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall
+    /// Decodes a call as ``decodeMethodCall(from:)`` does, taking what it can from the previous call on
+    /// the same connection (the default ignores `reuse`).
+    func decodeMethodCall(from payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse) throws(CodecError)
+        -> MethodCall
     /// Encodes a success envelope.
     func encodeSuccessEnvelope(_ result: ChannelValue) throws(CodecError) -> [UInt8]
     /// Encodes an error envelope.
@@ -43,6 +47,28 @@ extension MethodCodec {
     public func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall {
         try decodeMethodCall(payload.map(Array.init))
     }
+
+    public func decodeMethodCall(from payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse)
+        throws(CodecError) -> MethodCall
+    {
+        try decodeMethodCall(from: payload)
+    }
+}
+
+/// What one connection keeps from one method call to the next, so that decoding the next call
+/// allocates less: the last method name (most connections call few methods) and the storage of the last
+/// Uint8List argument, whose bytes the next one overwrites once nothing else holds them. A handler that
+/// keeps an argument keeps its own copy: arrays are values, so the next call then gets fresh storage.
+public struct MethodCallReuse: Sendable {
+    /// The last method name decoded.
+    var method = ""
+    /// Storage for the next Uint8List argument.
+    var bytes: [UInt8] = []
+    /// Arguments larger than this get storage of their own, so that a connection never keeps more.
+    static let largestKept = 64 * 1024
+
+    /// Makes an empty one.
+    public init() {}
 }
 
 // MARK: - Standard
@@ -106,7 +132,14 @@ public struct StandardMethodCodec: MethodCodec {
 
     /// Decodes in place: offsets and alignment count from the slice's start.
     public func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall {
-        if let payload, let call = StandardFastPath.decodeMethodCall(payload) { return call }
+        var reuse = MethodCallReuse()
+        return try decodeMethodCall(from: payload, reusing: &reuse)
+    }
+
+    public func decodeMethodCall(from payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse)
+        throws(CodecError) -> MethodCall
+    {
+        if let payload, let call = StandardFastPath.decodeMethodCall(payload, reusing: &reuse) { return call }
         var reader = try reader(payload, "method call")
         guard case .string(let method) = try reader.readValue() else {
             throw CodecError(offset: 0, "method name is not a string")

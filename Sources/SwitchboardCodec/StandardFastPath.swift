@@ -4,14 +4,18 @@
 /// these. Anything else (and anything malformed) returns nil, and the general reader decides, with its
 /// exact errors, so both paths accept exactly the same bytes.
 enum StandardFastPath {
-    static func decodeMethodCall(_ payload: ArraySlice<UInt8>) -> MethodCall? {
+    static func decodeMethodCall(_ payload: ArraySlice<UInt8>, reusing reuse: inout MethodCallReuse) -> MethodCall? {
         let bytes = payload.span
         var index = 0
         guard bytes.count >= 2, bytes[0] == StandardType.string else { return nil }
         index = 1
-        guard let nameLength = readSize(bytes, &index), nameLength <= bytes.count - index - 1,
-              let method = decodeUTF8(bytes, index..<index + nameLength)
-        else { return nil }
+        guard let nameLength = readSize(bytes, &index), nameLength <= bytes.count - index - 1 else { return nil }
+        let nameBytes = index..<index + nameLength
+        if !equal(bytes, nameBytes, reuse.method.utf8.span) {
+            guard let name = decodeUTF8(bytes, nameBytes) else { return nil }
+            reuse.method = name
+        }
+        let method = reuse.method
         index += nameLength
         let type = bytes[index]
         index += 1
@@ -37,7 +41,7 @@ enum StandardFastPath {
             guard let count = readSize(bytes, &index), count == bytes.count - index else { return nil }
             if type == StandardType.uint8List {
                 let start = payload.startIndex + index
-                arguments = .uint8List(Array(payload[start..<start + count]))
+                arguments = .uint8List(copy(payload[start..<start + count], reusing: &reuse.bytes))
             } else {
                 guard let string = decodeUTF8(bytes, index..<index + count) else { return nil }
                 arguments = .string(string)
@@ -47,6 +51,23 @@ enum StandardFastPath {
         }
         guard index == bytes.count else { return nil }
         return MethodCall(method: method, arguments: arguments)
+    }
+
+    /// `bytes` in the storage of `spare` when nothing else holds it (no allocation), else in new storage.
+    private static func copy(_ bytes: ArraySlice<UInt8>, reusing spare: inout [UInt8]) -> [UInt8] {
+        guard bytes.count <= MethodCallReuse.largestKept else { return Array(bytes) }
+        spare.removeAll(keepingCapacity: true)  // allocates only if the last argument is still held
+        spare.append(contentsOf: bytes)
+        return spare
+    }
+
+    /// Whether `bytes[range]` holds exactly `other`.
+    private static func equal(_ bytes: Span<UInt8>, _ range: Range<Int>, _ other: Span<UInt8>) -> Bool {
+        let part = bytes.extracting(range)
+        guard part.count == other.count else { return false }
+        var difference: UInt8 = 0
+        for i in part.indices { difference |= part[i] ^ other[i] }
+        return difference == 0
     }
 
     /// A size (1, 3 or 5 bytes); nil if the bytes end first.

@@ -56,6 +56,8 @@ final class Connection {
     private var binaryRequests: [UInt32: PendingRequest] = [:]
     private var textRequests: [UInt64: PendingRequest] = [:]
     private var nextSerial: UInt64 = 0
+    /// What decoding the last method call leaves for the next (see ``MethodCallReuse``).
+    private var methodCallReuse = MethodCallReuse()
     /// An answered request to reuse for the next one (see ``PendingRequest/reuse(connection:origin:serial:methodCodec:)``).
     private var spareRequest: PendingRequest?
     /// Server-initiated requests waiting for this client's REPLY.
@@ -101,7 +103,9 @@ final class Connection {
     /// Bytes of events waiting in this connection's stream queues (for credit or for outbound room).
     var waitingEventBytes = 0
     var isOverOutboundLimit: Bool { pendingBytes >= core.config.outboundLimit }
-    var openRequestCount: Int { binaryRequests.count + textRequests.count }
+    /// Requests in `binaryRequests` and `textRequests`: a plain counter, read per frame without the
+    /// run-time exclusivity check that reading a table (which is modified through calls) costs.
+    private(set) var openRequestCount = 0
     var isText: Bool { mode == .text }
 
 
@@ -189,18 +193,21 @@ final class Connection {
     /// Handles the next frame in `buffer`, read in place; returns its length, or nil when more bytes are
     /// needed or the connection failed.
     private func decodeFrame(_ decoder: inout FrameDecoder, in buffer: InboundBuffer) -> Int? {
-        let peeked: (FrameDecoder.Peeked, length: Int)?
+        let peeked: FrameDecoder.Peeked?
         do { peeked = try decoder.peek(buffer) } catch {
             let id: UInt32 = if case .malformedFrame = error { Self.headerID(buffer) } else { 0 }
             fail(error, id: id)
             return nil
         }
-        guard let (decoded, length) = peeked else { return nil }
-        switch decoded {
-        case .frame(let view): handleFrame(view)
-        case .rejected(let error, let id): writeError(error, id: id)
+        switch peeked {
+        case .frame(let view, let length)?:
+            handleFrame(view)
+            return length
+        case .rejected(let error, let id, let length)?:
+            writeError(error, id: id)
+            return length
+        case nil: return nil
         }
-        return length
     }
 
     /// The id of a frame whose header is in but is unusable; 0 when the header was never read.
@@ -257,7 +264,7 @@ final class Connection {
 
     /// A MESSAGE, with its payload still in the inbound buffer: a method call is decoded in place.
     private func handleMessage(_ frame: FrameDecoder.View) {
-        if frame.id != 0, !binaryRequests.isEmpty, let first = binaryRequests[frame.id] {
+        if frame.id != 0, openRequestCount > 0, let first = binaryRequests[frame.id] {
             // An ERROR carrying a pending request's id is that request's answer (wire-v1 section 2), so
             // this one ERROR answers the id: the first request goes on, but its own answer never follows.
             detach(first)
@@ -271,7 +278,7 @@ final class Connection {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
         } else if case .method(let method)? = core.entry(named: frame.channel, for: self) {
             var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
-            core.invoke(method, payload: frame.payload, request: request)
+            core.invoke(method, payload: frame.payload, request: request, connection: self)
             settle(&request)
         } else {
             handleRequest(.binary(id: frame.id), channel: frame.channel, input: .bytes(frame.payload))
@@ -324,6 +331,7 @@ final class Connection {
         case .binary(let id): binaryRequests[id] = request
         case .text: textRequests[request.serial] = request
         }
+        openRequestCount += 1
         core.stats.repliesPending += 1
     }
 
@@ -331,7 +339,8 @@ final class Connection {
     func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: SharedMethodCodec?) -> PendingRequest {
         guard let origin else { return .detached(connectionID: id) }
         nextSerial += 1
-        if let spare = spareRequest.take() {
+        if let spare = spareRequest {
+            spareRequest = nil
             spare.reuse(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
             return spare
         }
@@ -367,6 +376,15 @@ final class Connection {
         afterAnswer(request)
     }
 
+    /// Runs `body` with ``methodCallReuse`` taken out of the connection for the call (so no access to
+    /// the property spans the codec's code), then puts it back.
+    func withMethodCallReuse<Result>(_ body: (inout MethodCallReuse) throws(CodecError) -> Result) throws(CodecError) -> Result {
+        var reuse = MethodCallReuse()
+        swap(&reuse, &methodCallReuse)
+        defer { swap(&reuse, &methodCallReuse) }
+        return try body(&reuse)
+    }
+
     /// Takes an answered request out of the table of open requests.
     private func forget(_ request: PendingRequest) {
         guard request.isRegistered else { return }
@@ -374,6 +392,7 @@ final class Connection {
         case .binary(let id): binaryRequests.removeValue(forKey: id)
         case .text: textRequests.removeValue(forKey: request.serial)
         }
+        openRequestCount -= 1
         core.stats.repliesPending -= 1
     }
 
@@ -643,6 +662,7 @@ final class Connection {
         for request in binaryRequests.values { request.abandon() }
         for request in textRequests.values { request.abandon() }
         core.stats.repliesPending -= openRequestCount
+        openRequestCount = 0
         binaryRequests = [:]
         textRequests = [:]
         core.requestFinished()  // the shutdown drain may have been waiting for these

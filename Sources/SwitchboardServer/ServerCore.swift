@@ -188,7 +188,9 @@ final class ServerCore {
         switch entry {
         case .method(let method):
             request = connection.makeRequest(origin, methodCodec: method.codec)
-            if case .bytes(let payload) = input { return invoke(method, payload: payload, request: request) }
+            if case .bytes(let payload) = input {
+                return invoke(method, payload: payload, request: request, connection: connection)
+            }
             guard let call = methodCall(input, codec: method.codec.codec, request: request) else { return request }
             method.handler(call, MethodResult(request: request, loop: handle))
         case .event(let event):
@@ -219,9 +221,14 @@ final class ServerCore {
     /// Decodes a binary method call read in place and runs its channel's handler: the common request,
     /// which `Connection` sends here straight, without the routing enum. Returns `request`.
     @discardableResult
-    func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: PendingRequest) -> PendingRequest {
+    func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: PendingRequest,
+                connection: Connection) -> PendingRequest {
         let call: MethodCall
-        do throws(CodecError) { call = try method.codec.codec.decodeMethodCall(from: payload) } catch {
+        do throws(CodecError) {
+            call = try connection.withMethodCallReuse { reuse throws(CodecError) in
+                try method.codec.codec.decodeMethodCall(from: payload, reusing: &reuse)
+            }
+        } catch {
             request.answer(.error(.badPayload("method call could not be decoded: \(error)")))
             return request
         }

@@ -37,22 +37,29 @@ public struct FrameDecoder: Sendable {
         public var frame: Frame { Frame(kind, id: id, channel: channel, payload: payload.map(Array.init)) }
     }
 
-    /// The outcome of parsing one frame in place.
+    /// The outcome of parsing one frame in place, with the frame's length in the buffer.
     public enum Peeked: Sendable {
         /// A valid frame.
-        case frame(View)
+        case frame(View, length: Int)
         /// A complete frame that breaks a non-fatal rule: answer ERROR with `id`, keep the connection.
-        case rejected(WireError, id: UInt32)
+        case rejected(WireError, id: UInt32, length: Int)
+
+        /// The bytes the frame takes in the buffer, to consume once it is handled.
+        public var length: Int {
+            switch self {
+            case .frame(_, let length), .rejected(_, _, let length): length
+            }
+        }
     }
 
     /// Parses the next frame from `buffer`; nil means more bytes are needed.
     /// - Throws: `WireError.malformedFrame` or `.frameTooLarge`, after which the connection must close.
     public mutating func next(from buffer: inout InboundBuffer) throws(WireError) -> Decoded? {
-        guard let (peeked, length) = try peek(buffer) else { return nil }
-        defer { buffer.consume(length) }
+        guard let peeked = try peek(buffer) else { return nil }
+        defer { buffer.consume(peeked.length) }
         switch peeked {
-        case .frame(let view): return .frame(view.frame)
-        case .rejected(let error, let id): return .rejected(error, id: id)
+        case .frame(let view, _): return .frame(view.frame)
+        case .rejected(let error, let id, _): return .rejected(error, id: id)
         }
     }
 
@@ -60,7 +67,7 @@ public struct FrameDecoder: Sendable {
     /// needed. The caller consumes `length` bytes once it is done with the view (consuming while the
     /// payload slice is still held would copy the buffer).
     /// - Throws: `WireError.malformedFrame` or `.frameTooLarge`, after which the connection must close.
-    public mutating func peek(_ buffer: InboundBuffer) throws(WireError) -> (Peeked, length: Int)? {
+    public mutating func peek(_ buffer: InboundBuffer) throws(WireError) -> Peeked? {
         // Read through a span: bounds-checked like the array, without retaining its storage per access.
         let bytes = buffer.storage.span
         let start = buffer.readerIndex
@@ -76,7 +83,7 @@ public struct FrameDecoder: Sendable {
         }
         let total = 4 + Int(length)
         guard available >= total else { return nil }
-        return (peekFrame(buffer, total: total, channelLength: channelLength), total)
+        return peekFrame(buffer, total: total, channelLength: channelLength)
     }
 
     private mutating func peekFrame(_ buffer: InboundBuffer, total: Int, channelLength: Int) -> Peeked {
@@ -90,20 +97,20 @@ public struct FrameDecoder: Sendable {
         let payloadEnd = start + total
 
         guard let kind = Frame.Kind(rawValue: typeByte) else {
-            return .rejected(.badFrame("unknown frame type \(typeByte)"), id: id)
+            return .rejected(.badFrame("unknown frame type \(typeByte)"), id: id, length: total)
         }
         guard flags & ~Frame.nullPayloadFlag == 0 else {
-            return .rejected(.badFrame("reserved flag bits set"), id: id)
+            return .rejected(.badFrame("reserved flag bits set"), id: id, length: total)
         }
         let isNull = flags & Frame.nullPayloadFlag != 0
         if isNull, payloadEnd > payloadStart {
-            return .rejected(.badFrame("NULL_PAYLOAD with a payload"), id: id)
+            return .rejected(.badFrame("NULL_PAYLOAD with a payload"), id: id, length: total)
         }
         switch kind.channelRule {
         case true?:
-            if channelLength == 0 { return .rejected(.badChannel("this frame type needs a channel name"), id: id) }
+            if channelLength == 0 { return .rejected(.badChannel("this frame type needs a channel name"), id: id, length: total) }
         case false?:
-            if channelLength > 0 { return .rejected(.badFrame("this frame type takes no channel name"), id: id) }
+            if channelLength > 0 { return .rejected(.badFrame("this frame type takes no channel name"), id: id, length: total) }
         case nil: break
         }
         var channel = ""
@@ -113,14 +120,14 @@ public struct FrameDecoder: Sendable {
             } else {
                 let raw = buffer.storage[channelStart..<payloadStart]
                 guard let name = decodeUTF8(raw) else {
-                    return .rejected(.badChannel("channel name is not valid UTF-8"), id: id)
+                    return .rejected(.badChannel("channel name is not valid UTF-8"), id: id, length: total)
                 }
                 channel = name
                 lastChannel = (Array(raw), name)
             }
         }
         let payload = isNull ? nil : buffer.storage[payloadStart..<payloadEnd]
-        return .frame(View(kind: kind, id: id, channel: channel, payload: payload))
+        return .frame(View(kind: kind, id: id, channel: channel, payload: payload), length: total)
     }
 
     /// Whether `bytes[range]` holds exactly `other`.

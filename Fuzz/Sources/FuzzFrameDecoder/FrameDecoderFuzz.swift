@@ -57,7 +57,7 @@ func decodeWithPeek(_ stream: [UInt8]) -> (events: [Event], left: Int) {
     buffer.append(stream)
     var events: [Event] = []
     while true {
-        let peeked: (FrameDecoder.Peeked, length: Int)?
+        let peeked: FrameDecoder.Peeked?
         do {
             peeked = try decoder.peek(buffer)
         } catch {
@@ -69,12 +69,13 @@ func decodeWithPeek(_ stream: [UInt8]) -> (events: [Event], left: Int) {
             events.append(.failed(error))
             return (events, -1)
         }
-        guard let (result, length) = peeked else { return (events, buffer.readableBytes) }
+        guard let result = peeked else { return (events, buffer.readableBytes) }
+        let length = result.length
         let raw = Array(buffer.readable.prefix(length))
         check(raw.count == length && length >= Frame.headerSize && length - 4 <= Int(maxFrame),
               "frame of \(length) bytes from \(buffer.readableBytes) readable, maxFrame \(maxFrame)")
         switch result {
-        case .frame(let view):
+        case .frame(let view, _):
             let frame = view.frame
             check(frame.bytes == raw, "re-encoded \(hex(frame.bytes)) != read \(hex(raw))")
             var again = InboundBuffer()
@@ -83,7 +84,7 @@ func decodeWithPeek(_ stream: [UInt8]) -> (events: [Event], left: Int) {
             check((try? fresh.next(from: &again)) == .frame(frame) && again.readableBytes == 0,
                   "re-encoded frame does not decode back: \(hex(frame.bytes))")
             events.append(.frame(frame))
-        case .rejected(let error, let id):
+        case .rejected(let error, let id, _):
             switch error {
             case .badFrame, .badChannel: break
             default: check(false, "rejected with \(error)")

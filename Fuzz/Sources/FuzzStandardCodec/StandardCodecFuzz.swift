@@ -8,7 +8,8 @@ import SwitchboardCodec
 // exact round trips: map order, int32 vs int64, NaN bits). A canonical encoding is never longer than
 // the payload it came from (the payload may only add padding bytes, long size forms or type 5).
 // Decoding from a slice inside a larger buffer, and encoding after existing bytes, count offsets and
-// alignment from the payload's own start, so they must agree with the plain forms.
+// alignment from the payload's own start, so they must agree with the plain forms; so must decoding
+// with what the previous input left (`MethodCallReuse`).
 
 let standard = StandardMessageCodec()
 let standardMethod = StandardMethodCodec()
@@ -35,10 +36,16 @@ func standardMessage(_ payload: [UInt8]) {
     check((try? standard.encode(again)) == bytes, "\(hex(bytes)) does not re-encode to itself")
 }
 
+/// Carried from input to input, as a connection carries it from call to call: what one call leaves
+/// must never show in the next one's result.
+nonisolated(unsafe) var reuse = MethodCallReuse()  // libFuzzer calls the target from one thread
+
 func standardMethodCall(_ payload: [UInt8]) {
     let call = try? standardMethod.decodeMethodCall(payload)
     let inPlace = try? standardMethod.decodeMethodCall(from: ([0xEE, 0xEE, 0xEE] + payload)[3...])
     check(call == inPlace, "decodeMethodCall gives \(String(describing: call)), from a slice \(String(describing: inPlace))")
+    let reusing = try? standardMethod.decodeMethodCall(from: payload[...], reusing: &reuse)
+    check(call == reusing, "decodeMethodCall gives \(String(describing: call)), reusing \(String(describing: reusing))")
     guard let call else { return }
     let bytes = mustSucceed("encode \(call)") { try standardMethod.encodeMethodCall(call) }
     check(bytes.count <= payload.count, "re-encoding \(hex(bytes)) is longer than \(hex(payload))")
