@@ -26,11 +26,14 @@ public struct InboundBuffer: Sendable {
     public func byte(at offset: Int) -> UInt8 { storage[readerIndex + offset] }
 
     /// Marks `count` bytes consumed; compacts only when the dead prefix is large and at least half the buffer.
+    /// Once everything is consumed the storage is let go, not kept for later: the next bytes are adopted
+    /// whole, and the storage is usually still shared with the read that brought it (keeping its capacity
+    /// would allocate a copy).
     public mutating func consume(_ count: Int) {
         precondition(count <= readableBytes, "consumed more than was readable")
         readerIndex += count
         if readerIndex == storage.count {
-            storage.removeAll(keepingCapacity: storage.capacity <= 1 << 20)
+            storage = []
             readerIndex = 0
         } else if readerIndex >= 64 * 1024, readerIndex * 2 >= storage.count {
             storage.removeFirst(readerIndex)
