@@ -47,6 +47,8 @@ final class Connection {
     /// counter update per turn rather than one per frame.
     private var unflushedFrames = 0
     var isDirty = false
+    /// The connection marked dirty before this one (see `ServerCore.firstDirty`).
+    var nextDirty: Connection?
     private(set) var isClosed = false
     private var isClosing = false
     var closingSince: UInt64?
@@ -501,7 +503,8 @@ final class Connection {
     func markDirty() {
         if !isDirty {
             isDirty = true
-            core.dirty.append(self)
+            nextDirty = core.firstDirty
+            core.firstDirty = self
         }
     }
 

@@ -60,10 +60,10 @@ final class ServerCore {
     private var channelsVersion = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
-    /// Connections with output made this turn; flushed once just before the loop blocks.
-    var dirty: [Connection] = []
-    /// The other of the two arrays `flushDirty` swaps with `dirty` (empty between turns).
-    private var flushing: [Connection] = []
+    /// The connection that last made output this turn, first of a list linked through
+    /// `Connection.nextDirty`: all are flushed once, just before the loop blocks. A list rather than an
+    /// array, so that marking a connection is two plain stores.
+    var firstDirty: Connection?
     private var beforeSleep: BeforeSleep?
     private var housekeeping: Timer?
     /// A zero-delay timer that keeps the loop from blocking while work is ready (see ``kickLoop()``).
@@ -292,18 +292,19 @@ final class ServerCore {
 
     private func flushDirty() {
         var rounds = 0
-        while !dirty.isEmpty, rounds < 8 {
-            var batch: [Connection] = []  // two arrays take turns, so a turn allocates nothing
-            swap(&batch, &flushing)
-            swap(&batch, &dirty)
+        while let first = firstDirty, rounds < 8 {
+            firstDirty = nil  // output made while flushing starts the next round
             // Newest first (as Redis does): a request's reply is made after the output it caused (a room
             // post's broadcast), so its sender can send again while the other connections are written.
-            for connection in batch.reversed() { connection.flush() }
-            batch.removeAll(keepingCapacity: true)
-            swap(&batch, &flushing)
+            var next: Connection? = first
+            while let connection = next {
+                next = connection.nextDirty
+                connection.nextDirty = nil
+                connection.flush()
+            }
             rounds += 1
         }
-        if !dirty.isEmpty { kickLoop() }  // more output is ready: don't let the loop block
+        if firstDirty != nil { kickLoop() }  // more output is ready: don't let the loop block
     }
 
     /// Makes the loop run another turn without blocking, whoever asks (leftover output, a finished
@@ -420,8 +421,10 @@ final class ServerCore {
         for connection in Array(connections.values) + closingConnections { connection.close(.shutdown) }
         connections = [:]
         closingConnections = []
-        dirty = []
-        flushing = []
+        while let connection = firstDirty {
+            firstDirty = connection.nextDirty
+            connection.nextDirty = nil
+        }
         channels = [:]
         registrations = [:]
         listener = nil
