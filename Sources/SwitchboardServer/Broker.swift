@@ -47,8 +47,6 @@ final class Registration {
     unowned let holder: Connection
     let kind: Kind?
     let codec: DeclaredCodec?
-    /// Ids (in the holder's id space) of requests forwarded and not answered yet.
-    var forwarded: Set<UInt32> = []
     /// The listeners of a held event channel, kept by the server.
     let events: EventEntry?
     var upstream = Upstream.idle
@@ -115,6 +113,7 @@ extension ServerCore {
         }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
                                                     queueLimit: config.eventQueueLimit)
+        routesVersion &+= 1
         if frame.id != 0 { connection.writeFrame(.reply, id: frame.id, payload: nil) }  // id 0: no answer wanted
     }
 
@@ -136,8 +135,8 @@ extension ServerCore {
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String) {
         registrations.removeValue(forKey: registration.name)
-        for id in registration.forwarded { registration.holder.failOutgoing(id, .disconnected) }
-        registration.forwarded = []
+        routesVersion &+= 1
+        registration.holder.failForwarded(on: registration, .disconnected)
         if case .starting(let waiting) = registration.upstream {
             for listen in waiting { listen.request.answer(.error(.handlerGone)) }
         }
@@ -202,17 +201,12 @@ extension ServerCore {
         }
         // Strong captures: the holder's table of requests waiting for its REPLY holds these closures only
         // until the answer, a CANCEL, or the holder or registration going, whichever comes first.
-        let id = holder.sendRequest(channel: registration.name, payload: payload) { id, result in
-            registration.forwarded.remove(id)
+        let id = holder.sendRequest(channel: registration.name, payload: payload, forwardedFor: registration) { _, result in
             if let then { return then(result) }
             self.relay(result, of: registration, to: request)
         }
         guard let id else { return }
-        registration.forwarded.insert(id)
-        request.cancelHandler = {  // CANCEL is relayed to the holder
-            registration.forwarded.remove(id)
-            holder.sendCancel(id)
-        }
+        request.cancelHandler = { holder.sendCancel(id) }  // CANCEL is relayed to the holder
     }
 
     /// Puts the holder's answer into the requester's terms.

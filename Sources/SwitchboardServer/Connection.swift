@@ -63,7 +63,7 @@ final class Connection {
     /// An answered request to reuse for the next one (see ``PendingRequest/reuse(connection:origin:serial:methodCodec:)``).
     private var spareRequest: PendingRequest?
     /// Server-initiated requests waiting for this client's REPLY.
-    private var outgoing: [UInt32: OutgoingCompletion] = [:]
+    private var outgoing: [UInt32: Outgoing] = [:]
     private var nextOutgoingID: UInt32 = 0
     /// Active event streams by channel.
     var streams: [String: EventStream] = [:]
@@ -71,7 +71,7 @@ final class Connection {
     /// checked after each write, so that connections with nothing waiting skip the pump.
     var hasWaitingStreams = false
     /// The channel this connection's last request went to (see `ServerCore.entry(named:for:)`).
-    var lastRoute: (name: String, entry: ChannelEntry, version: Int)?
+    var lastRoute: (name: String, route: Route, version: Int)?
     /// Credit that arrived before `listen`, by channel.
     var pendingCredit: [String: Credit] = [:]
     var overLimitSince: UInt64?
@@ -278,7 +278,7 @@ final class Connection {
         }
         if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
-        } else if case .method(let method)? = core.entry(named: frame.channel, for: self) {
+        } else if case .local(.method(let method))? = core.route(named: frame.channel, for: self) {
             var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
             core.invoke(method, payload: frame.payload, request: request, connection: self)
             settle(&request)
@@ -288,8 +288,8 @@ final class Connection {
     }
 
     private func handleReply(_ frame: FrameDecoder.View) {
-        guard let completion = outgoing.removeValue(forKey: frame.id) else { core.stats.ignoredFrames += 1; return }
-        completion(frame.id, .success(frame.payload.map(Array.init)))
+        guard let waiting = outgoing.removeValue(forKey: frame.id) else { core.stats.ignoredFrames += 1; return }
+        waiting.completion(frame.id, .success(frame.payload.map(Array.init)))
     }
 
     private func handleDemand(_ frame: FrameDecoder.View) {
@@ -473,23 +473,39 @@ final class Connection {
     /// the REPLY payload or why none came.
     typealias OutgoingCompletion = (UInt32, Result<[UInt8]?, InvokeError>) -> Void
 
-    /// Sends a server-initiated MESSAGE; `completion` gets its answer. Returns the id used on this
-    /// connection (nil if it could not be sent; `completion` then got id 0).
+    /// A server-initiated request waiting for this client's REPLY.
+    struct Outgoing {
+        let completion: OutgoingCompletion
+        /// The held channel the request was forwarded on, to be failed if the holder lets the channel go;
+        /// nil for the server's own requests (`invokeMethod`, `send`).
+        let registration: Registration?
+    }
+
+    /// Sends a server-initiated MESSAGE (forwarded on behalf of `registration`, if given); `completion`
+    /// gets its answer. Returns the id used on this connection (nil if it could not be sent; `completion`
+    /// then got id 0).
     @discardableResult
-    func sendRequest(channel: String, payload: [UInt8]?, completion: @escaping OutgoingCompletion) -> UInt32? {
+    func sendRequest(channel: String, payload: [UInt8]?, forwardedFor registration: Registration? = nil,
+                     completion: @escaping OutgoingCompletion) -> UInt32? {
         guard mode == .binary, !isClosing else {
             completion(0, .failure(mode == .text ? .textClient : .disconnected))
             return nil
         }
         repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0 || outgoing[nextOutgoingID] != nil
-        outgoing[nextOutgoingID] = completion
+        outgoing[nextOutgoingID] = Outgoing(completion: completion, registration: registration)
         writeFrame(.message, id: nextOutgoingID, channel: channel, payload: payload)
         return nextOutgoingID
     }
 
     /// Fails a server-initiated request still waiting for this client's REPLY.
     func failOutgoing(_ id: UInt32, _ error: InvokeError) {
-        outgoing.removeValue(forKey: id)?(id, .failure(error))
+        outgoing.removeValue(forKey: id)?.completion(id, .failure(error))
+    }
+
+    /// Fails, oldest first, every request forwarded on `registration` that still waits for a REPLY.
+    func failForwarded(on registration: Registration, _ error: InvokeError) {
+        let ids = outgoing.compactMap { $0.value.registration === registration ? $0.key : nil }
+        for id in ids.sorted() { failOutgoing(id, error) }
     }
 
     /// Tells this client that the server no longer wants the answer to its request `id`.
@@ -661,7 +677,7 @@ final class Connection {
         }
         let waiting = outgoing
         outgoing = [:]
-        for (id, completion) in waiting { completion(id, .failure(.disconnected)) }
+        for (id, request) in waiting { request.completion(id, .failure(.disconnected)) }
         for request in binaryRequests.values { request.abandon() }
         for request in textRequests.values { request.abandon() }
         core.stats.repliesPending -= openRequestCount

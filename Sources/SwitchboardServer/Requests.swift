@@ -119,6 +119,12 @@ enum MessageInput {
     case value(ChannelValue)
 }
 
+/// Where a channel name leads: a channel served here, or one a client holds.
+enum Route {
+    case local(ChannelEntry)
+    case held(Registration)
+}
+
 /// A server-side channel as the router sees it.
 enum ChannelEntry {
     case method(MethodEntry)

@@ -57,7 +57,8 @@ final class ServerCore {
     private var nextConnectionID: UInt64 = 0
     private(set) var channels: [String: ChannelEntry] = [:]
     /// Changes whenever `channels` does (invalidating the connections' route caches).
-    private var channelsVersion = 0
+    /// Changes whenever a channel or registration does, which invalidates every connection's cached route.
+    var routesVersion = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
     /// The connection that last made output this turn, first of a list linked through
@@ -155,33 +156,42 @@ final class ServerCore {
             for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
         }
         channels[name] = entry
-        channelsVersion &+= 1
+        routesVersion &+= 1
     }
 
-    /// The channel entry for `name`, through the connection's one-entry cache: a connection mostly
-    /// calls one channel, and its frame decoder hands back the same string object each time, so a hit
-    /// costs a pointer comparison instead of hashing the name.
-    func entry(named name: String, for connection: Connection) -> ChannelEntry? {
-        if let cached = connection.lastRoute, cached.version == channelsVersion, cached.name == name {
-            return cached.entry
+    /// Where `name` leads, through the connection's one-entry cache: a connection mostly calls one
+    /// channel, and its frame decoder hands back the same string object each time, so a hit costs a
+    /// pointer comparison instead of hashing the name (twice, for a channel a client holds).
+    func route(named name: String, for connection: Connection) -> Route? {
+        if let cached = connection.lastRoute, cached.version == routesVersion, cached.name == name {
+            return cached.route
         }
-        guard let entry = channels[name] else { return nil }
-        connection.lastRoute = (name, entry, channelsVersion)
-        return entry
+        let route: Route
+        if let entry = channels[name] {
+            route = .local(entry)
+        } else if let registration = registrations[name] {
+            route = .held(registration)
+        } else {
+            return nil
+        }
+        connection.lastRoute = (name, route, routesVersion)
+        return route
     }
 
     /// Hands a request (`origin` nil: a MESSAGE with id 0, answered nowhere) to the channel's handler or
     /// holder; returns the request, which may or may not be answered yet.
     @discardableResult
     func route(channel name: String, input: RouteInput, origin: PendingRequest.Origin?, connection: Connection) -> PendingRequest {
-        guard let entry = entry(named: name, for: connection) else {
-            guard let registration = registrations[name] else {
-                let request = connection.makeRequest(origin, methodCodec: nil)
-                request.answer(.notImplemented)
-                return request
-            }
+        let entry: ChannelEntry
+        switch route(named: name, for: connection) {
+        case .local(let local)?: entry = local
+        case .held(let registration)?:
             let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
             routeToHolder(registration, input: input, request: request, connection: connection)
+            return request
+        case nil:
+            let request = connection.makeRequest(origin, methodCodec: nil)
+            request.answer(.notImplemented)
             return request
         }
         let request: PendingRequest

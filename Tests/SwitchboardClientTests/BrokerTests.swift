@@ -85,6 +85,37 @@ final class Counter: EventProducer {
         await stop(server)
     }
 
+    /// A holder that lets its channel go (and stays connected) leaves no caller waiting: every request
+    /// forwarded on the channel and not answered is answered `handler_gone`, and a late REPLY is ignored.
+    @Test func unregisteringAnswersForwardedRequestsWithHandlerGone() async throws {
+        let server = try startServer()
+        let holder = try RawConnection(port: server.port)
+        try holder.send(Frame(.register, id: 1, channel: "slow", payload: nil))
+        try holder.send(Frame(.register, id: 2, channel: "other", payload: nil))
+        #expect(try await holder.frame().id == 1)
+        #expect(try await holder.frame().id == 2)
+        let caller = try RawConnection(port: server.port)
+        for id in 1...3 as ClosedRange<UInt32> { try caller.send(Frame(.message, id: id, channel: "slow", payload: [UInt8(id)])) }
+        try caller.send(Frame(.message, id: 4, channel: "other", payload: [4]))
+        var forwarded: [String: [UInt32]] = [:]
+        for _ in 0..<4 {
+            let frame = try await holder.frame()
+            forwarded[frame.channel, default: []].append(frame.id)
+        }
+        try holder.send(Frame(.unregister, id: 3, channel: "slow", payload: nil))
+        #expect(try await holder.frame() == Frame(.reply, id: 3, payload: nil))
+        for id in 1...3 as ClosedRange<UInt32> {
+            let answer = try await caller.frame()
+            #expect(answer.id == id && answer.errorCode == "handler_gone")
+        }
+        // The request on the channel still held goes on; a late answer on the released one is ignored.
+        try holder.send(Frame(.reply, id: try #require(forwarded["slow"]?.first), payload: [9]))
+        try holder.send(Frame(.reply, id: try #require(forwarded["other"]?.first), payload: [44]))
+        #expect(try await caller.frame() == Frame(.reply, id: 4, payload: [44]))
+        #expect(try await caller.barrier().isEmpty)
+        await stop(server)
+    }
+
     @Test func holderCrashAnswersEveryPendingRequestWithHandlerGone() async throws {
         let server = try startServer()
         let holder = try RawConnection(port: server.port)
