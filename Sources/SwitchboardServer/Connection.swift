@@ -70,8 +70,11 @@ final class Connection {
     /// Some stream has queued events or a producer waiting to be told it may send: set by the streams,
     /// checked after each write, so that connections with nothing waiting skip the pump.
     var hasWaitingStreams = false
-    /// The channel this connection's last request went to (see `ServerCore.entry(named:for:)`).
-    var lastRoute: (name: String, route: Route, version: Int)?
+    /// Where this connection's last request went (see `ServerCore.route(named:for:)`).
+    var lastRoute: Route?
+    var lastRouteName = ""
+    /// The `ServerCore.routesVersion` the cached route belongs to (-1: none yet).
+    var lastRouteVersion = -1
     /// Credit that arrived before `listen`, by channel.
     var pendingCredit: [String: Credit] = [:]
     var overLimitSince: UInt64?
@@ -167,12 +170,13 @@ final class Connection {
             }
             lineDecoder = decoder
         } else {
-            var decoder = frameDecoder
+            var decoder = FrameDecoder(maxFrame: 0)  // swapped, not copied: no retain of its channel cache
+            swap(&decoder, &frameDecoder)
             while !isClosing, outbound.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
                 count += 1
                 buffer.consume(length)  // after the frame's view (and its payload slice) is gone
             }
-            frameDecoder = decoder
+            swap(&decoder, &frameDecoder)
         }
         core.stats.framesIn += count
         inbound = buffer

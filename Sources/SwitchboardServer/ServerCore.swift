@@ -163,9 +163,7 @@ final class ServerCore {
     /// channel, and its frame decoder hands back the same string object each time, so a hit costs a
     /// pointer comparison instead of hashing the name (twice, for a channel a client holds).
     func route(named name: String, for connection: Connection) -> Route? {
-        if let cached = connection.lastRoute, cached.version == routesVersion, cached.name == name {
-            return cached.route
-        }
+        if connection.lastRouteVersion == routesVersion, connection.lastRouteName == name { return connection.lastRoute }
         let route: Route
         if let entry = channels[name] {
             route = .local(entry)
@@ -174,7 +172,9 @@ final class ServerCore {
         } else {
             return nil
         }
-        connection.lastRoute = (name, route, routesVersion)
+        connection.lastRoute = route
+        connection.lastRouteName = name
+        connection.lastRouteVersion = routesVersion
         return route
     }
 
