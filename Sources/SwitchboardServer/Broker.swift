@@ -199,18 +199,16 @@ extension ServerCore {
             holder.writeFrame(.message, id: 0, channel: registration.name, payload: payload)
             return
         }
-        // Strong captures: the holder's table of requests waiting for its REPLY holds these closures only
-        // until the answer, a CANCEL, or the holder or registration going, whichever comes first.
-        let id = holder.sendRequest(channel: registration.name, payload: payload, forwardedFor: registration) { _, result in
-            if let then { return then(result) }
-            self.relay(result, of: registration, to: request)
-        }
-        guard let id else { return }
-        request.cancelHandler = { holder.sendCancel(id) }  // CANCEL is relayed to the holder
+        // The holder's table of requests waiting for its REPLY holds the request (or `then`) only until the
+        // answer, a CANCEL, or the holder or registration going, whichever comes first.
+        let waiter: Connection.Outgoing.Waiter = if let then { .completion { _, result in then(result) } } else { .relay(request) }
+        guard let id = holder.sendRequest(channel: registration.name, payload: payload, forwardedOn: registration,
+                                          waiter: waiter) else { return }
+        request.onCancel = .forwarded(holder: holder, id: id)  // CANCEL is relayed to the holder
     }
 
     /// Puts the holder's answer into the requester's terms.
-    private func relay(_ result: Result<[UInt8]?, InvokeError>, of registration: Registration?, to request: PendingRequest) {
+    func relay(_ result: Result<[UInt8]?, InvokeError>, of registration: Registration?, to request: PendingRequest) {
         guard case .success(let payload) = result else { return request.answer(.error(.handlerGone)) }
         guard request.isText else { return request.answer(.messageBytes(payload)) }
         guard let registration, let codec = registration.codec else {

@@ -293,7 +293,7 @@ final class Connection {
 
     private func handleReply(_ frame: FrameDecoder.View) {
         guard let waiting = outgoing.removeValue(forKey: frame.id) else { core.stats.ignoredFrames += 1; return }
-        waiting.completion(frame.id, .success(frame.payload.map(Array.init)))
+        waiting.complete(id: frame.id, .success(frame.payload.map(Array.init)), core: core)
     }
 
     private func handleDemand(_ frame: FrameDecoder.View) {
@@ -355,7 +355,7 @@ final class Connection {
 
     private func cancelRequest(_ id: UInt32) {
         guard let request = binaryRequests[id] else { core.stats.ignoredFrames += 1; return }
-        request.cancelHandler?()
+        request.notifyCancel()
         request.answer(request.cancelAnswer)
     }
 
@@ -423,7 +423,7 @@ final class Connection {
         closeReasonOncePeerIsDone = .peerGone
         let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
         for request in open {
-            request.cancelHandler?()
+            request.notifyCancel()
             request.answer(request.cancelAnswer)
         }
     }
@@ -479,31 +479,48 @@ final class Connection {
 
     /// A server-initiated request waiting for this client's REPLY.
     struct Outgoing {
-        let completion: OutgoingCompletion
+        enum Waiter {
+            /// A client's request, forwarded: the answer is relayed to it (no closure per request).
+            case relay(PendingRequest)
+            case completion(OutgoingCompletion)
+        }
+        let waiter: Waiter
         /// The held channel the request was forwarded on, to be failed if the holder lets the channel go;
         /// nil for the server's own requests (`invokeMethod`, `send`).
         let registration: Registration?
+
+        func complete(id: UInt32, _ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
+            switch waiter {
+            case .relay(let request): core.relay(result, of: registration, to: request)
+            case .completion(let completion): completion(id, result)
+            }
+        }
     }
 
-    /// Sends a server-initiated MESSAGE (forwarded on behalf of `registration`, if given); `completion`
-    /// gets its answer. Returns the id used on this connection (nil if it could not be sent; `completion`
-    /// then got id 0).
+    /// Sends a server-initiated MESSAGE (forwarded on `registration`, if given); `waiter` gets its
+    /// answer. Returns the id used on this connection (nil if it could not be sent; `waiter` then got a
+    /// failure).
     @discardableResult
-    func sendRequest(channel: String, payload: [UInt8]?, forwardedFor registration: Registration? = nil,
-                     completion: @escaping OutgoingCompletion) -> UInt32? {
+    func sendRequest(channel: String, payload: [UInt8]?, forwardedOn registration: Registration? = nil,
+                     waiter: Outgoing.Waiter) -> UInt32? {
+        let request = Outgoing(waiter: waiter, registration: registration)
         guard mode == .binary, !isClosing else {
-            completion(0, .failure(mode == .text ? .textClient : .disconnected))
+            request.complete(id: 0, .failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
         }
-        repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0 || outgoing[nextOutgoingID] != nil
-        outgoing[nextOutgoingID] = Outgoing(completion: completion, registration: registration)
+        // One hash per request: an id still in use (only after 2^32 requests) is put back and skipped.
+        repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0
+        while let inUse = outgoing.updateValue(request, forKey: nextOutgoingID) {
+            outgoing[nextOutgoingID] = inUse
+            repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0
+        }
         writeFrame(.message, id: nextOutgoingID, channel: channel, payload: payload)
         return nextOutgoingID
     }
 
     /// Fails a server-initiated request still waiting for this client's REPLY.
     func failOutgoing(_ id: UInt32, _ error: InvokeError) {
-        outgoing.removeValue(forKey: id)?.completion(id, .failure(error))
+        outgoing.removeValue(forKey: id)?.complete(id: id, .failure(error), core: core)
     }
 
     /// Fails, oldest first, every request forwarded on `registration` that still waits for a REPLY.
@@ -681,7 +698,7 @@ final class Connection {
         }
         let waiting = outgoing
         outgoing = [:]
-        for (id, request) in waiting { request.completion(id, .failure(.disconnected)) }
+        for (id, request) in waiting { request.complete(id: id, .failure(.disconnected), core: core) }
         for request in binaryRequests.values { request.abandon() }
         for request in textRequests.values { request.abandon() }
         core.stats.repliesPending -= openRequestCount

@@ -35,8 +35,16 @@ final class PendingRequest {
     /// Whether the request outlived its handler's first run and sits in the connection's table of open
     /// requests (most are answered at once and never need it).
     var isRegistered = false
-    /// The handler's hook for a CANCEL from the requester (an async handler cancels its task).
-    var cancelHandler: (() -> Void)?
+    /// What a CANCEL from the requester does before the answer: run the handler's hook (an async
+    /// handler cancels its task), or tell the client the request was forwarded to.
+    var onCancel = OnCancel.nothing
+
+    enum OnCancel {
+        case nothing
+        case handler(() -> Void)
+        /// Forwarded to a client holding the channel, under that client's id `id`.
+        case forwarded(holder: Connection, id: UInt32)
+    }
     private(set) var isAnswered = false
 
     init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
@@ -72,12 +80,21 @@ final class PendingRequest {
     /// Forgets the requester (it disconnected): a late answer goes nowhere.
     func abandon() {
         connection = nil
-        cancelHandler = nil
+        onCancel = .nothing
     }
 
     var isText: Bool { if case .text = origin { true } else { false } }
     /// Whether nobody waits for the answer (a MESSAGE with id 0).
     var isDetached: Bool { serial == 0 }
+
+    /// Tells whoever works on the request that the requester cancelled it.
+    func notifyCancel() {
+        switch onCancel {
+        case .nothing: break
+        case .handler(let body): body()
+        case .forwarded(let holder, let id): holder.sendCancel(id)
+        }
+    }
 
     /// What a CANCEL answers when the handler has produced nothing.
     var cancelAnswer: Answer {
@@ -107,7 +124,7 @@ final class PendingRequest {
     private func take() -> Connection? {
         guard !isAnswered else { return nil }
         isAnswered = true
-        cancelHandler = nil
+        onCancel = .nothing
         defer { connection = nil }
         return connection
     }
