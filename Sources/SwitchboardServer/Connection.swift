@@ -270,7 +270,7 @@ final class Connection {
 
     /// A MESSAGE, with its payload still in the inbound buffer: a method call is decoded in place.
     private func handleMessage(_ frame: FrameDecoder.View) {
-        if frame.id != 0, openRequestCount > 0, let first = binaryRequests[frame.id] {
+        if frame.id != 0, openRequestCount > 0, let first = withBinaryRequests({ $0[frame.id] }) {
             // An ERROR carrying a pending request's id is that request's answer (wire-v1 section 2), so
             // this one ERROR answers the id: the first request goes on, but its own answer never follows.
             detach(first)
@@ -292,7 +292,7 @@ final class Connection {
     }
 
     private func handleReply(_ frame: FrameDecoder.View) {
-        guard let waiting = outgoing.removeValue(forKey: frame.id) else { core.stats.ignoredFrames += 1; return }
+        guard let waiting = withOutgoing({ $0.removeValue(forKey: frame.id) }) else { core.stats.ignoredFrames += 1; return }
         waiting.complete(id: frame.id, .success(frame.payload.map(Array.init)), core: core)
     }
 
@@ -334,7 +334,7 @@ final class Connection {
         if isClosing { return request.abandon() }
         request.isRegistered = true
         switch request.origin {
-        case .binary(let id): binaryRequests[id] = request
+        case .binary(let id): withBinaryRequests { $0[id] = request }
         case .text: textRequests[request.serial] = request
         }
         openRequestCount += 1
@@ -354,7 +354,7 @@ final class Connection {
     }
 
     private func cancelRequest(_ id: UInt32) {
-        guard let request = binaryRequests[id] else { core.stats.ignoredFrames += 1; return }
+        guard let request = withBinaryRequests({ $0[id] }) else { core.stats.ignoredFrames += 1; return }
         request.notifyCancel()
         request.answer(request.cancelAnswer)
     }
@@ -395,7 +395,7 @@ final class Connection {
     private func forget(_ request: PendingRequest) {
         guard request.isRegistered else { return }
         switch request.origin {
-        case .binary(let id): binaryRequests.removeValue(forKey: id)
+        case .binary(let id): withBinaryRequests { _ = $0.removeValue(forKey: id) }
         case .text: textRequests.removeValue(forKey: request.serial)
         }
         openRequestCount -= 1
@@ -510,17 +510,35 @@ final class Connection {
         }
         // One hash per request: an id still in use (only after 2^32 requests) is put back and skipped.
         repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0
-        while let inUse = outgoing.updateValue(request, forKey: nextOutgoingID) {
-            outgoing[nextOutgoingID] = inUse
+        while let inUse = withOutgoing({ $0.updateValue(request, forKey: nextOutgoingID) }) {
+            withOutgoing { $0[nextOutgoingID] = inUse }
             repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0
         }
         writeFrame(.message, id: nextOutgoingID, channel: channel, payload: payload)
         return nextOutgoingID
     }
 
+    // The tables of open requests are used through the table itself, taken out of the connection for
+    // the lookup or change (nothing calls out meanwhile): no access to the properties spans a call, so
+    // the compiler proves them exclusive and checks none at run time.
+
+    private func withBinaryRequests<Result>(_ body: (inout [UInt32: PendingRequest]) -> Result) -> Result {
+        var table: [UInt32: PendingRequest] = [:]
+        swap(&table, &binaryRequests)
+        defer { swap(&table, &binaryRequests) }
+        return body(&table)
+    }
+
+    private func withOutgoing<Result>(_ body: (inout [UInt32: Outgoing]) -> Result) -> Result {
+        var table: [UInt32: Outgoing] = [:]
+        swap(&table, &outgoing)
+        defer { swap(&table, &outgoing) }
+        return body(&table)
+    }
+
     /// Fails a server-initiated request still waiting for this client's REPLY.
     func failOutgoing(_ id: UInt32, _ error: InvokeError) {
-        outgoing.removeValue(forKey: id)?.complete(id: id, .failure(error), core: core)
+        withOutgoing { $0.removeValue(forKey: id) }?.complete(id: id, .failure(error), core: core)
     }
 
     /// Fails, oldest first, every request forwarded on `registration` that still waits for a REPLY.
@@ -531,7 +549,7 @@ final class Connection {
 
     /// Tells this client that the server no longer wants the answer to its request `id`.
     func sendCancel(_ id: UInt32) {
-        guard outgoing.removeValue(forKey: id) != nil else { return }
+        guard withOutgoing({ $0.removeValue(forKey: id) }) != nil else { return }
         writeFrame(.cancel, id: id, payload: nil)
     }
 
@@ -696,14 +714,19 @@ final class Connection {
         for stream in Array(streams.values) {
             endStream(stream, notifyHandler: true)
         }
-        let waiting = outgoing
-        outgoing = [:]
+        let waiting = withOutgoing { table in
+            defer { table = [:] }
+            return table
+        }
         for (id, request) in waiting { request.complete(id: id, .failure(.disconnected), core: core) }
-        for request in binaryRequests.values { request.abandon() }
+        let open = withBinaryRequests { table in
+            defer { table = [:] }
+            return table
+        }
+        for request in open.values { request.abandon() }
         for request in textRequests.values { request.abandon() }
         core.stats.repliesPending -= openRequestCount
         openRequestCount = 0
-        binaryRequests = [:]
         textRequests = [:]
         core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")
