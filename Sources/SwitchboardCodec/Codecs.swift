@@ -64,8 +64,11 @@ public struct MethodCallReuse: Sendable {
     var method = ""
     /// Storage for the next Uint8List argument.
     var bytes: [UInt8] = []
-    /// Arguments larger than this get storage of their own, so that a connection never keeps more.
+    /// Arguments larger than this get storage of their own, so that a connection keeps at most about
+    /// twice this (arrays grow by doubling).
     static let largestKept = 64 * 1024
+    /// Longer method names are not kept.
+    static let longestMethodKept = 64
 
     /// Makes an empty one.
     public init() {}

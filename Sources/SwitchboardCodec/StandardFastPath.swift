@@ -11,11 +11,14 @@ enum StandardFastPath {
         index = 1
         guard let nameLength = readSize(bytes, &index), nameLength <= bytes.count - index - 1 else { return nil }
         let nameBytes = index..<index + nameLength
-        if !equal(bytes, nameBytes, reuse.method.utf8.span) {
+        let method: String
+        if equal(bytes, nameBytes, reuse.method.utf8.span) {
+            method = reuse.method
+        } else {
             guard let name = decodeUTF8(bytes, nameBytes) else { return nil }
-            reuse.method = name
+            method = name
+            if nameLength <= MethodCallReuse.longestMethodKept { reuse.method = name }
         }
-        let method = reuse.method
         index += nameLength
         let type = bytes[index]
         index += 1
@@ -56,7 +59,9 @@ enum StandardFastPath {
     /// `bytes` in the storage of `spare` when nothing else holds it (no allocation), else in new storage.
     private static func copy(_ bytes: ArraySlice<UInt8>, reusing spare: inout [UInt8]) -> [UInt8] {
         guard bytes.count <= MethodCallReuse.largestKept else { return Array(bytes) }
-        spare.removeAll(keepingCapacity: true)  // allocates only if the last argument is still held
+        // Storage much larger than this argument is let go: while handlers keep their arguments, each
+        // would otherwise get (and keep) a copy of that size.
+        spare.removeAll(keepingCapacity: spare.capacity <= 2 * bytes.count + 256)
         spare.append(contentsOf: bytes)
         return spare
     }

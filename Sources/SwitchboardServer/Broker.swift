@@ -127,16 +127,17 @@ extension ServerCore {
 
     /// A connection closes: every channel it held goes.
     func holderLeft(_ connection: Connection) {
+        connection.failForwarded(on: nil, .disconnected)  // one pass over its table, not one per channel
         for registration in registrations.values where registration.holder === connection {
-            release(registration, reason: "disconnected")
+            release(registration, reason: "disconnected", failingForwarded: false)
         }
     }
 
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
-    private func release(_ registration: Registration, reason: String) {
+    private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true) {
         registrations.removeValue(forKey: registration.name)
         routesVersion &+= 1
-        registration.holder.failForwarded(on: registration, .disconnected)
+        if failingForwarded { registration.holder.failForwarded(on: registration, .disconnected) }
         if case .starting(let waiting) = registration.upstream {
             for listen in waiting { listen.request.answer(.error(.handlerGone)) }
         }

@@ -123,7 +123,9 @@ public struct MethodResult: Sendable {
     /// Runs `body` if the caller cancels (CANCEL frame) before an answer is given. The cancel itself is
     /// answered with the error code `cancelled`; later answers are ignored.
     public func onCancel(_ body: @escaping @Sendable () -> Void) {
-        request.onLoop { $0.onCancel = .handler(body) }
+        request.onLoop { request in
+            if !request.isAnswered { request.onCancel = .handler(body) }  // answered: nothing left to cancel
+        }
     }
 }
 

@@ -518,9 +518,10 @@ final class Connection {
         return nextOutgoingID
     }
 
-    // The tables of open requests are used through the table itself, taken out of the connection for
-    // the lookup or change (nothing calls out meanwhile): no access to the properties spans a call, so
-    // the compiler proves them exclusive and checks none at run time.
+    // On the per-call paths, the tables of binary and server-initiated requests are used through the
+    // table itself, taken out of the connection for the lookup or change (nothing calls out meanwhile):
+    // no access to the properties spans a call, so the compiler proves them exclusive and checks none at
+    // run time.
 
     private func withBinaryRequests<Result>(_ body: (inout [UInt32: PendingRequest]) -> Result) -> Result {
         var table: [UInt32: PendingRequest] = [:]
@@ -541,9 +542,13 @@ final class Connection {
         withOutgoing { $0.removeValue(forKey: id) }?.complete(id: id, .failure(error), core: core)
     }
 
-    /// Fails, oldest first, every request forwarded on `registration` that still waits for a REPLY.
-    func failForwarded(on registration: Registration, _ error: InvokeError) {
-        let ids = outgoing.compactMap { $0.value.registration === registration ? $0.key : nil }
+    /// Fails, in id order, every request forwarded on `registration` (on any held channel, when nil)
+    /// that still waits for a REPLY.
+    func failForwarded(on registration: Registration?, _ error: InvokeError) {
+        let ids = outgoing.compactMap { id, request -> UInt32? in
+            guard let forwardedOn = request.registration else { return nil }
+            return registration == nil || forwardedOn === registration ? id : nil
+        }
         for id in ids.sorted() { failOutgoing(id, error) }
     }
 
@@ -626,8 +631,10 @@ final class Connection {
     }
 
     /// Hands `outbound` to the transport; called once per loop turn for dirty connections.
+    /// Hands `outbound` to the transport: for every dirty connection once per loop turn, and at once
+    /// before a close. A dirty connection stays in the dirty list (flushed again, then with nothing to
+    /// write) until that list is flushed.
     func flush() {
-        isDirty = false
         guard !isClosed else { return }
         if !outbound.isEmpty {
             core.stats.framesOut += unflushedFrames

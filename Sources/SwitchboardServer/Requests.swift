@@ -75,6 +75,7 @@ final class PendingRequest {
         self.methodCodec = methodCodec
         isRegistered = false
         isAnswered = false
+        onCancel = .nothing  // a hook set after the last answer must not reach this request
     }
 
     /// Forgets the requester (it disconnected): a late answer goes nowhere.

@@ -56,7 +56,6 @@ final class ServerCore {
     private var closingConnections: [Connection] = []
     private var nextConnectionID: UInt64 = 0
     private(set) var channels: [String: ChannelEntry] = [:]
-    /// Changes whenever `channels` does (invalidating the connections' route caches).
     /// Changes whenever a channel or registration does, which invalidates every connection's cached route.
     var routesVersion = 0
     /// Channels held by clients (broker routing).
@@ -310,6 +309,7 @@ final class ServerCore {
             while let connection = next {
                 next = connection.nextDirty
                 connection.nextDirty = nil
+                connection.isDirty = false  // here, not in flush(): marked means linked
                 connection.flush()
             }
             rounds += 1

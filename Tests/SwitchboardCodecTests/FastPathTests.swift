@@ -69,6 +69,17 @@ private func generalDecode(_ payload: [UInt8]) -> MethodCall? {
         guard case .uint8List(let bytes) = call.arguments else { Issue.record("not a Uint8List"); return }
         #expect(bytes == [1, 2, 3] && reuse.bytes.capacity == storage)
         #expect(call.method == "a method name over fifteen bytes" && reuse.method == call.method)
+        // A kept small argument does not hold storage the size of an earlier large one.
+        let big = try codec.encodeMethodCall(MethodCall(method: "m", arguments: .uint8List(Array(repeating: 2, count: 60_000))))
+        _ = try codec.decodeMethodCall(from: big[...], reusing: &reuse)
+        let small = try codec.encodeMethodCall(MethodCall(method: "m", arguments: .uint8List([4, 5])))
+        let kept = try codec.decodeMethodCall(from: small[...], reusing: &reuse)
+        guard case .uint8List(let keptBytes) = kept.arguments else { Issue.record("not a Uint8List"); return }
+        #expect(keptBytes == [4, 5] && keptBytes.capacity < 1024)
+        // Long method names are not kept.
+        let longName = String(repeating: "n", count: MethodCallReuse.longestMethodKept + 1)
+        let named = try codec.decodeMethodCall(from: codec.encodeMethodCall(MethodCall(method: longName))[...], reusing: &reuse)
+        #expect(named.method == longName && reuse.method != longName)
         // Larger than a connection keeps: storage of its own, and the kept storage stays small.
         let large = try codec.encodeMethodCall(MethodCall(method: "m", arguments: .uint8List(Array(repeating: 1, count: MethodCallReuse.largestKept + 1))))
         _ = try codec.decodeMethodCall(from: large[...], reusing: &reuse)

@@ -62,6 +62,32 @@ private final class KeptResults: Sendable {
         #expect(answers[5] == "late" && answers[7] == "released" && answers[1] == nil)
     }
 
+    /// A cancel hook set after the answer belongs to nothing: a later request that reuses the answered
+    /// one must not run it when it is cancelled.
+    @Test func aHookSetAfterTheAnswerNeverRunsForALaterRequest() throws {
+        let embedded = try EmbeddedServer()
+        defer { embedded.finish() }
+        let staleHookRuns = AtomicCounter()
+        let kept = KeptResults()
+        MethodChannel(name: "late", server: embedded.server).setMethodCallHandler { call, result in
+            if call.method == "hold" { return kept.keep(result, as: "hold") }
+            result.success(.null)
+            result.onCancel { staleHookRuns.increment() }
+        }
+        embedded.run()
+        let peer = embedded.connect()
+        peer.send(try .call(1, "late", "answer"))
+        peer.send(try .call(2, "late", "hold"))
+        embedded.run()
+        peer.send(Frame(.cancel, id: 2, payload: nil))
+        embedded.run()
+        let answers = try peer.frames().filter { $0.kind == .reply }
+        #expect(answers.map(\.id) == [1, 2])
+        guard case .failure(let error)? = try answers.last?.envelope() else { Issue.record("2 not answered with an error"); return }
+        #expect(error.code == "cancelled")
+        #expect(staleHookRuns.value == 0)
+    }
+
     @Test func anArgumentKeptByItsHandlerKeepsItsBytes() throws {
         let embedded = try EmbeddedServer()
         defer { embedded.finish() }

@@ -54,8 +54,9 @@ struct Bench: ParsableCommand {
         }
         // The workloads live until the loop stops.
         var workloads: [AnyObject] = []
-        // A fixed number of operations is measured whole: no warm-up, and no time limit.
-        let (warmup, duration) = operations == nil ? (warmup, duration) : (0, 1e6)
+        // A fixed number of operations is measured whole: no warm-up, and 10 minutes at most (a run cut
+        // short reports what is missing as an error).
+        let (warmup, duration) = operations == nil ? (warmup, duration) : (0, 600)
         switch workload {
         case .rpc, .relay:
             let rpc = RPCWorkload(loop: loop, target: target, connections: connections, depth: depth, size: size,

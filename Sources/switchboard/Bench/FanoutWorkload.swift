@@ -96,6 +96,7 @@ final class FanoutWorkload {
         if gaps > 0 { errors.append(("gaps", gaps)) }
         if reordered > 0 { errors.append(("out of order", reordered)) }
         if protocolErrors > 0 { errors.append(("protocol errors", protocolErrors)) }
+        if let posts, totalDelivered < posts * listenerCount { errors.append(("undelivered", posts * listenerCount - totalDelivered)) }
         completion(BenchResult(
             workload: "fanout", parameters: "\(target.rawValue) \(listenerCount) listeners × \(size) B, window \(window)",
             rate: Double(delivered) / clock.seconds, unit: "deliveries/s", latency: histogram, errors: errors,

@@ -134,8 +134,15 @@ final class RPCWorkload {
             responder?.transport.closeNow()
             completion(BenchResult(
                 workload: relay ? "relay" : "rpc", parameters: parameters, rate: Double(completed) / clock.seconds,
-                unit: "calls/s", latency: histogram, errors: errors > 0 ? [("protocol errors", errors)] : []))
+                unit: "calls/s", latency: histogram,
+                errors: (errors > 0 ? [("protocol errors", errors)] : []) + unanswered))
         })
+    }
+
+    /// Calls of a fixed-size run still unanswered when the time ran out.
+    private var unanswered: [(String, Int)] {
+        guard let limit, totalCompleted < limit else { return [] }
+        return [("unanswered", limit - totalCompleted)]
     }
 
     private var mayStillSend: Bool { clock.phase != .done && sent < limit ?? .max }
