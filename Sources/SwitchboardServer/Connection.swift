@@ -108,9 +108,7 @@ final class Connection {
     /// Bytes of events waiting in this connection's stream queues (for credit or for outbound room).
     var waitingEventBytes = 0
     var isOverOutboundLimit: Bool { pendingBytes >= core.config.outboundLimit }
-    /// Requests in `binaryRequests` and `textRequests`: a plain counter, read per frame without the
-    /// run-time exclusivity check that reading a table (which is modified through calls) costs.
-    private(set) var openRequestCount = 0
+    var openRequestCount: Int { binaryRequests.count + textRequests.count }
     var isText: Bool { mode == .text }
 
 
@@ -270,7 +268,7 @@ final class Connection {
 
     /// A MESSAGE, with its payload still in the inbound buffer: a method call is decoded in place.
     private func handleMessage(_ frame: FrameDecoder.View) {
-        if frame.id != 0, openRequestCount > 0, let first = withBinaryRequests({ $0[frame.id] }) {
+        if frame.id != 0, !binaryRequests.isEmpty, let first = withBinaryRequests({ $0[frame.id] }) {
             // An ERROR carrying a pending request's id is that request's answer (wire-v1 section 2), so
             // this one ERROR answers the id: the first request goes on, but its own answer never follows.
             detach(first)
@@ -337,7 +335,6 @@ final class Connection {
         case .binary(let id): withBinaryRequests { $0[id] = request }
         case .text: textRequests[request.serial] = request
         }
-        openRequestCount += 1
         core.stats.repliesPending += 1
     }
 
@@ -398,7 +395,6 @@ final class Connection {
         case .binary(let id): withBinaryRequests { _ = $0.removeValue(forKey: id) }
         case .text: textRequests.removeValue(forKey: request.serial)
         }
-        openRequestCount -= 1
         core.stats.repliesPending -= 1
     }
 
@@ -732,8 +728,7 @@ final class Connection {
         }
         for request in open.values { request.abandon() }
         for request in textRequests.values { request.abandon() }
-        core.stats.repliesPending -= openRequestCount
-        openRequestCount = 0
+        core.stats.repliesPending -= open.count + textRequests.count
         textRequests = [:]
         core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")
