@@ -202,7 +202,7 @@ extension ServerCore {
         }
         // The holder's table of requests waiting for its REPLY holds the request (or `then`) only until the
         // answer, a CANCEL, or the holder or registration going, whichever comes first.
-        let waiter: Connection.Outgoing.Waiter = if let then { .completion { _, result in then(result) } } else { .relay(request) }
+        let waiter: Connection.Outgoing.Waiter = if let then { .completion(then) } else { .relay(request) }
         guard let id = holder.sendRequest(channel: registration.name, payload: payload, forwardedOn: registration,
                                           waiter: waiter) else { return }
         request.onCancel = .forwarded(holder: holder, id: id)  // CANCEL is relayed to the holder

@@ -291,7 +291,7 @@ final class Connection {
 
     private func handleReply(_ frame: FrameDecoder.View) {
         guard let waiting = withOutgoing({ $0.removeValue(forKey: frame.id) }) else { core.stats.ignoredFrames += 1; return }
-        waiting.complete(id: frame.id, .success(frame.payload.map(Array.init)), core: core)
+        waiting.complete(.success(frame.payload.map(Array.init)), core: core)
     }
 
     private func handleDemand(_ frame: FrameDecoder.View) {
@@ -469,9 +469,8 @@ final class Connection {
         for request in open { request.answer(answer) }
     }
 
-    /// What waits for the REPLY to a server-initiated request: the request's id on this connection, and
-    /// the REPLY payload or why none came.
-    typealias OutgoingCompletion = (UInt32, Result<[UInt8]?, InvokeError>) -> Void
+    /// What waits for the REPLY to a server-initiated request: the REPLY payload, or why none came.
+    typealias OutgoingCompletion = (Result<[UInt8]?, InvokeError>) -> Void
 
     /// A server-initiated request waiting for this client's REPLY.
     struct Outgoing {
@@ -485,10 +484,10 @@ final class Connection {
         /// nil for the server's own requests (`invokeMethod`, `send`).
         let registration: Registration?
 
-        func complete(id: UInt32, _ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
+        func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
             switch waiter {
             case .relay(let request): core.relay(result, of: registration, to: request)
-            case .completion(let completion): completion(id, result)
+            case .completion(let completion): completion(result)
             }
         }
     }
@@ -501,7 +500,7 @@ final class Connection {
                      waiter: Outgoing.Waiter) -> UInt32? {
         let request = Outgoing(waiter: waiter, registration: registration)
         guard mode == .binary, !isClosing else {
-            request.complete(id: 0, .failure(mode == .text ? .textClient : .disconnected), core: core)
+            request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
         }
         // One hash per request: an id still in use (only after 2^32 requests) is put back and skipped.
@@ -535,7 +534,7 @@ final class Connection {
 
     /// Fails a server-initiated request still waiting for this client's REPLY.
     func failOutgoing(_ id: UInt32, _ error: InvokeError) {
-        withOutgoing { $0.removeValue(forKey: id) }?.complete(id: id, .failure(error), core: core)
+        withOutgoing { $0.removeValue(forKey: id) }?.complete(.failure(error), core: core)
     }
 
     /// Fails, in id order, every request forwarded on `registration` (on any held channel, when nil)
@@ -626,7 +625,6 @@ final class Connection {
         return true
     }
 
-    /// Hands `outbound` to the transport; called once per loop turn for dirty connections.
     /// Hands `outbound` to the transport: for every dirty connection once per loop turn, and at once
     /// before a close. A dirty connection stays in the dirty list (flushed again, then with nothing to
     /// write) until that list is flushed.
@@ -721,7 +719,7 @@ final class Connection {
             defer { table = [:] }
             return table
         }
-        for (id, request) in waiting { request.complete(id: id, .failure(.disconnected), core: core) }
+        for request in waiting.values { request.complete(.failure(.disconnected), core: core) }
         let open = withBinaryRequests { table in
             defer { table = [:] }
             return table

@@ -289,7 +289,7 @@ final class ServerCore {
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
                      completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) {
         guard let connection = connections[client.rawValue] else { return completion(.failure(.disconnected)) }
-        connection.sendRequest(channel: channel, payload: payload, waiter: .completion { _, result in completion(result) })
+        connection.sendRequest(channel: channel, payload: payload, waiter: .completion(completion))
     }
 
     func countDrop(_ reason: String, count: Int = 1) {

@@ -95,22 +95,23 @@ public struct FrameDecoder: Sendable {
         let channelStart = start + Frame.headerSize
         let payloadStart = channelStart + channelLength
         let payloadEnd = start + total
+        func reject(_ error: WireError) -> Peeked { .rejected(error, id: id, length: total) }
 
         guard let kind = Frame.Kind(rawValue: typeByte) else {
-            return .rejected(.badFrame("unknown frame type \(typeByte)"), id: id, length: total)
+            return reject(.badFrame("unknown frame type \(typeByte)"))
         }
         guard flags & ~Frame.nullPayloadFlag == 0 else {
-            return .rejected(.badFrame("reserved flag bits set"), id: id, length: total)
+            return reject(.badFrame("reserved flag bits set"))
         }
         let isNull = flags & Frame.nullPayloadFlag != 0
         if isNull, payloadEnd > payloadStart {
-            return .rejected(.badFrame("NULL_PAYLOAD with a payload"), id: id, length: total)
+            return reject(.badFrame("NULL_PAYLOAD with a payload"))
         }
         switch kind.channelRule {
         case true?:
-            if channelLength == 0 { return .rejected(.badChannel("this frame type needs a channel name"), id: id, length: total) }
+            if channelLength == 0 { return reject(.badChannel("this frame type needs a channel name")) }
         case false?:
-            if channelLength > 0 { return .rejected(.badFrame("this frame type takes no channel name"), id: id, length: total) }
+            if channelLength > 0 { return reject(.badFrame("this frame type takes no channel name")) }
         case nil: break
         }
         var channel = ""
@@ -120,7 +121,7 @@ public struct FrameDecoder: Sendable {
             } else {
                 let raw = buffer.storage[channelStart..<payloadStart]
                 guard let name = decodeUTF8(raw) else {
-                    return .rejected(.badChannel("channel name is not valid UTF-8"), id: id, length: total)
+                    return reject(.badChannel("channel name is not valid UTF-8"))
                 }
                 channel = name
                 lastChannel = (Array(raw), name)
