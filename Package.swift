@@ -11,6 +11,7 @@ let package = Package(
         .library(name: "SwitchboardWire", targets: ["SwitchboardWire"]),
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
+        .library(name: "SwitchboardPlugins", targets: ["SwitchboardPlugins"]),
         .library(name: "SwitchboardTesting", targets: ["SwitchboardTesting"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
         .executable(name: "broker-example", targets: ["BrokerExample"]),
@@ -30,11 +31,24 @@ let package = Package(
         ),
         .target(name: "SwitchboardCodec", swiftSettings: safeSettings),
         .target(name: "SwitchboardWire", dependencies: ["SwitchboardCodec"], swiftSettings: safeSettings),
-        .target(name: "SwitchboardTransport", dependencies: ["CLibUV"]),
+        .systemLibrary(
+            name: "COpenSSL",
+            pkgConfig: "libcrypto",
+            providers: [.apt(["libssl-dev"])]
+        ),
+        .target(name: "SwitchboardTransport", dependencies: ["CLibUV", "COpenSSL"]),
         .target(
             name: "SwitchboardServer",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: safeSettings
+        ),
+        .target(
+            name: "SwitchboardPlugins",
+            dependencies: [
+                "SwitchboardCodec", "SwitchboardServer", "SwitchboardTransport",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: safeSettings
@@ -53,7 +67,7 @@ let package = Package(
         .executableTarget(
             name: "switchboard",
             dependencies: [
-                "SwitchboardServer", "SwitchboardClient", "SwitchboardTransport", "SwitchboardWire", "SwitchboardCodec",
+                "SwitchboardServer", "SwitchboardPlugins", "SwitchboardClient", "SwitchboardTransport", "SwitchboardWire", "SwitchboardCodec",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "Logging", package: "swift-log"),
@@ -75,7 +89,7 @@ let package = Package(
         .testTarget(
             name: "SwitchboardServerTests",
             dependencies: [
-                "SwitchboardServer", "SwitchboardWire", "SwitchboardCodec", "SwitchboardTesting",
+                "SwitchboardServer", "SwitchboardPlugins", "SwitchboardWire", "SwitchboardCodec", "SwitchboardTesting",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

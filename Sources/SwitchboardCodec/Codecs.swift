@@ -31,6 +31,9 @@ public protocol MethodCodec: Sendable {
     /// the same connection (the default ignores `reuse`).
     func decodeMethodCall(from payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse) throws(CodecError)
         -> MethodCall
+    /// The method name of a call, read without decoding its arguments; nil if there is none (the default
+    /// decodes the whole call).
+    func methodName(in payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse) -> String?
     /// Encodes a success envelope.
     func encodeSuccessEnvelope(_ result: ChannelValue) throws(CodecError) -> [UInt8]
     /// Encodes an error envelope.
@@ -52,6 +55,10 @@ extension MethodCodec {
         throws(CodecError) -> MethodCall
     {
         try decodeMethodCall(from: payload)
+    }
+
+    public func methodName(in payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse) -> String? {
+        try? decodeMethodCall(from: payload).method
     }
 }
 
@@ -137,6 +144,11 @@ public struct StandardMethodCodec: MethodCodec {
     public func decodeMethodCall(from payload: ArraySlice<UInt8>?) throws(CodecError) -> MethodCall {
         var reuse = MethodCallReuse()
         return try decodeMethodCall(from: payload, reusing: &reuse)
+    }
+
+    public func methodName(in payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse) -> String? {
+        guard let payload else { return nil }
+        return StandardFastPath.methodName(payload, reusing: &reuse)
     }
 
     public func decodeMethodCall(from payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse)

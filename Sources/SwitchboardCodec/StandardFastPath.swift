@@ -7,19 +7,7 @@ enum StandardFastPath {
     static func decodeMethodCall(_ payload: ArraySlice<UInt8>, reusing reuse: inout MethodCallReuse) -> MethodCall? {
         let bytes = payload.span
         var index = 0
-        guard bytes.count >= 2, bytes[0] == StandardType.string else { return nil }
-        index = 1
-        guard let nameLength = readSize(bytes, &index), nameLength <= bytes.count - index - 1 else { return nil }
-        let nameBytes = index..<index + nameLength
-        let method: String
-        if equal(bytes, nameBytes, reuse.method.utf8.span) {
-            method = reuse.method
-        } else {
-            guard let name = decodeUTF8(bytes, nameBytes) else { return nil }
-            method = name
-            if nameLength <= MethodCallReuse.longestMethodKept { reuse.method = name }
-        }
-        index += nameLength
+        guard let method = readMethod(bytes, &index, reusing: &reuse) else { return nil }
         let type = bytes[index]
         index += 1
         let arguments: ChannelValue
@@ -54,6 +42,31 @@ enum StandardFastPath {
         }
         guard index == bytes.count else { return nil }
         return MethodCall(method: method, arguments: arguments)
+    }
+
+    /// The method name that starts a call (followed by at least one more byte), without reading on.
+    static func methodName(_ payload: ArraySlice<UInt8>, reusing reuse: inout MethodCallReuse) -> String? {
+        var index = 0
+        return readMethod(payload.span, &index, reusing: &reuse)
+    }
+
+    /// Reads the method name at the start of `bytes`, reusing the last one when the bytes match; leaves
+    /// `index` just past it.
+    private static func readMethod(_ bytes: Span<UInt8>, _ index: inout Int, reusing reuse: inout MethodCallReuse) -> String? {
+        guard bytes.count >= 2, bytes[0] == StandardType.string else { return nil }
+        index = 1
+        guard let nameLength = readSize(bytes, &index), nameLength <= bytes.count - index - 1 else { return nil }
+        let nameBytes = index..<index + nameLength
+        let method: String
+        if equal(bytes, nameBytes, reuse.method.utf8.span) {
+            method = reuse.method
+        } else {
+            guard let name = decodeUTF8(bytes, nameBytes) else { return nil }
+            method = name
+            if nameLength <= MethodCallReuse.longestMethodKept { reuse.method = name }
+        }
+        index += nameLength
+        return method
     }
 
     /// `bytes` in the storage of `spare` when nothing else holds it (no allocation), else in new storage.

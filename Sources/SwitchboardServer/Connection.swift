@@ -50,7 +50,7 @@ final class Connection {
     /// The connection marked dirty before this one (see `ServerCore.firstDirty`).
     var nextDirty: Connection?
     private(set) var isClosed = false
-    private var isClosing = false
+    private(set) var isClosing = false
     var closingSince: UInt64?
     var isAuthenticated: Bool
     /// Requests from this client still open after their handler's first run: binary ones by their wire
@@ -90,6 +90,14 @@ final class Connection {
     private var closeReasonOncePeerIsDone = CloseReason.peerClosed
     var lastInbound: UInt64
     var lastPing: UInt64
+    /// The connection as plugins see it: made when a plugin first needs it.
+    lazy var context: ConnectionContext = {
+        let context = ConnectionContext(id: id, remoteAddress: transport.remoteAddress)
+        context.encoding = mode == .text ? .text : .binary
+        return context
+    }()
+    /// The trace of the request being routed, taken by ``makeRequest(_:methodCodec:)`` (see ``RequestTrace``).
+    var pendingTrace: RequestTrace?
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -231,7 +239,7 @@ final class Connection {
         case .reply: handleReply(frame)
         case .cancel: cancelRequest(frame.id)
         case .demand: handleDemand(frame)
-        case .register: core.register(frame.frame, from: self)
+        case .register: core.pipeline.seesRequests ? runInbound(register: frame) : core.register(frame.frame, from: self)
         case .unregister: core.unregister(frame.channel, id: frame.id, from: self)
         case .welcome, .error, .goAway: break  // refused above
         }
@@ -257,6 +265,15 @@ final class Connection {
         if let token = core.config.token {
             guard hello["token"] == .string(token) else { return fail(.unauthorized, id: id, textID: textID) }
         }
+        if !core.pipeline.isEmpty {
+            let token = hello["token"]?.stringValue, client = hello["client"]?.stringValue
+            switch core.pipeline.authenticate(Hello(token: token, client: client)) {
+            case .refuse: return fail(.unauthorized, id: id, textID: textID)
+            case .identity(let identity): context.identity = identity
+            case .pass: context.identity = nil
+            }
+            context.clientName = client
+        }
         isAuthenticated = true
         let welcome = core.welcome
         if mode == .text {
@@ -278,6 +295,7 @@ final class Connection {
             if frame.id != 0 { writeError(.goingAway, id: frame.id) }
             return
         }
+        if core.pipeline.seesRequests, !isHolderEvent(frame) { return runInbound(message: frame) }
         if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
         } else if case .local(.method(let method))? = core.route(named: frame.channel, for: self) {
@@ -305,6 +323,7 @@ final class Connection {
 
     /// Adds credit to the channel's active stream, or keeps it for the next `listen`.
     func addDemand(_ n: UInt32, channel: String) {
+        let channel = core.pipeline.isEmpty ? channel : context.channelRenames[channel] ?? channel
         if let stream = streams[channel] {
             stream.addCredit(n)
         } else if pendingCredit[channel] != nil || pendingCredit.count < 1024 {
@@ -324,7 +343,7 @@ final class Connection {
     /// After a request's handler has run: an open request goes into the table of open requests; an
     /// answered one becomes the spare for the next request, unless its handler kept its `MethodResult`
     /// (which a later answer would then reach).
-    private func settle(_ request: inout PendingRequest) {
+    func settle(_ request: inout PendingRequest) {
         guard !request.isAnswered else {
             if isKnownUniquelyReferenced(&request) { spareRequest = request }
             return
@@ -342,12 +361,28 @@ final class Connection {
     func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: SharedMethodCodec?) -> PendingRequest {
         guard let origin else { return .detached(connectionID: id) }
         nextSerial += 1
+        let request: PendingRequest
         if let spare = spareRequest {
             spareRequest = nil
             spare.reuse(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
-            return spare
+            request = spare
+        } else {
+            request = PendingRequest(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
         }
-        return PendingRequest(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
+        if let pendingTrace { request.trace = pendingTrace }
+        return request
+    }
+
+    /// A holder's event on its own event channel (a MESSAGE with id 0): an event, not a request.
+    private func isHolderEvent(_ frame: FrameDecoder.View) -> Bool {
+        guard frame.id == 0, case .held(let registration)? = core.route(named: frame.channel, for: self) else { return false }
+        return registration.holder === self && registration.kind == .event
+    }
+
+    /// Takes an open request out of the tables without answering it: a parked request goes on as a new one.
+    func withdraw(_ request: PendingRequest) {
+        forget(request)
+        request.abandon()
     }
 
     private func cancelRequest(_ id: UInt32) {
@@ -359,6 +394,8 @@ final class Connection {
     /// Closes `request` and writes its answer in this connection's encoding.
     func finish(_ request: PendingRequest, with answer: Answer) {
         guard !isClosing else { return }
+        var answer = answer
+        if let trace = request.trace { answer = filterAnswer(answer, trace: trace) }
         forget(request)
         switch request.origin {
         case .binary(let id): writeBinaryAnswer(answer, id: id)
@@ -371,6 +408,7 @@ final class Connection {
     /// ``Answer`` (each wrapping copies it).
     func finish(_ request: PendingRequest, success value: ChannelValue, codec: any MethodCodec) {
         guard !isClosing else { return }
+        if request.trace != nil { return finish(request, with: .success(value, codec)) }
         forget(request)
         switch request.origin {
         case .binary(let id): writeSuccess(value, codec: codec, id: id)

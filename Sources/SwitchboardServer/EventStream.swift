@@ -113,6 +113,9 @@ final class EventStream {
     var sink: EventSink!
     /// Where this stream sits in its channel's ``Listeners``.
     var listenerIndex = -1
+    /// The plugins' outbound stages that see this stream's events, chosen when it started; nil (the
+    /// common case) for none, so that its events cost nothing more.
+    var outboundStages: [Pipeline.Stage<any OutboundProcessor, OutboundKind>]?
 
     init(connection: Connection, entry: EventEntry, arguments: ChannelValue, credit: Credit) {
         self.connection = connection
@@ -139,6 +142,14 @@ final class EventStream {
     /// Sends or queues `event` (which may be shared with other listeners).
     func deliver(_ event: OutboundEvent) {
         guard isActive else { return }
+        if let outboundStages {
+            guard let filtered = filter(event, through: outboundStages) else { return }
+            return deliverUnfiltered(filtered)
+        }
+        deliverUnfiltered(event)
+    }
+
+    private func deliverUnfiltered(_ event: OutboundEvent) {
         if queuedCount == 0, !isStarting, event.isEnd || (hasCredit && !connection.isOverOutboundLimit) {
             write(event)
             return
@@ -251,7 +262,8 @@ final class EventStream {
         while isActive, queuedCount > 0, !queue[queueHead].event.isEnd, hasCredit { write(takeHead()) }
         guard isActive else { return }
         stop(dropReason: "shutdown")
-        connection.writeEvent(OutboundEvent(channel: entry.name, content: .end, codec: entry.codec))
+        let end = OutboundEvent(channel: entry.name, content: .end, codec: entry.codec)
+        connection.writeEvent(outboundStages.flatMap { filter(end, through: $0) } ?? end)
     }
 }
 

@@ -21,6 +21,8 @@ final class PendingRequest {
     enum Origin {
         case binary(id: UInt32)
         indirect case text(id: ChannelValue?, kind: TextRequestKind)  // boxed: copying a binary origin stays trivial
+
+        var isText: Bool { if case .text = self { true } else { false } }
     }
 
     /// Strong: the connection's request tables hold the request until it is answered or abandoned,
@@ -46,6 +48,8 @@ final class PendingRequest {
         case forwarded(holder: Connection, id: UInt32)
     }
     private(set) var isAnswered = false
+    /// Set while some plugin's outbound stage sees answers (see ``Pipeline/seesAnswers``).
+    var trace: RequestTrace?
 
     init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
         self.connection = connection
@@ -76,6 +80,7 @@ final class PendingRequest {
         isRegistered = false
         isAnswered = false
         onCancel = .nothing  // a hook set after the last answer must not reach this request
+        trace = nil
     }
 
     /// Forgets the requester (it disconnected): a late answer goes nowhere.
@@ -84,7 +89,7 @@ final class PendingRequest {
         onCancel = .nothing
     }
 
-    var isText: Bool { if case .text = origin { true } else { false } }
+    var isText: Bool { origin.isText }
     /// Whether nobody waits for the answer (a MESSAGE with id 0).
     var isDetached: Bool { serial == 0 }
 
@@ -168,7 +173,13 @@ final class SharedMethodCodec {
 
 final class MessageEntry {
     let handle: (MessageInput, PendingRequest) -> Void
-    init(handle: @escaping (MessageInput, PendingRequest) -> Void) { self.handle = handle }
+    /// Encodes a reply value in the channel's codec (for a plugin's direct answer).
+    let encode: @Sendable (ChannelValue) throws(CodecError) -> [UInt8]?
+    init(encode: @escaping @Sendable (ChannelValue) throws(CodecError) -> [UInt8]?,
+         handle: @escaping (MessageInput, PendingRequest) -> Void) {
+        self.encode = encode
+        self.handle = handle
+    }
 }
 
 final class EventEntry {

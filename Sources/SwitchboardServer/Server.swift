@@ -40,6 +40,20 @@ public final class Server: Sendable {
     /// Runs `body` with the loop-owned core on the loop thread (queued until the loop runs).
     func onLoop(_ body: @escaping @Sendable (ServerCore) -> Void) { core.onLoop(body) }
 
+    /// Loads `plugin` (see ``Plugin``): its stages join the pipeline after those loaded before, then its
+    /// ``Plugin/didLoad(into:)`` runs. Before the server runs only: the pipeline is fixed while it serves.
+    public func load(_ plugin: any Plugin) {
+        precondition(!core.loop.hasStarted, "plugins are loaded before the server runs")
+        core.value.pipeline.load(plugin)
+        plugin.didLoad(into: self)
+    }
+
+    /// Runs `body` on the loop thread each time the process receives `signal` (such as SIGHUP), from
+    /// when the loop starts.
+    public func onSignal(_ signal: Int32, _ body: @escaping @Sendable () -> Void) {
+        onLoop { $0.watch(signal, body) }
+    }
+
     /// Binds and serves on the calling thread until shut down; returns after a graceful stop.
     public func run(handlingSignals: Bool = false) throws(UVError) {
         let core = self.core.value

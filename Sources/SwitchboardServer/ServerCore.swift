@@ -37,6 +37,9 @@ struct Counters {
 struct Tallies {
     var eventsDropped: [String: Int] = [:]
     var closes: [String: Int] = [:]
+    /// By plugin, then by code.
+    var pluginRejections: [String: [String: Int]] = [:]
+    var pluginFailures: [String: Int] = [:]
 }
 
 /// The loop-owned heart of the server: connections, channels, limits, stats and shutdown.
@@ -48,6 +51,8 @@ final class ServerCore {
     var handle: LoopHandle { eventLoop.handle }
     let logger: Logger
     var stats = Counters()
+    /// The loaded plugins.
+    let pipeline = Pipeline()
     var tallies = Tallies()
     private(set) var phase = Phase.running
     var isDraining: Bool { phase != .running }
@@ -121,6 +126,13 @@ final class ServerCore {
             signalWatchers.append(try SignalWatcher(loop: eventLoop, signal: signal) { [unowned self] in
                 if phase == .running { beginShutdown() } else { finishShutdown() }
             })
+        }
+    }
+
+    /// Runs `body` on each `signal` until the loop stops.
+    func watch(_ signal: Int32, _ body: @escaping () -> Void) {
+        do { signalWatchers.append(try SignalWatcher(loop: eventLoop, signal: signal, body)) } catch {
+            logger.error("cannot watch signal \(signal): \(error)")
         }
     }
 
@@ -265,6 +277,7 @@ final class ServerCore {
         let credit = connection.pendingCredit.removeValue(forKey: entry.name) ?? .unbounded
         let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit)
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
+        if pipeline.seesEvents { stream.outboundStages = pipeline.eventStages(for: connection.context, channel: entry.name) }
         connection.streams[entry.name] = stream
         entry.listeners.add(stream)
         return stream
@@ -463,6 +476,7 @@ final class ServerCore {
             "forwardedRequests": .int(stats.forwardedRequests),
             "acceptErrors": .int(stats.acceptErrors),
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "plugins": pluginStats,
         ])
     }
 }

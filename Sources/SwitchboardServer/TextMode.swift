@@ -70,6 +70,18 @@ enum TextMode {
             input = .message(request["message"] ?? .null)
             kind = .send
         }
+        if connection.core.pipeline.seesRequests {
+            let method: String? = switch input {
+            case .call(let call): call.method
+            default: nil
+            }
+            let value: ChannelValue = switch input {
+            case .call(let call): call.arguments
+            case .message(let message): message
+            case .bytes: .null
+            }
+            return connection.runInbound(text: .text(id: id, kind: kind), method: method, channel: channel, value: value)
+        }
         connection.handleRequest(.text(id: id, kind: kind), channel: channel, input: input)
     }
 
@@ -93,8 +105,9 @@ enum TextMode {
     }
 
     static func writeError(_ error: WireError, id: ChannelValue?, on connection: Connection) {
-        writeLine(withID(id, ["error": .stringMap(["code": .string(error.code), "message": .string(error.message)])]),
-                  on: connection)
+        var fields: [ChannelValue.MapEntry] = [.init("code", .string(error.code)), .init("message", .string(error.message))]
+        if let details = error.details { fields.append(.init("details", details)) }
+        writeLine(withID(id, ["error": .map(fields)]), on: connection)
     }
 
     static func writeAnswer(_ answer: Answer, id: ChannelValue?, kind: TextRequestKind, on connection: Connection) {

@@ -35,8 +35,9 @@ public final class InMemoryTransport: Transport {
     /// A graceful close whose peer had already closed: it completes on the next delivery turn, not
     /// inside the owner's call.
     private var finishIsDue = false
-    /// A name for the peer, for messages.
+    /// A name for the peer, for messages; also its ``remoteAddress``.
     public let name: String
+    public var remoteAddress: String { name }
     /// The peer's end of stream (or failure), waiting behind input held back by a pause.
     private var waitingClose: UVError??
 

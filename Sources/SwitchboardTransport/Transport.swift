@@ -23,6 +23,8 @@ public protocol Transport: AnyObject {
     var queuedBytes: Int { get }
     /// Whether the transport can still be written to.
     var isOpen: Bool { get }
+    /// Who is at the other end, for logs and plugins: `host:port` for TCP.
+    var remoteAddress: String { get }
     /// Stops delivering `.data` until ``resumeReading()`` (the peer then fills its send buffer and waits).
     func pauseReading()
     /// Starts delivering `.data` again.

@@ -133,6 +133,12 @@ public enum WireError: Error, Equatable, Sendable {
     case handlerGone
     case channelTaken
     case notRegistered
+    /// A loaded plugin refused the request (access control).
+    case forbidden(String)
+    /// The request is over a plugin's rate limit; it may be sent again after `retryAfterMs`.
+    case rateLimited(retryAfterMs: Int)
+    /// A plugin's own refusal, or a plugin that failed: any code, with optional details.
+    case plugin(code: String, message: String, details: ChannelValue?)
 
     /// The `code` of the ERROR frame, as named in wire-v1.
     public var code: String {
@@ -153,6 +159,9 @@ public enum WireError: Error, Equatable, Sendable {
         case .handlerGone: "handler_gone"
         case .channelTaken: "channel_taken"
         case .notRegistered: "not_registered"
+        case .forbidden: "forbidden"
+        case .rateLimited: "rate_limited"
+        case .plugin(let code, _, _): code
         }
     }
 
@@ -172,12 +181,25 @@ public enum WireError: Error, Equatable, Sendable {
         case .handlerGone: "the channel's handler went away"
         case .channelTaken: "the channel already has a handler"
         case .notRegistered: "this connection does not hold the channel"
+        case .forbidden(let m), .plugin(_, let m, _): m
+        case .rateLimited(let ms): "over the rate limit: retry after \(ms) ms"
         }
     }
 
-    /// The ERROR frame's payload: `{"code":"…","message":"…"}`.
+    /// The `details` of the ERROR payload, if any.
+    public var details: ChannelValue? {
+        switch self {
+        case .rateLimited(let ms): .stringMap(["retryAfterMs": .int(ms)])
+        case .plugin(_, _, let details): details
+        default: nil
+        }
+    }
+
+    /// The ERROR frame's payload: `{"code":"…","message":"…"}`, with `"details"` when there are any.
     public var payload: [UInt8] {
-        (try? JSONText.serialize(.stringMap(["code": .string(code), "message": .string(message)]))) ?? []
+        var fields: [ChannelValue.MapEntry] = [.init("code", .string(code)), .init("message", .string(message))]
+        if let details { fields.append(.init("details", details)) }
+        return (try? JSONText.serialize(.map(fields))) ?? (try? JSONText.serialize(.stringMap(["code": .string(code)]))) ?? []
     }
 
     /// Whether the server closes the connection after sending this error.

@@ -1,8 +1,12 @@
 import ArgumentParser
 import Dispatch
 import Logging
+import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTransport
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @main
 struct Switchboard: ParsableCommand {
@@ -39,6 +43,8 @@ struct Serve: ParsableCommand {
               switchboard serve --port 7420 --heartbeat 10000
               printf '{"id":1,"call":"switchboard/echo","method":"echo","args":"hi"}\\n' | nc -q1 127.0.0.1 7420
             SIGINT or SIGTERM drains gracefully (GOAWAY, in-flight replies, end of streams) and exits 0.
+            With --config, SIGHUP reloads the file (a file that does not parse keeps the old settings);
+            a bad file at start-up exits 78 (EX_CONFIG) with a message naming the line or key.
             """
     )
 
@@ -54,6 +60,8 @@ struct Serve: ParsableCommand {
     @Option(help: "Milliseconds to wait for in-flight requests on shutdown.") var drainTimeout: UInt64 = 5000
     @Flag(help: "Do not install the demo channels.") var noDemo = false
     @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: Logger.Level = .notice
+    @Option(help: "Plugin configuration (JSON: aliases, access, rateLimits, requestLog; see docs/plugins.md).")
+    var config: String?
 
     func validate() throws {
         guard maxFrame >= 16, maxFrame <= 1 << 30 else { throw ValidationError("--max-frame must be 16 … 1073741824") }
@@ -80,7 +88,23 @@ struct Serve: ParsableCommand {
         config.drainTimeoutMs = drainTimeout
         let server = try Server(configuration: config)
         if !noDemo { server.installDemoChannels() }
+        if let path = self.config { try loadPlugins(from: path, into: server) }
         try server.run(handlingSignals: true)
+    }
+
+    /// Loads the plugins the file asks for, and reloads it on SIGHUP (off the loop: it reads a file).
+    private func loadPlugins(from path: String, into server: Server) throws {
+        let configuration: PluginConfiguration
+        do { configuration = try PluginConfiguration.load(path: path) } catch {
+            printError("switchboard: invalid configuration: \(error.description)\n")
+            throw ExitCode(78)  // EX_CONFIG, sysexits(3)
+        }
+        let settings = LiveSettings(configuration)
+        for plugin in PluginConfiguration.plugins(reading: settings) { server.load(plugin) }
+        let logger = Logger(label: "switchboard")
+        server.onSignal(SIGHUP) {
+            startThread { settings.reload(path: path, logger: logger) }
+        }
     }
 }
 

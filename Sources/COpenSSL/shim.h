@@ -1,0 +1,4 @@
+#ifndef SWITCHBOARD_COPENSSL_SHIM_H
+#define SWITCHBOARD_COPENSSL_SHIM_H
+#include <openssl/evp.h>
+#endif

@@ -1,0 +1,187 @@
+import SwitchboardServer
+import SwitchboardTransport
+
+/// The `access` section: users identified by their HELLO token, and what each may do.
+public struct AccessRules: Codable, Sendable, Equatable {
+    public var users: [User]?
+    /// The rights of connections that sent no token; none when omitted.
+    public var anonymous: Grants?
+
+    public init(users: [User]? = nil, anonymous: Grants? = nil) {
+        self.users = users
+        self.anonymous = anonymous
+    }
+
+    public struct User: Codable, Sendable, Equatable {
+        public var name: String
+        /// The SHA-256 of the user's token, in hexadecimal (`printf %s TOKEN | sha256sum`): the file
+        /// never holds the token itself.
+        public var tokenSha256: String
+        public var allow: Rights?
+        public var deny: Rights?
+
+        public init(name: String, tokenSha256: String, allow: Rights? = nil, deny: Rights? = nil) {
+            self.name = name
+            self.tokenSha256 = tokenSha256
+            self.allow = allow
+            self.deny = deny
+        }
+
+        private enum CodingKeys: String, CodingKey, CaseIterable { case name, tokenSha256, allow, deny }
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownKeys(decoder, CodingKeys.self)
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            name = try c.decode(String.self, forKey: .name)
+            tokenSha256 = try c.decode(String.self, forKey: .tokenSha256)
+            allow = try c.decodeIfPresent(Rights.self, forKey: .allow)
+            deny = try c.decodeIfPresent(Rights.self, forKey: .deny)
+        }
+    }
+
+    public struct Grants: Codable, Sendable, Equatable {
+        public var allow: Rights?
+        public var deny: Rights?
+
+        public init(allow: Rights? = nil, deny: Rights? = nil) {
+            self.allow = allow
+            self.deny = deny
+        }
+    }
+
+    /// Channel patterns per right. In `allow`, an absent right allows everything that is not denied
+    /// (as in NATS permissions) and an empty list nothing; in `deny`, an absent right denies nothing.
+    public struct Rights: Codable, Sendable, Equatable {
+        public var call: [String]?
+        public var listen: [String]?
+        public var send: [String]?
+        public var register: [String]?
+
+        public init(call: [String]? = nil, listen: [String]? = nil, send: [String]? = nil, register: [String]? = nil) {
+            self.call = call
+            self.listen = listen
+            self.send = send
+            self.register = register
+        }
+
+        private enum CodingKeys: String, CodingKey, CaseIterable { case call, listen, send, register }
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownKeys(decoder, CodingKeys.self)
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            call = try c.decodeIfPresent([String].self, forKey: .call)
+            listen = try c.decodeIfPresent([String].self, forKey: .listen)
+            send = try c.decodeIfPresent([String].self, forKey: .send)
+            register = try c.decodeIfPresent([String].self, forKey: .register)
+        }
+
+        func patterns(for kind: InboundKind) -> [String]? {
+            switch kind {
+            case .call: call
+            case .listen: listen
+            case .message: send
+            case .register: register
+            case .cancel: nil
+            }
+        }
+    }
+}
+
+/// Access control: identifies clients by token at HELLO (an unknown token is refused with
+/// `unauthorized`), then checks every call, send, listen and REGISTER against the client's rights;
+/// a refusal is ERROR `forbidden` and the connection stays open. Deny wins over allow. A `cancel` is
+/// always allowed (it only stops the client's own stream).
+///
+/// Rights are looked up once per connection and configuration generation, and the last decision is
+/// kept per connection, so a client that keeps calling one channel pays two comparisons per request.
+public struct AccessControl: Plugin {
+    public let name = "access"
+    let settings: LiveSettings
+
+    public init(settings: LiveSettings) { self.settings = settings }
+
+    public var inbound: [any InboundProcessor] { [Check(settings: settings)] }
+
+    public func authenticate(_ hello: Hello) -> Authentication {
+        guard let token = hello.token, let access = settings.current.access else { return .pass }
+        let hash = Digest.sha256Hex(Array(token.utf8))
+        guard let user = access.users?.first(where: { $0.tokenSha256.lowercased() == hash }) else { return .refuse }
+        return .identity(user.name)
+    }
+
+    /// A client's rights, compiled: patterns per kind.
+    struct Compiled {
+        var allow: [InboundKind: [ChannelPattern]] = [:]
+        var deny: [InboundKind: [ChannelPattern]] = [:]
+
+        init(allow: AccessRules.Rights?, deny: AccessRules.Rights?, allowsByDefault: Bool) {
+            for kind in InboundKind.allCases where kind != .cancel {
+                if let patterns = allow?.patterns(for: kind) {
+                    self.allow[kind] = patterns.map(ChannelPattern.init)
+                } else if !allowsByDefault {
+                    self.allow[kind] = []
+                }
+                self.deny[kind] = (deny?.patterns(for: kind) ?? []).map(ChannelPattern.init)
+            }
+        }
+
+        func permits(_ kind: InboundKind, _ channel: String) -> Bool {
+            if kind == .cancel { return true }
+            if deny[kind, default: []].contains(where: { $0.matches(channel) }) { return false }
+            guard let allowed = allow[kind] else { return true }
+            return allowed.contains { $0.matches(channel) }
+        }
+    }
+
+    /// One connection's rights and last decision.
+    final class ConnectionState {
+        var generation = -1
+        var identity: String?
+        var rights: Compiled?
+        var lastChannel = ""
+        var lastKind = InboundKind.register
+        var lastVerdict = false
+    }
+
+    struct Check: InboundProcessor {
+        let settings: LiveSettings
+
+        func process(_ request: inout InboundRequest) throws -> InboundDecision {
+            let context = request.connection
+            let state: ConnectionState
+            if let kept = context.storage[ConnectionState.self] {
+                state = kept
+            } else {
+                state = ConnectionState()
+                context.storage[ConnectionState.self] = state
+            }
+            let generation = settings.generation
+            if state.generation != generation || state.identity != context.identity {
+                state.generation = generation
+                state.identity = context.identity
+                state.rights = rights(of: context.identity)
+                state.lastChannel = ""
+            }
+            guard let rights = state.rights else { return .next }  // the section was removed by a reload
+            if state.lastKind != request.kind || state.lastChannel != request.channel {
+                state.lastVerdict = rights.permits(request.kind, request.channel)
+                state.lastKind = request.kind
+                state.lastChannel = request.channel
+            }
+            if state.lastVerdict { return .next }
+            let who = context.identity.map { "user \($0)" } ?? "anonymous connections"
+            let right = request.kind == .message ? "send" : request.kind.rawValue
+            return .reject(.forbidden("\(who) may not \(right) on \(request.channel)"))
+        }
+
+        private func rights(of identity: String?) -> Compiled? {
+            guard let access = settings.current.access else { return nil }
+            guard let identity else {
+                return Compiled(allow: access.anonymous?.allow, deny: access.anonymous?.deny,
+                                allowsByDefault: access.anonymous != nil)
+            }
+            guard let user = access.users?.first(where: { $0.name == identity }) else {
+                return Compiled(allow: nil, deny: nil, allowsByDefault: false)  // removed by a reload: no rights
+            }
+            return Compiled(allow: user.allow, deny: user.deny, allowsByDefault: true)
+        }
+    }
+}

@@ -1,0 +1,468 @@
+import SwitchboardCodec
+import SwitchboardTransport
+import SwitchboardWire
+
+/// The loaded plugins, flattened into the orders they run in. Filled before the server runs, read-only
+/// after: the paths that no plugin touches test one flag each.
+final class Pipeline {
+    struct Stage<Processor, Kind: ScopedKind> {
+        let plugin: String
+        let processor: Processor
+        /// The processor's scope, read once at load.
+        let scope: Scope<Kind>
+    }
+
+    private(set) var plugins: [any Plugin] = []
+    /// In load order.
+    private(set) var inbound: [Stage<any InboundProcessor, InboundKind>] = []
+    /// In reverse load order.
+    private(set) var outbound: [Stage<any OutboundProcessor, OutboundKind>] = []
+    /// Requests go through ``Connection/runInbound(message:)`` and its kin: some stage sees them on
+    /// the way in, or sees their answers on the way out.
+    private(set) var seesRequests = false
+    /// Some outbound stage sees replies or errors: requests then carry a ``RequestTrace``.
+    private(set) var seesAnswers = false
+    /// Some outbound stage sees events: streams then ask, once each, which stages apply to them.
+    private(set) var seesEvents = false
+    var isEmpty: Bool { plugins.isEmpty }
+
+    func load(_ plugin: any Plugin) {
+        plugins.append(plugin)
+        inbound += plugin.inbound.map { Stage(plugin: plugin.name, processor: $0, scope: $0.scope) }
+        outbound = plugin.outbound.reversed().map { Stage(plugin: plugin.name, processor: $0, scope: $0.scope) } + outbound
+        seesAnswers = outbound.contains { $0.scope.seesAny(of: [.reply, .error]) }
+        seesRequests = !inbound.isEmpty || seesAnswers
+        seesEvents = outbound.contains { $0.scope.seesAny(of: [.event, .endOfStream]) }
+    }
+
+    /// The first verdict other than `.pass`, in load order.
+    func authenticate(_ hello: Hello) -> Authentication {
+        for plugin in plugins {
+            let verdict = plugin.authenticate(hello)
+            if case .pass = verdict { continue }
+            return verdict
+        }
+        return .pass
+    }
+
+    /// The stages that see events on `channel` for `connection`: asked when a stream starts; nil for none.
+    func eventStages(for connection: ConnectionContext, channel: String) -> [Stage<any OutboundProcessor, OutboundKind>]? {
+        guard seesEvents else { return nil }
+        let stages = outbound.filter {
+            ($0.scope.contains(channel, .event) || $0.scope.contains(channel, .endOfStream))
+                && $0.processor.applies(to: connection, channel: channel)
+        }
+        return stages.isEmpty ? nil : stages
+    }
+}
+
+/// What an answer's outbound stages need to know of its request (kept only while some stage sees answers).
+struct RequestTrace {
+    let channel: String
+    let method: String?
+    let receivedAt: ContinuousClock.Instant
+}
+
+/// Where an inbound request goes once every stage has let it through.
+enum InboundTarget {
+    /// A request answered through the connection (`origin` nil: a MESSAGE with id 0, answered nowhere).
+    case request(PendingRequest.Origin?)
+    /// A REGISTER with this id.
+    case register(id: UInt32)
+}
+
+/// What the router knows of a channel before routing: the request's kind, its method, and how to encode
+/// a direct answer.
+struct InboundShape {
+    var kind: InboundKind
+    var method: String?
+    var methodCodec: (any MethodCodec)?
+    var encodeMessage: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
+}
+
+/// A request whose stage decided later: it waits here, open on its connection, for the ``Decider``.
+final class ParkedRequest {
+    let connection: Connection
+    var request: InboundRequest
+    let target: InboundTarget
+    let shape: InboundShape
+    /// The stage after the one that deferred.
+    let resumeAt: Int
+    let plugin: String
+    /// The open request standing for it in the connection's tables (nil for id 0 and REGISTER).
+    let placeholder: PendingRequest?
+    private var isDecided = false
+
+    init(connection: Connection, request: InboundRequest, target: InboundTarget, shape: InboundShape, resumeAt: Int,
+         plugin: String, placeholder: PendingRequest?) {
+        self.connection = connection
+        self.request = request
+        self.target = target
+        self.shape = shape
+        self.resumeAt = resumeAt
+        self.plugin = plugin
+        self.placeholder = placeholder
+    }
+
+    func resume(with decision: InboundDecision) {
+        guard !isDecided else { return }
+        isDecided = true
+        connection.resume(self, with: decision)
+    }
+}
+
+extension ServerCore {
+    /// What `channel` is before routing, for a request whose method is `knownMethod` (text mode) or
+    /// starts `payload` (binary); `isSend`: a text-mode send.
+    func shape(of channel: String, payload: InboundRequest.Payload, knownMethod: String?, isSend: Bool,
+               connection: Connection) -> InboundShape {
+        func method(_ codec: (any MethodCodec)?) -> String? {
+            guard knownMethod == nil, case .bytes(let bytes) = payload else { return knownMethod }
+            return try? connection.withMethodCallReuse { reuse in (codec ?? StandardMethodCodec()).methodName(in: bytes, reusing: &reuse) }
+        }
+        func eventKind(_ method: String?) -> InboundKind { method == "cancel" ? .cancel : .listen }
+        switch route(named: channel, for: connection) {
+        case .local(.method(let entry))?:
+            return InboundShape(kind: isSend ? .message : .call, method: method(entry.codec.codec), methodCodec: entry.codec.codec)
+        case .local(.event(let entry))?:
+            let name = method(entry.codec)
+            return InboundShape(kind: isSend ? .message : eventKind(name), method: name, methodCodec: entry.codec)
+        case .local(.message(let entry))?:
+            return InboundShape(kind: .message, methodCodec: nil, encodeMessage: entry.encode)
+        case .held(let registration)?:
+            let codec = registration.methodCodec
+            if isSend || registration.kind == .message {
+                var encode: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
+                if let declared = registration.codec { encode = { value throws(CodecError) in try declared.encodeMessage(value) } }
+                return InboundShape(kind: .message, methodCodec: nil, encodeMessage: encode)
+            }
+            let name = method(codec)
+            return InboundShape(kind: registration.kind == .event ? eventKind(name) : .call, method: name, methodCodec: codec)
+        case nil:
+            if isSend { return InboundShape(kind: .message) }
+            let name = method(nil)
+            return InboundShape(kind: name == "listen" || name == "cancel" ? eventKind(name) : .call, method: name)
+        }
+    }
+
+    func countRejection(by plugin: String, code: String) {
+        tallies.pluginRejections[plugin, default: [:]][code, default: 0] += 1
+    }
+
+    func countPluginFailure(_ plugin: String) {
+        tallies.pluginFailures[plugin, default: 0] += 1
+    }
+
+    /// The `plugins` entry of `switchboard/stats`: per plugin, its rejections by code and its failures.
+    var pluginStats: ChannelValue {
+        .map(pipeline.plugins.map { plugin in
+            let rejected = (tallies.pluginRejections[plugin.name] ?? [:]).sorted { $0.key < $1.key }
+            return .init(.string(plugin.name), .stringMap([
+                "rejected": .map(rejected.map { .init(.string($0.key), .int($0.value)) }),
+                "failed": .int(tallies.pluginFailures[plugin.name] ?? 0),
+            ]))
+        })
+    }
+}
+
+extension InboundShape {
+    init(kind: InboundKind, method: String? = nil) { self.init(kind: kind, method: method, methodCodec: nil, encodeMessage: nil) }
+    init(kind: InboundKind, method: String? = nil, methodCodec: (any MethodCodec)?) {
+        self.init(kind: kind, method: method, methodCodec: methodCodec, encodeMessage: nil)
+    }
+    init(kind: InboundKind, methodCodec: (any MethodCodec)?, encodeMessage: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?) {
+        self.init(kind: kind, method: nil, methodCodec: methodCodec, encodeMessage: encodeMessage)
+    }
+}
+
+extension Connection {
+    // MARK: Inbound
+
+    /// A binary MESSAGE, through the inbound stages.
+    func runInbound(message frame: FrameDecoder.View) {
+        let payload = InboundRequest.Payload.bytes(frame.payload)
+        let shape = core.shape(of: frame.channel, payload: payload, knownMethod: nil, isSend: false, connection: self)
+        var request = InboundRequest(connection: context, channel: frame.channel, kind: shape.kind, method: shape.method,
+                                     payload: payload, expectsAnswer: frame.id != 0, codec: shape.methodCodec)
+        request.receivedAt = arrival
+        continueInbound(&request, target: .request(frame.id == 0 ? nil : .binary(id: frame.id)), shape: shape, from: 0)
+    }
+
+    /// A text-mode call, listen, cancel or send, through the inbound stages.
+    func runInbound(text origin: PendingRequest.Origin, method: String?, channel: String, value: ChannelValue) {
+        let payload = InboundRequest.Payload.value(value)
+        let shape = core.shape(of: channel, payload: payload, knownMethod: method, isSend: method == nil, connection: self)
+        var request = InboundRequest(connection: context, channel: channel, kind: shape.kind, method: shape.method,
+                                     payload: payload, expectsAnswer: true, codec: shape.methodCodec)
+        request.receivedAt = arrival
+        continueInbound(&request, target: .request(origin), shape: shape, from: 0)
+    }
+
+    /// A REGISTER, through the inbound stages.
+    func runInbound(register frame: FrameDecoder.View) {
+        let shape = InboundShape(kind: .register)
+        var request = InboundRequest(connection: context, channel: frame.channel, kind: .register, method: nil,
+                                     payload: .bytes(frame.payload), expectsAnswer: frame.id != 0, codec: nil)
+        continueInbound(&request, target: .register(id: frame.id), shape: shape, from: 0)
+    }
+
+    /// Runs the stages from `index` on, then routes what they let through.
+    func continueInbound(_ request: inout InboundRequest, target: InboundTarget, shape: InboundShape, from index: Int) {
+        if index == 0 { request.originalChannel = request.channel }
+        let stages = core.pipeline.inbound
+        var shape = shape
+        var next = index
+        while next < stages.count {
+            let stage = stages[next]
+            next += 1
+            guard stage.scope.contains(request.channel, request.kind) else { continue }
+            let channel = request.channel
+            let decision: InboundDecision
+            do { decision = try stage.processor.process(&request) } catch {
+                return refuse(request, target, shape: shape, plugin: stage.plugin, failure: "\(error)")
+            }
+            if request.channel != channel, request.kind != .register {  // renamed: what it is may have changed
+                let isText = if case .value = request.payload { true } else { false }
+                shape = core.shape(of: request.channel, payload: request.payload, knownMethod: isText ? request.method : nil,
+                                   isSend: isText && request.method == nil, connection: self)
+                let (receivedAt, originalChannel) = (request.receivedAt, request.originalChannel)
+                request = InboundRequest(connection: context, channel: request.channel, kind: shape.kind, method: shape.method,
+                                         payload: request.payload, expectsAnswer: request.expectsAnswer, codec: shape.methodCodec)
+                request.receivedAt = receivedAt
+                request.originalChannel = originalChannel
+            }
+            switch decision {
+            case .next: continue
+            case .reject(let rejection):
+                core.countRejection(by: stage.plugin, code: rejection.code)
+                return refuse(request, target, shape: shape, error: rejection.error)
+            case .answer(let answer):
+                return answerDirectly(answer, request: request, target: target, shape: shape, plugin: stage.plugin)
+            case .later(let body):
+                let parked = park(request, target: target, shape: shape, resumeAt: next, plugin: stage.plugin)
+                return body(Decider(parked: LoopBound(parked, loop: core.handle)))
+            }
+        }
+        dispatch(request, target: target, shape: shape)
+    }
+
+    /// Routes a request every stage let through.
+    private func dispatch(_ request: InboundRequest, target: InboundTarget, shape: InboundShape) {
+        switch target {
+        case .register(let id):
+            var payload: [UInt8]?
+            if case .bytes(let bytes) = request.payload { payload = bytes.map(Array.init) }
+            core.register(Frame(.register, id: id, channel: request.channel, payload: payload), from: self)
+        case .request(let origin):
+            if request.kind == .listen, request.channel != request.originalChannel { followRename(of: request) }
+            let input: RouteInput = switch request.payload {
+            case .bytes(let bytes): .bytes(bytes)
+            case .value(let value) where request.kind == .message: .message(value)
+            case .value(let value): .call(MethodCall(method: request.method ?? request.kind.rawValue, arguments: value))
+            }
+            guard let origin else {
+                core.route(channel: request.channel, input: input, origin: nil, connection: self)
+                return
+            }
+            traced(request) { handleRequest(origin, channel: request.channel, input: input) }
+        }
+    }
+
+    /// A `listen` a stage renamed: the client's DEMANDs on the name it used go to the new name, the
+    /// credit it already gave included.
+    private func followRename(of request: InboundRequest) {
+        context.channelRenames[request.originalChannel] = request.channel
+        if let credit = pendingCredit.removeValue(forKey: request.originalChannel) { pendingCredit[request.channel] = credit }
+    }
+
+    /// Refuses a request with `error` (a stage's rejection), or with `plugin_error` for a stage that failed.
+    private func refuse(_ request: InboundRequest, _ target: InboundTarget, shape: InboundShape, plugin: String? = nil,
+                        failure: String? = nil, error: WireError? = nil) {
+        var error = error
+        if let plugin, let failure {
+            core.countPluginFailure(plugin)
+            logger.warning("plugin \(plugin) failed: \(failure)")
+            error = .plugin(code: "plugin_error", message: "plugin \(plugin) failed: \(failure)", details: nil)
+        }
+        guard let error else { return }
+        switch target {
+        case .register(let id): writeError(error, id: id)
+        case .request(nil): break  // id 0: nobody waits for an answer (the refusal is counted)
+        case .request(let origin?): answerNow(origin, shape: shape, .error(error), request: request)
+        }
+    }
+
+    private func answerDirectly(_ answer: DirectAnswer, request: InboundRequest, target: InboundTarget, shape: InboundShape,
+                                plugin: String) {
+        guard case .request(let origin) = target else {
+            return refuse(request, target, shape: shape, plugin: plugin, failure: "a REGISTER cannot be answered by a plugin")
+        }
+        guard let origin else { return }
+        answerNow(origin, shape: shape, self.answer(for: answer, shape: shape, isText: origin.isText), request: request)
+    }
+
+    /// What a direct answer is in the requester's encoding.
+    private func answer(for answer: DirectAnswer, shape: InboundShape, isText: Bool) -> Answer {
+        let codec = shape.methodCodec ?? StandardMethodCodec()
+        switch answer {
+        case .notImplemented: return .notImplemented
+        case .success(let value) where shape.kind == .message:
+            if isText { return .messageValue(value) }
+            guard let encode = shape.encodeMessage else {
+                return .error(.plugin(code: "plugin_error", message: "the channel's message codec is unknown", details: nil))
+            }
+            do throws(CodecError) { return .messageBytes(try encode(value)) } catch {
+                return .error(.badPayload("reply could not be encoded: \(error)"))
+            }
+        case .success(let value): return .success(value, codec)
+        case .failure(let error) where shape.kind == .message && !isText:
+            return .error(.plugin(code: error.code, message: error.message ?? error.code, details: error.details))
+        case .failure(let error): return .failure(error, codec)
+        }
+    }
+
+    /// Answers a request that never reached a channel.
+    private func answerNow(_ origin: PendingRequest.Origin, shape: InboundShape, _ answer: Answer, request inbound: InboundRequest) {
+        var request = traced(inbound) { makeRequest(origin, methodCodec: shape.methodCodec.map(SharedMethodCodec.init)) }
+        request.answer(answer)
+        settle(&request)
+    }
+
+    /// When some outbound stage sees answers: the time the request came in.
+    private var arrival: ContinuousClock.Instant? { core.pipeline.seesAnswers ? .now : nil }
+
+    /// Runs `body` with the request's trace ready for the ``PendingRequest`` it makes.
+    private func traced<Result>(_ request: InboundRequest, _ body: () -> Result) -> Result {
+        pendingTrace = request.receivedAt.map { RequestTrace(channel: request.channel, method: request.method, receivedAt: $0) }
+        defer { pendingTrace = nil }
+        return body()
+    }
+
+    private func park(_ request: InboundRequest, target: InboundTarget, shape: InboundShape, resumeAt: Int,
+                      plugin: String) -> ParkedRequest {
+        var kept = request
+        if case .bytes(let bytes?) = request.payload { kept.payload = .bytes(ArraySlice(Array(bytes))) }  // off the read buffer
+        var placeholder: PendingRequest?
+        if case .request(let origin?) = target {
+            var open = traced(request) { makeRequest(origin, methodCodec: shape.methodCodec.map(SharedMethodCodec.init)) }
+            placeholder = open
+            settle(&open)  // registers it: CANCEL, duplicate ids, disconnects and the drain see it
+        }
+        return ParkedRequest(connection: self, request: kept, target: target, shape: shape, resumeAt: resumeAt,
+                             plugin: plugin, placeholder: placeholder)
+    }
+
+    /// A deferred decision arrived (on the loop).
+    func resume(_ parked: ParkedRequest, with decision: InboundDecision) {
+        if let placeholder = parked.placeholder {
+            guard !placeholder.isAnswered, placeholder.connection != nil else { return }  // cancelled, closed or drained
+        } else if isClosing {
+            return
+        }
+        switch decision {
+        case .next:
+            if let placeholder = parked.placeholder { withdraw(placeholder) }
+            var request = parked.request
+            continueInbound(&request, target: parked.target, shape: parked.shape, from: parked.resumeAt)
+        case .reject(let rejection):
+            core.countRejection(by: parked.plugin, code: rejection.code)
+            if let placeholder = parked.placeholder { return placeholder.answer(.error(rejection.error)) }
+            refuse(parked.request, parked.target, shape: parked.shape, error: rejection.error)
+        case .answer(let direct):
+            guard let placeholder = parked.placeholder else {
+                return refuse(parked.request, parked.target, shape: parked.shape, plugin: parked.plugin, failure: "a REGISTER cannot be answered by a plugin")
+            }
+            placeholder.answer(answer(for: direct, shape: parked.shape, isText: placeholder.isText))
+        case .later:
+            core.countPluginFailure(parked.plugin)
+            let error = WireError.plugin(code: "plugin_error", message: "plugin \(parked.plugin) deferred twice", details: nil)
+            if let placeholder = parked.placeholder { return placeholder.answer(.error(error)) }
+            refuse(parked.request, parked.target, shape: parked.shape, error: error)
+        }
+    }
+
+    // MARK: Outbound
+
+    /// Passes an answer through the outbound stages that see it; nil when one dropped it (or failed).
+    func filterAnswer(_ answer: Answer, trace: RequestTrace) -> Answer {
+        let kind: OutboundKind
+        let content: OutboundMessage.Content
+        switch answer {
+        case .success(let value, _): (kind, content) = (.reply, .value(value))
+        case .messageValue(let value): (kind, content) = (.reply, .value(value))
+        case .messageBytes(let bytes): (kind, content) = (.reply, .bytes(bytes))
+        case .notImplemented: (kind, content) = (.reply, .notImplemented)
+        case .failure(let error, _): (kind, content) = (.error, .error(error))
+        case .error(let error):
+            (kind, content) = (.error, .error(ChannelError(code: error.code, message: error.message, details: error.details ?? .null)))
+        }
+        var message = OutboundMessage(connection: context, channel: trace.channel, kind: kind, method: trace.method,
+                                      receivedAt: trace.receivedAt, content: content)
+        for stage in core.pipeline.outbound where stage.scope.contains(trace.channel, kind) {
+            guard stage.processor.applies(to: context, channel: trace.channel) else { continue }
+            let decision: OutboundDecision
+            do { decision = try stage.processor.process(&message) } catch {
+                core.countPluginFailure(stage.plugin)
+                logger.warning("plugin \(stage.plugin) failed on an answer: \(error)")
+                return .error(.plugin(code: "plugin_error", message: "plugin \(stage.plugin) failed: \(error)", details: nil))
+            }
+            if case .drop = decision {
+                core.countDrop("plugin")
+                return .error(.plugin(code: "plugin_error", message: "plugin \(stage.plugin) withheld the answer", details: nil))
+            }
+        }
+        guard message.isChanged else { return answer }
+        switch (message.content, answer) {
+        case (.value(let value), .success(_, let codec)), (.value(let value), .failure(_, let codec)): return .success(value, codec)
+        case (.value(let value), _): return .messageValue(value)
+        case (.error(let error), .success(_, let codec)), (.error(let error), .failure(_, let codec)): return .failure(error, codec)
+        case (.error(let error), _): return .error(.plugin(code: error.code, message: error.message ?? error.code, details: error.details))
+        case (.bytes(let bytes), _): return .messageBytes(bytes)
+        case (.notImplemented, _), (.end, _): return .notImplemented
+        }
+    }
+}
+
+extension EventStream {
+    /// Passes an event through this stream's outbound stages: the shared event, a changed copy for this
+    /// listener only, or nil when a stage dropped it (counted as `eventsDropped.plugin`).
+    func filter(_ event: OutboundEvent, through stages: [Pipeline.Stage<any OutboundProcessor, OutboundKind>]) -> OutboundEvent? {
+        let content: OutboundMessage.Content
+        switch event.content {
+        case .data(let value): content = .value(value)
+        case .error(let error): content = .error(error)
+        case .end: content = .end
+        case .encoded(let envelope):
+            switch try? event.codec?.decodeEnvelope(envelope) {
+            case .success(let value)?: content = .value(value)
+            case .failure(let error)?: content = .error(error)
+            case nil: content = .bytes(envelope)
+            }
+        }
+        let context = connection.context
+        var message = OutboundMessage(connection: context, channel: event.channel, kind: event.isEnd ? .endOfStream : .event,
+                                      method: nil, receivedAt: nil, content: content)
+        for stage in stages where stage.scope.contains(message.channel, message.kind) {
+            let decision: OutboundDecision
+            do { decision = try stage.processor.process(&message) } catch {
+                connection.core.countPluginFailure(stage.plugin)
+                connection.logger.warning("plugin \(stage.plugin) failed on an event: \(error)")
+                if event.isEnd { continue }  // an end always goes out: the stream must end
+                connection.core.countDrop("plugin")
+                return nil
+            }
+            if case .drop = decision, !event.isEnd {
+                connection.core.countDrop("plugin")
+                return nil
+            }
+        }
+        guard message.isChanged else { return event }
+        let changed: EventContent = switch message.content {
+        case .value(let value): .data(value)
+        case .error(let error): .error(error)
+        case .bytes(let bytes?): .encoded(bytes)
+        case .end, .notImplemented, .bytes(nil): event.content
+        }
+        return OutboundEvent(channel: message.channel, content: event.isEnd ? .end : changed, codec: event.codec)
+    }
+}

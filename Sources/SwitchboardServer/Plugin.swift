@@ -1,0 +1,389 @@
+import SwitchboardCodec
+import SwitchboardTransport
+import SwitchboardWire
+
+/// A server extension, loaded at start-up with ``Server/load(_:)``: ordered inbound processors that see
+/// each request before it is routed, ordered outbound processors that see each reply and event before it
+/// is written, and a hook run once when it is loaded.
+///
+/// Inbound processors run in load order (and, within a plugin, in array order); outbound ones in reverse
+/// load order, so that the first plugin loaded is the outermost on both ways. Processors are shared by
+/// every connection and may run on any loop thread at once: they are `Sendable`, and state of one
+/// connection lives in ``ConnectionContext/storage``.
+public protocol Plugin: Sendable {
+    /// Names the plugin in stats and logs.
+    var name: String { get }
+    /// Sees requests on the way in, in order.
+    var inbound: [any InboundProcessor] { get }
+    /// Sees replies and events on the way out, in order.
+    var outbound: [any OutboundProcessor] { get }
+    /// Identifies a client from its HELLO: the first plugin that answers other than `.pass` decides.
+    func authenticate(_ hello: Hello) -> Authentication
+    /// Runs once, on the loading thread, when the plugin is loaded.
+    func didLoad(into server: Server)
+}
+
+extension Plugin {
+    public var inbound: [any InboundProcessor] { [] }
+    public var outbound: [any OutboundProcessor] { [] }
+    public func authenticate(_ hello: Hello) -> Authentication { .pass }
+    public func didLoad(into server: Server) {}
+}
+
+/// What a client said in HELLO, for ``Plugin/authenticate(_:)``.
+public struct Hello: Sendable {
+    /// The `token`, if any.
+    public let token: String?
+    /// The `client` name, if any.
+    public let client: String?
+}
+
+/// A plugin's verdict on a HELLO.
+public enum Authentication: Sendable {
+    /// No opinion: the next plugin decides (a connection no plugin identifies is anonymous).
+    case pass
+    /// The client is this identity (seen by processors as ``ConnectionContext/identity``).
+    case identity(String)
+    /// The HELLO is refused with `unauthorized`, and the connection closes (wire-v1 section 2).
+    case refuse
+}
+
+/// The connection a request came on or a reply goes to, as processors see it. Loop thread only.
+public final class ConnectionContext {
+    /// How the client speaks.
+    public enum Encoding: String, Sendable { case binary, text }
+
+    /// The connection's serial number (``ClientID/rawValue``).
+    public let id: UInt64
+    /// The peer's address (such as `127.0.0.1:50312`), or the in-memory transport's name.
+    public let remoteAddress: String
+    /// Binary frames or text lines (undecided connections send no requests).
+    public internal(set) var encoding = Encoding.binary
+    /// The `client` name from HELLO.
+    public internal(set) var clientName: String?
+    /// Who the client is, as a plugin's ``Plugin/authenticate(_:)`` decided; nil when anonymous.
+    public internal(set) var identity: String?
+    /// Per-connection state of processors, by key type: it goes when the connection does.
+    public var storage = ContextStorage()
+    /// Event channels this client listens to by another name (a stage renamed its `listen`): its DEMAND
+    /// frames on the old name go to the new one.
+    var channelRenames: [String: String] = [:]
+
+    init(id: UInt64, remoteAddress: String) {
+        self.id = id
+        self.remoteAddress = remoteAddress
+    }
+}
+
+/// Objects kept per connection for processors (a rate limiter's buckets, say), one per class. A short
+/// list rather than a dictionary: a connection holds the state of a few plugins, looked up per request.
+public struct ContextStorage {
+    private var values: [(key: ObjectIdentifier, value: AnyObject)] = []
+
+    /// The object kept for its class `key`.
+    public subscript<Value: AnyObject>(key: Value.Type) -> Value? {
+        get {
+            let id = ObjectIdentifier(key)
+            for entry in values where entry.key == id { return entry.value as? Value }
+            return nil
+        }
+        set {
+            let id = ObjectIdentifier(key)
+            values.removeAll { $0.key == id }
+            if let newValue { values.append((id, newValue)) }
+        }
+    }
+}
+
+/// A channel name pattern: an exact name, `prefix/*` (every name that starts with `prefix/`), or `*`.
+public struct ChannelPattern: Hashable, Sendable, CustomStringConvertible {
+    private enum Form: Hashable { case any, prefix(String), exact(String) }
+    private let form: Form
+
+    /// Parses `text`: `*`, a name ending in `/*`, or an exact name.
+    public init(_ text: String) {
+        if text == "*" {
+            form = .any
+        } else if text.hasSuffix("/*") {
+            form = .prefix(String(text.dropLast()))
+        } else {
+            form = .exact(text)
+        }
+    }
+
+    /// Matches every channel.
+    public static let any = ChannelPattern("*")
+
+    /// Whether `channel` matches.
+    public func matches(_ channel: String) -> Bool {
+        switch form {
+        case .any: true
+        case .prefix(let prefix): channel.hasPrefix(prefix)
+        case .exact(let name): channel == name
+        }
+    }
+
+    public var description: String {
+        switch form {
+        case .any: "*"
+        case .prefix(let prefix): prefix + "*"
+        case .exact(let name): name
+        }
+    }
+}
+
+/// What a request asks for, as inbound processors see it.
+public enum InboundKind: String, Sendable, CaseIterable {
+    /// A method call (to a method channel, or to a held channel declared a method channel or undeclared).
+    case call
+    /// A message to a message channel.
+    case message
+    /// `listen` on an event channel.
+    case listen
+    /// `cancel` on an event channel.
+    case cancel
+    /// REGISTER: the client asks to hold the channel.
+    case register
+}
+
+/// What goes out, as outbound processors see it.
+public enum OutboundKind: String, Sendable, CaseIterable {
+    /// A successful answer: a method call's result, a message's reply or a not-implemented answer.
+    case reply
+    /// A failed answer: an error envelope or an ERROR frame.
+    case error
+    /// An event: data or an error event.
+    case event
+    /// An event stream's end.
+    case endOfStream
+}
+
+/// A kind a ``Scope`` can select: each has a bit of its own.
+public protocol ScopedKind: Hashable, Sendable, CaseIterable {
+    var bit: UInt8 { get }
+}
+
+extension InboundKind: ScopedKind {
+    public var bit: UInt8 {
+        switch self {
+        case .call: 1
+        case .message: 2
+        case .listen: 4
+        case .cancel: 8
+        case .register: 16
+        }
+    }
+}
+
+extension OutboundKind: ScopedKind {
+    public var bit: UInt8 {
+        switch self {
+        case .reply: 1
+        case .error: 2
+        case .event: 4
+        case .endOfStream: 8
+        }
+    }
+}
+
+/// Which traffic a processor sees: channels matching any of `channels`, of one of `kinds`.
+public struct Scope<Kind: ScopedKind>: Sendable {
+    /// The channel patterns; the processor sees a channel that matches any.
+    public let channels: [ChannelPattern]
+    /// The kinds it sees.
+    public let kinds: Set<Kind>
+    private let mask: UInt8
+    private let isEveryChannel: Bool
+
+    /// Every channel and kind unless narrowed.
+    public init(channels: [ChannelPattern] = [.any], kinds: Set<Kind> = Set(Kind.allCases)) {
+        self.channels = channels
+        self.kinds = kinds
+        mask = kinds.reduce(0) { $0 | $1.bit }
+        isEveryChannel = channels.contains(.any)
+    }
+
+    /// Whether traffic of `kind` on `channel` is in scope.
+    public func contains(_ channel: String, _ kind: Kind) -> Bool {
+        mask & kind.bit != 0 && (isEveryChannel || channels.contains { $0.matches(channel) })
+    }
+
+    /// Whether it sees any of `kinds`, on some channel.
+    public func seesAny(of kinds: Set<Kind>) -> Bool { mask & kinds.reduce(0) { $0 | $1.bit } != 0 }
+}
+
+/// A request on its way in, before routing.
+public struct InboundRequest {
+    /// The payload as it came: frame bytes from a binary client, a value from a text client.
+    public enum Payload {
+        /// A binary frame's payload, in the channel's codec (a method call envelope, or a message).
+        case bytes(ArraySlice<UInt8>?)
+        /// A text client's arguments (calls, listens, cancels) or message (sends).
+        case value(ChannelValue)
+    }
+
+    /// The requesting connection.
+    public let connection: ConnectionContext
+    /// The channel; a processor may rewrite it (later processors and the router see the new one).
+    public var channel: String
+    /// What the request asks for.
+    public let kind: InboundKind
+    /// The method of a call, listen or cancel, read without decoding the arguments (nil when the
+    /// channel's codec is unknown or the payload is not a method call).
+    public let method: String?
+    /// The payload; a processor may rewrite it.
+    public var payload: Payload
+    /// Whether a request id waits for an answer (false for a MESSAGE with id 0).
+    public let expectsAnswer: Bool
+    let codec: (any MethodCodec)?
+    /// When it arrived; kept only while some outbound stage sees answers (for their ``RequestTrace``).
+    var receivedAt: ContinuousClock.Instant?
+    /// The channel the client named, before any stage renamed it.
+    var originalChannel = ""
+
+    /// The arguments of a call, listen or cancel, or the message of a send, decoded on demand with the
+    /// channel's codec (a message channel's bytes are returned as a Uint8List). Throws if they do not
+    /// decode; nil if the codec is unknown.
+    public func decodedValue() throws(CodecError) -> ChannelValue? {
+        switch payload {
+        case .value(let value): return value
+        case .bytes(let bytes):
+            guard let codec else { return bytes.map { .uint8List(Array($0)) } ?? .null }
+            return kind == .message ? bytes.map { .uint8List(Array($0)) } ?? .null
+                : try codec.decodeMethodCall(from: bytes).arguments
+        }
+    }
+}
+
+/// Why a request is refused: an ERROR with this code, message and details (an error line in text mode).
+public struct Rejection: Error, Sendable, Equatable {
+    let error: WireError
+
+    /// A refusal with any code.
+    public init(code: String, message: String, details: ChannelValue? = nil) {
+        error = .plugin(code: code, message: message, details: details)
+    }
+
+    /// `forbidden` (wire-v1's code for access control).
+    public static func forbidden(_ message: String) -> Rejection { Rejection(error: .forbidden(message)) }
+
+    /// `rate_limited`, with `retryAfterMs` in the details.
+    public static func rateLimited(retryAfterMs: Int) -> Rejection { Rejection(error: .rateLimited(retryAfterMs: retryAfterMs)) }
+
+    private init(error: WireError) { self.error = error }
+
+    /// The code sent.
+    public var code: String { error.code }
+}
+
+/// A direct answer from a processor, in place of the channel's.
+public enum DirectAnswer: Sendable {
+    /// A method call's result (or a message's reply value).
+    case success(ChannelValue)
+    /// An error envelope.
+    case failure(ChannelError)
+    /// A not-implemented answer (a null reply).
+    case notImplemented
+}
+
+/// What an inbound processor decides.
+public enum InboundDecision: Sendable {
+    /// On to the next processor, then the channel (with whatever the processor rewrote).
+    case next
+    /// Refused: the requester gets an ERROR; the connection stays open.
+    case reject(Rejection)
+    /// Answered here: the channel never sees the request.
+    case answer(DirectAnswer)
+    /// Decided later: `body` runs at once with a ``Decider`` that any thread may call, once. Meanwhile
+    /// the request is open (a CANCEL, a disconnect or shutdown answer it as any open request).
+    case later(@Sendable (Decider) -> Void)
+}
+
+/// Decides a request whose processor chose ``InboundDecision/later(_:)``. Any thread; the first call counts.
+public struct Decider: Sendable {
+    let parked: LoopBound<ParkedRequest>
+
+    /// Gives the decision (`.later` again is treated as a plugin failure).
+    public func callAsFunction(_ decision: InboundDecision) {
+        parked.onLoop { $0.resume(with: decision) }
+    }
+}
+
+/// Sees requests before they are routed.
+public protocol InboundProcessor: Sendable {
+    /// The traffic it sees (all of it by default).
+    var scope: Scope<InboundKind> { get }
+    /// Decides one request; may rewrite its channel or payload. A thrown error refuses the request
+    /// with an ERROR `plugin_error` and is counted.
+    func process(_ request: inout InboundRequest) throws -> InboundDecision
+}
+
+extension InboundProcessor {
+    public var scope: Scope<InboundKind> { Scope() }
+}
+
+/// A reply or event on its way out to one connection.
+public struct OutboundMessage {
+    /// What it carries, decoded.
+    public enum Content: Sendable, Equatable {
+        case value(ChannelValue)
+        case error(ChannelError)
+        case notImplemented
+        case end
+        /// Bytes with no decoded form here (a message reply, an event of a held channel with no codec).
+        case bytes([UInt8]?)
+    }
+
+    /// The destination connection.
+    public let connection: ConnectionContext
+    /// The channel (for a reply, the channel the request was routed to). A processor may rename an
+    /// event's channel for this connection (replies carry no channel name).
+    public var channel: String { didSet { isChanged = true } }
+    public let kind: OutboundKind
+    /// For replies: the method of the call, if it was one.
+    public let method: String?
+    /// For replies: when the request arrived, as ``ContinuousClock`` time.
+    public let receivedAt: ContinuousClock.Instant?
+    /// The content; a processor may change it (the change reaches this connection only).
+    public var content: Content { didSet { isChanged = true } }
+    /// Whether a processor changed the channel or the content: unchanged events keep their shared encoding.
+    private(set) var isChanged = false
+
+    init(connection: ConnectionContext, channel: String, kind: OutboundKind, method: String?,
+         receivedAt: ContinuousClock.Instant?, content: Content) {
+        self.connection = connection
+        self.channel = channel
+        self.kind = kind
+        self.method = method
+        self.receivedAt = receivedAt
+        self.content = content
+    }
+}
+
+/// What an outbound processor decides.
+public enum OutboundDecision: Sendable {
+    /// Write it (as the processor left it).
+    case pass
+    /// Do not write it: counted as `eventsDropped.plugin` (an answer dropped this way becomes an ERROR
+    /// `plugin_error`, since every request gets one answer).
+    case drop
+}
+
+/// Sees replies and events on their way out, per destination connection.
+///
+/// Which events a processor sees is decided when a stream starts, from ``scope`` and
+/// ``applies(to:channel:)``: streams that no processor applies to deliver the one shared encoding of each
+/// event, at no cost per event.
+public protocol OutboundProcessor: Sendable {
+    /// The traffic it sees (all of it by default).
+    var scope: Scope<OutboundKind> { get }
+    /// Whether it sees `connection`'s traffic on `channel` at all: asked once per stream and per request.
+    func applies(to connection: ConnectionContext, channel: String) -> Bool
+    /// Passes, changes or drops one reply or event. A thrown error drops it (see ``OutboundDecision/drop``).
+    func process(_ message: inout OutboundMessage) throws -> OutboundDecision
+}
+
+extension OutboundProcessor {
+    public var scope: Scope<OutboundKind> { Scope() }
+    public func applies(to connection: ConnectionContext, channel: String) -> Bool { true }
+}

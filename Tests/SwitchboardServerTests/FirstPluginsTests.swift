@@ -1,0 +1,299 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Logging
+import Synchronization
+import Testing
+import SwitchboardCodec
+import SwitchboardPlugins
+import SwitchboardServer
+import SwitchboardTesting
+import SwitchboardTransport
+import SwitchboardWire
+
+/// A HELLO frame with `token`.
+func hello(token: String, id: UInt32 = 1) -> Frame {
+    Frame(.hello, id: id, payload: Array(#"{"version":1,"token":"\#(token)"}"#.utf8))
+}
+
+func sha(_ token: String) -> String { Digest.sha256Hex(Array(token.utf8)) }
+
+/// Rights used by the access-control tests.
+func accessRules() -> AccessRules {
+    AccessRules(
+        users: [
+            .init(name: "alice", tokenSha256: sha("alice-token"),
+                  allow: .init(call: ["switchboard/*"], listen: ["switchboard/room"], register: ["held/*"]),
+                  deny: .init(call: ["switchboard/stats"])),
+            .init(name: "bob", tokenSha256: sha("bob-token").uppercased()),
+        ],
+        anonymous: .init(allow: .init(call: ["switchboard/echo"], listen: [], send: [], register: [])))
+}
+
+/// Log records, for the request log's tests.
+final class CapturedLog: Sendable {
+    struct Record: Sendable {
+        let level: Logger.Level
+        let message: String
+        let metadata: [String: String]
+    }
+
+    private let records = Mutex<[Record]>([])
+    var all: [Record] { records.withLock { $0 } }
+
+    var logger: Logger {
+        Logger(label: "test.requests") { _ in Handler(log: self) }
+    }
+
+    struct Handler: LogHandler {
+        let log: CapturedLog
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .trace
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(event: LogEvent) {
+            let fields = (event.metadata ?? [:]).mapValues { "\($0)" }
+            log.records.withLock { $0.append(Record(level: event.level, message: "\(event.message)", metadata: fields)) }
+        }
+    }
+}
+
+@Suite("Plugins: access control, rate limits, request log, aliases, configuration")
+struct FirstPluginsTests {
+    @Test("anonymous connections get the anonymous rights: forbidden calls, listens and REGISTERs, connection open")
+    func anonymousRights() throws {
+        let settings = LiveSettings(PluginConfiguration(access: accessRules()))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/echo", "echo", "ok"))
+        peer.send(try .call(2, "switchboard/stats", "get"))
+        peer.send(try .call(3, "switchboard/room", "listen"))
+        peer.send(Frame(.register, id: 4, channel: "held/a", payload: nil))
+        peer.send(Frame(.message, id: 5, channel: "switchboard/message", payload: try StandardMessageCodec().encode(1)))
+        peer.send(Frame(.ping, id: 6, payload: nil))
+        embedded.run()
+        let frames = try peer.frames()
+        #expect(frames.map(\.id) == [1, 2, 3, 4, 5, 6])
+        #expect(try frames[0].envelope().get() == "ok")
+        #expect(frames[1...4].map(\.errorCode) == ["forbidden", "forbidden", "forbidden", "forbidden"])
+        #expect(frames[5].kind == .pong)
+        let message = try JSONText.parse(try #require(frames[2].payload))["message"]
+        #expect(message == "anonymous connections may not listen on switchboard/room")
+        let operator_ = embedded.connect()  // bob may call anything
+        operator_.send(hello(token: "bob-token", id: 99))
+        let stats = try operator_.stats(on: embedded)
+        #expect(stats["plugins"]?["access"]?["rejected"]?["forbidden"] == 4)
+    }
+
+    @Test("a user's token identifies it; deny wins over allow; a wrong token is unauthorized")
+    func userRights() throws {
+        let settings = LiveSettings(PluginConfiguration(access: accessRules()))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let alice = embedded.connect()
+        alice.send(hello(token: "alice-token"))
+        alice.send(try .call(2, "switchboard/echo", "echo", 1))
+        alice.send(try .call(3, "switchboard/stats", "get"))  // allowed by switchboard/*, denied by name
+        alice.send(try .call(4, "switchboard/room", "listen"))
+        alice.send(try .call(5, "switchboard/ticker", "listen"))
+        alice.send(Frame(.register, id: 6, channel: "held/a", payload: nil))
+        alice.send(Frame(.register, id: 7, channel: "other", payload: nil))
+        embedded.run()
+        let frames = try alice.frames()
+        #expect(frames.map(\.kind) == [.welcome, .reply, .error, .reply, .error, .reply, .error])
+        #expect(frames.compactMap(\.errorCode) == ["forbidden", "forbidden", "forbidden"])
+        let bob = embedded.connect()  // no allow lists: everything; its hash was written in capitals
+        bob.send(hello(token: "bob-token"))
+        bob.send(try .call(2, "switchboard/stats", "get"))
+        embedded.run()
+        #expect(try bob.frames().map(\.kind) == [.welcome, .reply])
+        let stranger = embedded.connect()
+        stranger.send(hello(token: "guess"))
+        embedded.run()
+        #expect(try stranger.frames().map(\.errorCode) == ["unauthorized"])
+        #expect(stranger.isClosingGracefully || stranger.isClosed)
+    }
+
+    @Test("a listen is judged by what it does: text mode's call of `listen` is a listen")
+    func textModeListenIsJudgedAsListen() throws {
+        let settings = LiveSettings(PluginConfiguration(access: accessRules()))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let peer = embedded.connect()
+        peer.send(line: #"{"id":1,"listen":"switchboard/room"}"#)
+        peer.send(line: #"{"id":2,"call":"switchboard/room","method":"listen"}"#)
+        peer.send(line: #"{"id":3,"send":"switchboard/message","message":1}"#)
+        peer.send(line: #"{"id":4,"call":"switchboard/echo","method":"echo","args":"fine"}"#)
+        embedded.run()
+        let lines = try peer.lines()
+        #expect(lines.map { $0["error"]?["code"] } == ["forbidden", "forbidden", "forbidden", nil])
+        #expect(lines[3] == .stringMap(["id": 4, "result": "fine"]))
+    }
+
+    @Test("a reload changes the rights of a live connection from its next request")
+    func reloadChangesLiveRights() throws {
+        let settings = LiveSettings(PluginConfiguration(access: accessRules()))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/stats", "get"))
+        embedded.run()
+        #expect(try peer.frames().map(\.errorCode) == ["forbidden"])
+        var widened = accessRules()
+        widened.anonymous = .init(allow: .init(call: ["*"]))
+        settings.replace(with: PluginConfiguration(access: widened))
+        peer.send(try .call(2, "switchboard/stats", "get"))
+        peer.send(try .call(3, "switchboard/echo", "echo"))
+        embedded.run()
+        #expect(try peer.frames().map(\.kind) == [.reply, .reply])
+    }
+
+    @Test("a file that fails to parse at reload keeps the old settings")
+    func badReloadKeepsOld() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("sb-reload-\(getpid()).json").path
+        defer { unlink(path) }
+        let good = #"{"aliases": {"a": "b"}}"#
+        try Data(good.utf8).write(to: URL(fileURLWithPath: path))
+        let settings = LiveSettings(try PluginConfiguration.load(path: path))
+        let log = CapturedLog()
+        try Data(#"{"aliases": {"a" "c"}}"#.utf8).write(to: URL(fileURLWithPath: path))
+        #expect(settings.reload(path: path, logger: log.logger) == false)
+        #expect(settings.current.aliases == ["a": "b"])
+        #expect(log.all.last?.message.contains("line 1, column 18") == true, "\(log.all.last?.message ?? "")")
+        try Data(#"{"aliases": {"a": "c"}}"#.utf8).write(to: URL(fileURLWithPath: path))
+        #expect(settings.reload(path: path, logger: log.logger))
+        #expect(settings.current.aliases == ["a": "c"])
+    }
+
+    @Test("configuration errors name the line or the key")
+    func configurationErrors() {
+        func error(_ text: String) -> String? {
+            do { _ = try PluginConfiguration.parse(Data(text.utf8)); return nil } catch { return error.description }
+        }
+        #expect(error("{\n  \"aliases\": {\"a\": \"b\"\n}") == "line 3, column 2: not valid JSON (expected ',' or '}')")
+        #expect(error(#"{"access": {"users": [{"name": "x", "tokenSha256": "ab", "alow": {}}]}}"#)
+            == "at access.users[0].alow: unknown key (known: allow, deny, name, tokenSha256)")
+        #expect(error(#"{"access": {"users": [{"name": "x", "tokenSha256": "ab"}]}}"#)
+            == "access.users[0] (x): tokenSha256 must be 64 hexadecimal digits")
+        #expect(error(#"{"rateLimits": [{"channels": ["*"], "kinds": ["calls"], "perConnection": {"rate": 1, "burst": 1}}]}"#)?
+            .hasPrefix("at rateLimits[0].kinds:") == true)
+        #expect(error(#"{"rateLimits": [{"channels": ["*"]}]}"#) == "rateLimits[0]: needs perConnection or perUser")
+        #expect(error(#"{"requestLog": {"sampleOneIn": "many"}}"#) == "at requestLog.sampleOneIn: expected Int")
+        #expect(error(#"{"aliases": {"a": "b"}, "access": {}, "rateLimits": [], "requestLog": {}}"#) == nil)
+    }
+
+    @Test("rate limits: a burst, then the rate, measured over a window; retryAfterMs in the details")
+    func rateLimitOverAWindow() throws {
+        let rules = [RateLimitRule(channels: ["switchboard/echo"], perConnection: .init(rate: 100, burst: 10))]
+        let settings = LiveSettings(PluginConfiguration(rateLimits: rules))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let peer = embedded.connect()
+        for id in UInt32(1)...15 { peer.send(try .call(id, "switchboard/echo", "echo")) }
+        peer.send(try .call(16, "switchboard/stats", "get"))  // another channel: not limited
+        embedded.run()
+        let burst = try peer.frames()
+        #expect(burst.prefix(10).allSatisfy { $0.kind == .reply })
+        #expect(burst[10..<15].allSatisfy { $0.errorCode == "rate_limited" })
+        #expect(burst[15].kind == .reply)
+        let details = try JSONText.parse(try #require(burst[10].payload))["details"]
+        let retry = try #require(details?["retryAfterMs"]?.intValue)
+        #expect((1...10).contains(retry))
+
+        // A steady stream over 400 ms: about rate × time gets through.
+        let clock = ContinuousClock()
+        let start = clock.now
+        var accepted = 0, refused = 0, id: UInt32 = 100
+        while clock.now - start < .milliseconds(400) {
+            id += 1
+            peer.send(try .call(id, "switchboard/echo", "echo"))
+            embedded.run(turns: 1)
+            for frame in try peer.frames() { if frame.kind == .reply { accepted += 1 } else { refused += 1 } }
+            usleep(1000)
+        }
+        let seconds = Double((clock.now - start).components.attoseconds) / 1e18 + Double((clock.now - start).components.seconds)
+        let expected = 100 * seconds
+        #expect(refused > 0)
+        #expect(Double(accepted) >= expected * 0.8 && Double(accepted) <= expected + 2, "accepted \(accepted) in \(seconds) s")
+    }
+
+    @Test("a per-user bucket is shared by the user's connections; anonymous ones have their own")
+    func perUserBucket() throws {
+        let rules = [RateLimitRule(channels: ["*"], kinds: ["call"], perUser: .init(rate: 0.001, burst: 3))]
+        var access = accessRules()
+        access.anonymous = .init()
+        let settings = LiveSettings(PluginConfiguration(access: access, rateLimits: rules))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let first = embedded.connect(), second = embedded.connect(), anonymous = embedded.connect()
+        for peer in [first, second] { peer.send(hello(token: "bob-token", id: 99)) }
+        first.send(try .call(1, "switchboard/echo", "echo"))
+        first.send(try .call(2, "switchboard/echo", "echo"))
+        second.send(try .call(1, "switchboard/echo", "echo"))
+        second.send(try .call(2, "switchboard/echo", "echo"))
+        for id in UInt32(1)...5 { anonymous.send(try .call(id, "switchboard/echo", "echo")) }
+        embedded.run()
+        let answers = try (first.frames() + second.frames()).filter { $0.id != 99 }
+        #expect(answers.filter { $0.kind == .reply }.count == 3)
+        #expect(answers.compactMap(\.errorCode) == ["rate_limited"])
+        #expect(try anonymous.frames().allSatisfy { $0.kind == .reply })
+    }
+
+    @Test("the request log: sampled lines, slow requests always, refusals included")
+    func requestLog() throws {
+        let log = CapturedLog()
+        let settings = LiveSettings(PluginConfiguration(access: accessRules(), requestLog: .init(sampleOneIn: 2, slowMs: 20)))
+        let embedded = try EmbeddedServer(plugins: [AccessControl(settings: settings), RequestLog(settings: settings, logger: log.logger)])
+        MethodChannel(name: "slow", server: embedded.server).setMethodCallHandler { call, result in
+            startThread {
+                usleep(30_000)
+                result.success(call.arguments)
+            }
+        }
+        embedded.run()
+        let peer = embedded.connect()
+        for id in UInt32(1)...4 { peer.send(try .call(id, "switchboard/echo", "echo")) }
+        embedded.run()
+        #expect(log.all.count == 2)
+        #expect(log.all.first?.metadata["channel"] == "switchboard/echo")
+        #expect(log.all.first?.metadata["method"] == "echo")
+        #expect(log.all.first?.metadata["outcome"] == "success")
+        #expect(log.all.first?.metadata["user"] == "-")
+        #expect(log.all.first?.level == .notice)
+        peer.send(hello(token: "bob-token", id: 9))
+        peer.send(try .call(10, "slow", "wait", "x"))
+        #expect(embedded.run { ((try? peer.frames()) ?? []).contains { $0.id == 10 } })
+        let slow = try #require(log.all.last)
+        #expect(slow.message == "slow request")
+        #expect(slow.level == .warning)
+        #expect(slow.metadata["user"] == "bob")
+        #expect(Int(slow.metadata["durationUs"] ?? "") ?? 0 >= 20_000)
+        let before = log.all.count
+        let anonymous = embedded.connect()
+        anonymous.send(try .call(1, "switchboard/stats", "get"))
+        anonymous.send(try .call(2, "switchboard/stats", "get"))
+        embedded.run()
+        #expect(log.all.count == before + 1)
+        #expect(log.all.last?.metadata["outcome"] == "error:forbidden")
+    }
+
+    @Test("aliases: old names reach the new channels, events go out under the old name, DEMAND follows")
+    func aliases() throws {
+        let settings = LiveSettings(PluginConfiguration(aliases: ["old/echo": "switchboard/echo", "old/ticker": "switchboard/ticker"]))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let old = embedded.connect(), new = embedded.connect()
+        old.send(try .call(1, "old/echo", "echo", "via old"))
+        old.send(Frame(.demand, channel: "old/ticker", payload: [0, 0, 0, 1]))  // credit before the listen
+        old.send(try .call(2, "old/ticker", "listen", .stringMap(["count": 3, "intervalMs": 0])))
+        new.send(try .call(2, "switchboard/ticker", "listen", .stringMap(["count": 2, "intervalMs": 0])))
+        embedded.run(turns: 10)
+        let oldFrames = try old.frames()
+        #expect(try oldFrames[0].envelope().get() == "via old")
+        let oldEvents = oldFrames.filter { $0.kind == .message }
+        #expect(oldEvents.map(\.channel) == ["old/ticker"])  // one credit: one event
+        old.send(Frame(.demand, channel: "old/ticker", payload: [0, 0, 0, 5]))
+        embedded.run(turns: 10)
+        let more = try old.frames().filter { $0.kind == .message }
+        #expect(more.map(\.channel) == ["old/ticker", "old/ticker", "old/ticker"])  // two events, then the end
+        #expect(more.last?.payload == nil)
+        #expect(try new.frames().filter { $0.kind == .message }.map(\.channel) == Array(repeating: "switchboard/ticker", count: 3))
+    }
+}
