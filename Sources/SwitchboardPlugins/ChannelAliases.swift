@@ -22,7 +22,12 @@ public struct ChannelAliases: Plugin {
         let table = GenerationCache<[String: String]>()
 
         func process(_ request: inout InboundRequest) throws -> InboundDecision {
-            guard let new = table.value(settings, { $0.aliases ?? [:] })[request.channel] else { return .next }
+            guard let new = table.value(settings, { $0.aliases ?? [:] })[request.channel] else {
+                if request.kind == .listen {  // a listen by the new name: its events keep that name
+                    request.connection.storage[Listened.self]?.oldNames[request.channel] = nil
+                }
+                return .next
+            }
             let old = request.channel
             request.channel = new
             if request.kind == .listen {

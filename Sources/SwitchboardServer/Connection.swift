@@ -91,13 +91,19 @@ final class Connection {
     var lastInbound: UInt64
     var lastPing: UInt64
     /// The connection as plugins see it: made when a plugin first needs it.
-    lazy var context: ConnectionContext = {
+    var context: ConnectionContext {
+        if let madeContext { return madeContext }
         let context = ConnectionContext(id: id, remoteAddress: transport.remoteAddress)
         context.encoding = mode == .text ? .text : .binary
+        madeContext = context
         return context
-    }()
+    }
+    private var madeContext: ConnectionContext?
     /// The trace of the request being routed, taken by ``makeRequest(_:methodCodec:)`` (see ``RequestTrace``).
     var pendingTrace: RequestTrace?
+    /// What the plugins loaded at start-up ask of every connection, read once (the pipeline is fixed
+    /// while the server runs): constants, so that the paths no plugin touches test them for free.
+    let hasPlugins: Bool, seesRequests: Bool, tracesRequests: Bool
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -110,6 +116,9 @@ final class Connection {
         lastPing = lastInbound
         logger = core.logger
         logger[metadataKey: "connection.id"] = "\(id)"
+        hasPlugins = !core.pipeline.isEmpty
+        seesRequests = core.pipeline.seesRequests
+        tracesRequests = core.pipeline.seesAnswers
     }
 
     var pendingBytes: Int { outbound.count + transport.queuedBytes }
@@ -239,7 +248,7 @@ final class Connection {
         case .reply: handleReply(frame)
         case .cancel: cancelRequest(frame.id)
         case .demand: handleDemand(frame)
-        case .register: core.pipeline.seesRequests ? runInbound(register: frame) : core.register(frame.frame, from: self)
+        case .register: seesRequests ? runInbound(register: frame) : core.register(frame.frame, from: self)
         case .unregister: core.unregister(frame.channel, id: frame.id, from: self)
         case .welcome, .error, .goAway: break  // refused above
         }
@@ -265,7 +274,7 @@ final class Connection {
         if let token = core.config.token {
             guard hello["token"] == .string(token) else { return fail(.unauthorized, id: id, textID: textID) }
         }
-        if !core.pipeline.isEmpty {
+        if hasPlugins {
             let token = hello["token"]?.stringValue, client = hello["client"]?.stringValue
             switch core.pipeline.authenticate(Hello(token: token, client: client)) {
             case .refuse: return fail(.unauthorized, id: id, textID: textID)
@@ -295,7 +304,7 @@ final class Connection {
             if frame.id != 0 { writeError(.goingAway, id: frame.id) }
             return
         }
-        if core.pipeline.seesRequests, !isHolderEvent(frame) { return runInbound(message: frame) }
+        if seesRequests, !isHolderEvent(frame) { return runInbound(message: frame) }
         if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
         } else if case .local(.method(let method))? = core.route(named: frame.channel, for: self) {
@@ -323,7 +332,7 @@ final class Connection {
 
     /// Adds credit to the channel's active stream, or keeps it for the next `listen`.
     func addDemand(_ n: UInt32, channel: String) {
-        let channel = core.pipeline.isEmpty ? channel : context.channelRenames[channel] ?? channel
+        let channel = hasPlugins ? context.channelRenames[channel] ?? channel : channel
         if let stream = streams[channel] {
             stream.addCredit(n)
         } else if pendingCredit[channel] != nil || pendingCredit.count < 1024 {
@@ -369,7 +378,7 @@ final class Connection {
         } else {
             request = PendingRequest(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
         }
-        if let pendingTrace { request.trace = pendingTrace }
+        if tracesRequests { request.trace = pendingTrace }  // nil too: a reused request keeps no old trace
         return request
     }
 
@@ -395,7 +404,7 @@ final class Connection {
     func finish(_ request: PendingRequest, with answer: Answer) {
         guard !isClosing else { return }
         var answer = answer
-        if let trace = request.trace { answer = filterAnswer(answer, trace: trace) }
+        if tracesRequests, let trace = request.trace { answer = filterAnswer(answer, trace: trace, codec: request.methodCodec?.codec) }
         forget(request)
         switch request.origin {
         case .binary(let id): writeBinaryAnswer(answer, id: id)
@@ -408,7 +417,7 @@ final class Connection {
     /// ``Answer`` (each wrapping copies it).
     func finish(_ request: PendingRequest, success value: ChannelValue, codec: any MethodCodec) {
         guard !isClosing else { return }
-        if request.trace != nil { return finish(request, with: .success(value, codec)) }
+        if tracesRequests { return finish(request, with: .success(value, codec)) }
         forget(request)
         switch request.origin {
         case .binary(let id): writeSuccess(value, codec: codec, id: id)
@@ -462,7 +471,7 @@ final class Connection {
         }
     }
 
-    private func closeIfPeerIsDone() {
+    func closeIfPeerIsDone() {
         if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(closeReasonOncePeerIsDone) }
     }
 
@@ -749,6 +758,7 @@ final class Connection {
 
     /// Ends streams (handlers told), fails server-initiated requests, forgets open requests.
     private func releaseState(_ reason: CloseReason) {
+        madeContext?.storage = ContextStorage()  // what plugins kept here (deciders, say) may refer back to it
         core.holderLeft(self)
         for stream in Array(streams.values) {
             endStream(stream, notifyHandler: true)

@@ -115,13 +115,15 @@ final class EventStream {
     var listenerIndex = -1
     /// The plugins' outbound stages that see this stream's events, chosen when it started; nil (the
     /// common case) for none, so that its events cost nothing more.
-    var outboundStages: [Pipeline.Stage<any OutboundProcessor, OutboundKind>]?
+    let outboundStages: [Pipeline.Stage<any OutboundProcessor, OutboundKind>]?
 
-    init(connection: Connection, entry: EventEntry, arguments: ChannelValue, credit: Credit) {
+    init(connection: Connection, entry: EventEntry, arguments: ChannelValue, credit: Credit,
+         outboundStages: [Pipeline.Stage<any OutboundProcessor, OutboundKind>]?) {
         self.connection = connection
         self.entry = entry
         self.arguments = arguments
         self.credit = credit
+        self.outboundStages = outboundStages
     }
 
     private var hasCredit: Bool { if case .counted(0) = credit { false } else { true } }

@@ -56,11 +56,18 @@ final class Pipeline {
     }
 }
 
-/// What an answer's outbound stages need to know of its request (kept only while some stage sees answers).
-struct RequestTrace {
+/// What an answer's outbound stages need to know of its request (kept only while some stage sees
+/// answers). A class: a request carries one pointer, whose layout is known, rather than a clock instant.
+final class RequestTrace {
     let channel: String
     let method: String?
     let receivedAt: ContinuousClock.Instant
+
+    init(channel: String, method: String?, receivedAt: ContinuousClock.Instant) {
+        self.channel = channel
+        self.method = method
+        self.receivedAt = receivedAt
+    }
 }
 
 /// Where an inbound request goes once every stage has let it through.
@@ -81,9 +88,12 @@ struct InboundShape {
 }
 
 /// A request whose stage decided later: it waits here, open on its connection, for the ``Decider``.
+/// Only the decider holds it, and it holds its connection weakly: a plugin that keeps a decider keeps
+/// no connection alive.
 final class ParkedRequest {
-    let connection: Connection
-    var request: InboundRequest
+    private weak var connection: Connection?
+    /// Let go once decided.
+    private var request: InboundRequest?
     let target: InboundTarget
     let shape: InboundShape
     /// The stage after the one that deferred.
@@ -91,8 +101,6 @@ final class ParkedRequest {
     let plugin: String
     /// The open request standing for it in the connection's tables (nil for id 0 and REGISTER).
     let placeholder: PendingRequest?
-    private var isDecided = false
-
     init(connection: Connection, request: InboundRequest, target: InboundTarget, shape: InboundShape, resumeAt: Int,
          plugin: String, placeholder: PendingRequest?) {
         self.connection = connection
@@ -104,10 +112,11 @@ final class ParkedRequest {
         self.placeholder = placeholder
     }
 
-    func resume(with decision: InboundDecision) {
-        guard !isDecided else { return }
-        isDecided = true
-        connection.resume(self, with: decision)
+    /// The decision, or nil when the plugin dropped its decider undecided.
+    func resume(with decision: InboundDecision?) {
+        guard let connection, let request else { return }
+        self.request = nil
+        connection.resume(self, request: request, with: decision)
     }
 }
 
@@ -128,10 +137,11 @@ extension ServerCore {
             let name = method(entry.codec)
             return InboundShape(kind: isSend ? .message : eventKind(name), method: name, methodCodec: entry.codec)
         case .local(.message(let entry))?:
-            return InboundShape(kind: .message, methodCodec: nil, encodeMessage: entry.encode)
+            // A text client's call or listen here is refused by the router ("use send"): judged as a call.
+            return InboundShape(kind: isSend || knownMethod == nil ? .message : .call, methodCodec: nil, encodeMessage: entry.encode)
         case .held(let registration)?:
             let codec = registration.methodCodec
-            if isSend || registration.kind == .message {
+            if isSend || (registration.kind == .message && knownMethod == nil) {
                 var encode: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
                 if let declared = registration.codec { encode = { value throws(CodecError) in try declared.encodeMessage(value) } }
                 return InboundShape(kind: .message, methodCodec: nil, encodeMessage: encode)
@@ -217,11 +227,13 @@ extension Connection {
             next += 1
             guard stage.scope.contains(request.channel, request.kind) else { continue }
             let channel = request.channel
+            request.isPayloadChanged = false
             let decision: InboundDecision
             do { decision = try stage.processor.process(&request) } catch {
                 return refuse(request, target, shape: shape, plugin: stage.plugin, failure: "\(error)")
             }
-            if request.channel != channel, request.kind != .register {  // renamed: what it is may have changed
+            if request.channel != channel || request.isPayloadChanged, request.kind != .register {
+                // Renamed or rewritten: what the request is (and so what later stages judge) may have changed.
                 let isText = if case .value = request.payload { true } else { false }
                 shape = core.shape(of: request.channel, payload: request.payload, knownMethod: isText ? request.method : nil,
                                    isSend: isText && request.method == nil, connection: self)
@@ -240,7 +252,7 @@ extension Connection {
                 return answerDirectly(answer, request: request, target: target, shape: shape, plugin: stage.plugin)
             case .later(let body):
                 let parked = park(request, target: target, shape: shape, resumeAt: next, plugin: stage.plugin)
-                return body(Decider(parked: LoopBound(parked, loop: core.handle)))
+                return body(Decider(token: DecisionToken(LoopBound(parked, loop: core.handle))))
             }
         }
         dispatch(request, target: target, shape: shape)
@@ -294,7 +306,7 @@ extension Connection {
 
     private func answerDirectly(_ answer: DirectAnswer, request: InboundRequest, target: InboundTarget, shape: InboundShape,
                                 plugin: String) {
-        guard case .request(let origin) = target else {
+        guard case .request(let origin) = target else {  // REGISTER
             return refuse(request, target, shape: shape, plugin: plugin, failure: "a REGISTER cannot be answered by a plugin")
         }
         guard let origin else { return }
@@ -352,39 +364,48 @@ extension Connection {
                              plugin: plugin, placeholder: placeholder)
     }
 
-    /// A deferred decision arrived (on the loop).
-    func resume(_ parked: ParkedRequest, with decision: InboundDecision) {
+    /// A deferred decision arrived (on the loop); nil: the plugin dropped its decider undecided.
+    func resume(_ parked: ParkedRequest, request: InboundRequest, with decision: InboundDecision?) {
         if let placeholder = parked.placeholder {
             guard !placeholder.isAnswered, placeholder.connection != nil else { return }  // cancelled, closed or drained
         } else if isClosing {
             return
         }
         switch decision {
-        case .next:
+        case .next?:
             if let placeholder = parked.placeholder { withdraw(placeholder) }
-            var request = parked.request
+            var request = request
             continueInbound(&request, target: parked.target, shape: parked.shape, from: parked.resumeAt)
-        case .reject(let rejection):
+            if parked.placeholder != nil {  // as after any answer: the drain or a half-closed peer may wait for it
+                core.requestFinished()
+                closeIfPeerIsDone()
+            }
+        case .reject(let rejection)?:
             core.countRejection(by: parked.plugin, code: rejection.code)
             if let placeholder = parked.placeholder { return placeholder.answer(.error(rejection.error)) }
-            refuse(parked.request, parked.target, shape: parked.shape, error: rejection.error)
-        case .answer(let direct):
+            refuse(request, parked.target, shape: parked.shape, error: rejection.error)
+        case .answer(let direct)?:
             guard let placeholder = parked.placeholder else {
-                return refuse(parked.request, parked.target, shape: parked.shape, plugin: parked.plugin, failure: "a REGISTER cannot be answered by a plugin")
+                if case .request(nil) = parked.target { return }  // id 0: answered nowhere
+                return refuse(request, parked.target, shape: parked.shape, plugin: parked.plugin,
+                              failure: "a REGISTER cannot be answered by a plugin")
             }
             placeholder.answer(answer(for: direct, shape: parked.shape, isText: placeholder.isText))
-        case .later:
+        case .later?, nil:
+            let failure = decision == nil ? "dropped its decision" : "deferred twice"
+            guard let placeholder = parked.placeholder else {
+                return refuse(request, parked.target, shape: parked.shape, plugin: parked.plugin, failure: failure)
+            }
             core.countPluginFailure(parked.plugin)
-            let error = WireError.plugin(code: "plugin_error", message: "plugin \(parked.plugin) deferred twice", details: nil)
-            if let placeholder = parked.placeholder { return placeholder.answer(.error(error)) }
-            refuse(parked.request, parked.target, shape: parked.shape, error: error)
+            logger.warning("plugin \(parked.plugin) failed: \(failure)")
+            placeholder.answer(.error(.plugin(code: "plugin_error", message: "plugin \(parked.plugin) failed: \(failure)", details: nil)))
         }
     }
 
     // MARK: Outbound
 
     /// Passes an answer through the outbound stages that see it; nil when one dropped it (or failed).
-    func filterAnswer(_ answer: Answer, trace: RequestTrace) -> Answer {
+    func filterAnswer(_ answer: Answer, trace: RequestTrace, codec methodCodec: (any MethodCodec)?) -> Answer {
         let kind: OutboundKind
         let content: OutboundMessage.Content
         switch answer {
@@ -412,13 +433,14 @@ extension Connection {
             }
         }
         guard message.isChanged else { return answer }
-        switch (message.content, answer) {
-        case (.value(let value), .success(_, let codec)), (.value(let value), .failure(_, let codec)): return .success(value, codec)
-        case (.value(let value), _): return .messageValue(value)
-        case (.error(let error), .success(_, let codec)), (.error(let error), .failure(_, let codec)): return .failure(error, codec)
-        case (.error(let error), _): return .error(.plugin(code: error.code, message: error.message ?? error.code, details: error.details))
-        case (.bytes(let bytes), _): return .messageBytes(bytes)
-        case (.notImplemented, _), (.end, _): return .notImplemented
+        // A method call's answer stays an envelope in its codec; a message's reply a message.
+        switch message.content {
+        case .value(let value): return methodCodec.map { .success(value, $0) } ?? .messageValue(value)
+        case .error(let error):
+            return methodCodec.map { .failure(error, $0) }
+                ?? .error(.plugin(code: error.code, message: error.message ?? error.code, details: error.details))
+        case .bytes(let bytes): return .messageBytes(bytes)
+        case .notImplemented, .end: return .notImplemented
         }
     }
 }

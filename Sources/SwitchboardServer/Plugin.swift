@@ -1,3 +1,4 @@
+import Synchronization
 import SwitchboardCodec
 import SwitchboardTransport
 import SwitchboardWire
@@ -232,7 +233,9 @@ public struct InboundRequest {
     /// channel's codec is unknown or the payload is not a method call).
     public let method: String?
     /// The payload; a processor may rewrite it.
-    public var payload: Payload
+    public var payload: Payload { didSet { isPayloadChanged = true } }
+    /// Set when a stage rewrote the payload: what the request is may have changed.
+    var isPayloadChanged = false
     /// Whether a request id waits for an answer (false for a MESSAGE with id 0).
     public let expectsAnswer: Bool
     let codec: (any MethodCodec)?
@@ -299,13 +302,31 @@ public enum InboundDecision: Sendable {
     case later(@Sendable (Decider) -> Void)
 }
 
-/// Decides a request whose processor chose ``InboundDecision/later(_:)``. Any thread; the first call counts.
+/// Decides a request whose processor chose ``InboundDecision/later(_:)``. Any thread; the first call
+/// counts. A plugin that lets go of every copy without deciding gets its request answered with ERROR
+/// `plugin_error`: every request gets an answer.
 public struct Decider: Sendable {
-    let parked: LoopBound<ParkedRequest>
+    let token: DecisionToken
 
     /// Gives the decision (`.later` again is treated as a plugin failure).
-    public func callAsFunction(_ decision: InboundDecision) {
+    public func callAsFunction(_ decision: InboundDecision) { token.decide(decision) }
+}
+
+/// Takes a deferred request's decision to its loop, once; or, if the plugin drops it undecided, says so.
+final class DecisionToken: Sendable {
+    private let parked: LoopBound<ParkedRequest>
+    private let isDecided = Atomic<Bool>(false)
+
+    init(_ parked: LoopBound<ParkedRequest>) { self.parked = parked }
+
+    func decide(_ decision: InboundDecision) {
+        guard !isDecided.exchange(true, ordering: .acquiringAndReleasing) else { return }
         parked.onLoop { $0.resume(with: decision) }
+    }
+
+    deinit {
+        guard !isDecided.load(ordering: .acquiring) else { return }
+        parked.onLoop { $0.resume(with: nil) }
     }
 }
 

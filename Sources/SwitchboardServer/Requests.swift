@@ -48,7 +48,8 @@ final class PendingRequest {
         case forwarded(holder: Connection, id: UInt32)
     }
     private(set) var isAnswered = false
-    /// Set while some plugin's outbound stage sees answers (see ``Pipeline/seesAnswers``).
+    /// Set (by ``Connection/makeRequest(_:methodCodec:)``) only while some plugin's outbound stage sees
+    /// answers (see ``Pipeline/seesAnswers``); never touched otherwise.
     var trace: RequestTrace?
 
     init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
@@ -80,7 +81,6 @@ final class PendingRequest {
         isRegistered = false
         isAnswered = false
         onCancel = .nothing  // a hook set after the last answer must not reach this request
-        trace = nil
     }
 
     /// Forgets the requester (it disconnected): a late answer goes nowhere.

@@ -275,9 +275,9 @@ final class ServerCore {
     func addListener(_ entry: EventEntry, connection: Connection, arguments: ChannelValue, notifyingReplaced: Bool) -> EventStream {
         if let old = connection.streams[entry.name] { connection.endStream(old, notifyHandler: notifyingReplaced) }
         let credit = connection.pendingCredit.removeValue(forKey: entry.name) ?? .unbounded
-        let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit)
+        let stages = connection.hasPlugins ? pipeline.eventStages(for: connection.context, channel: entry.name) : nil
+        let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit, outboundStages: stages)
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
-        if pipeline.seesEvents { stream.outboundStages = pipeline.eventStages(for: connection.context, channel: entry.name) }
         connection.streams[entry.name] = stream
         entry.listeners.add(stream)
         return stream

@@ -70,7 +70,7 @@ enum TextMode {
             input = .message(request["message"] ?? .null)
             kind = .send
         }
-        if connection.core.pipeline.seesRequests {
+        if connection.seesRequests {
             let method: String? = switch input {
             case .call(let call): call.method
             default: nil

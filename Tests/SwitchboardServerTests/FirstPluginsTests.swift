@@ -204,16 +204,19 @@ struct FirstPluginsTests {
         let start = clock.now
         var accepted = 0, refused = 0, id: UInt32 = 100
         while clock.now - start < .milliseconds(400) {
-            id += 1
-            peer.send(try .call(id, "switchboard/echo", "echo"))
+            for _ in 0..<4 {  // offered faster than the rate however slow the machine (sanitizers)
+                id += 1
+                peer.send(try .call(id, "switchboard/echo", "echo"))
+            }
             embedded.run(turns: 1)
             for frame in try peer.frames() { if frame.kind == .reply { accepted += 1 } else { refused += 1 } }
-            usleep(1000)
+            usleep(2000)
         }
-        let seconds = Double((clock.now - start).components.attoseconds) / 1e18 + Double((clock.now - start).components.seconds)
-        let expected = 100 * seconds
+        let elapsed = clock.now - start
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let expected = 100 * seconds  // the burst was spent: what the rate refills, and no more
         #expect(refused > 0)
-        #expect(Double(accepted) >= expected * 0.8 && Double(accepted) <= expected + 2, "accepted \(accepted) in \(seconds) s")
+        #expect(Double(accepted) >= expected * 0.8 && Double(accepted) <= expected + 3, "accepted \(accepted) in \(seconds) s")
     }
 
     @Test("a per-user bucket is shared by the user's connections; anonymous ones have their own")
@@ -234,7 +237,8 @@ struct FirstPluginsTests {
         let answers = try (first.frames() + second.frames()).filter { $0.id != 99 }
         #expect(answers.filter { $0.kind == .reply }.count == 3)
         #expect(answers.compactMap(\.errorCode) == ["rate_limited"])
-        #expect(try anonymous.frames().allSatisfy { $0.kind == .reply })
+        let anonymousAnswers = try anonymous.frames()
+        #expect(anonymousAnswers.count == 5 && anonymousAnswers.allSatisfy { $0.kind == .reply })
     }
 
     @Test("the request log: sampled lines, slow requests always, refusals included")

@@ -49,7 +49,7 @@ final class DeciderBox: Sendable {
 /// One processor that takes every decision, by method name: `deny`, `short`, `later`, `boom`, and
 /// `shout` (rewrites the argument); anything else goes on.
 func decidingPlugin(deciders: DeciderBox) -> TestPlugin {
-    TestPlugin(name: "decider", inbound: [InboundClosure(scope: Scope(channels: [ChannelPattern("switchboard/echo")])) { request in
+    TestPlugin(name: "decider", inbound: [InboundClosure(scope: Scope(channels: [ChannelPattern("switchboard/echo"), ChannelPattern("counted")])) { request in
         switch request.method {
         case "deny":
             return .reject(Rejection(code: "nope", message: "not today", details: .stringMap(["why": "test"])))
@@ -170,8 +170,13 @@ struct PluginPipelineTests {
         onAnotherThread { decider(.answer(.success("too late"))) }
         embedded.run(turns: 4)
         #expect(try peer.frames().isEmpty)
+        let calls = AtomicCounter()
+        MethodChannel(name: "counted", server: embedded.server).setMethodCallHandler { _, result in
+            calls.increment()
+            result.success(.null)
+        }
         let leaving = embedded.connect()
-        leaving.send(try .call(8, "switchboard/echo", "later"))
+        leaving.send(try .call(8, "counted", "later"))
         embedded.run()
         leaving.peerCloses(error: UVError(code: -104, operation: "read"))  // a reset: gone at once
         embedded.run()
@@ -179,6 +184,7 @@ struct PluginPipelineTests {
         #expect(deciders.count == 2)
         onAnotherThread { late(.next) }
         embedded.run(turns: 4)
+        #expect(calls.value == 0)  // the request died with its connection: no handler runs
         #expect(try peer.stats(on: embedded)["repliesPending"] == 0)
     }
 
@@ -249,18 +255,109 @@ struct PluginPipelineTests {
         #expect(try peer.stats(on: embedded)["eventsDropped"]?["plugin"] == 2)
     }
 
-    @Test("with no plugin that sees events, streams take no outbound stage")
-    func noEventStagesWhenNoneApply() throws {
-        let seen = AtomicCounter()
-        let plugin = TestPlugin(name: "replies", outbound: [OutboundClosure(scope: Scope(kinds: [.reply])) { _ in seen.increment(); return .pass }])
+    @Test("streams on channels no event stage covers take none: their events cost nothing more")
+    func noEventStagesWhereNoneApply() throws {
+        let asked = AtomicCounter(), processed = AtomicCounter()
+        let plugin = TestPlugin(name: "ticker-only", outbound: [OutboundClosure(
+            scope: Scope(channels: [ChannelPattern("switchboard/ticker")], kinds: [.event]),
+            appliesTo: { _, _ in asked.increment(); return true }
+        ) { _ in processed.increment(); return .pass }])
         let embedded = try EmbeddedServer(plugins: [plugin])
         let peer = embedded.connect(), poster = embedded.connect()
         peer.send(try .call(1, "switchboard/room", "listen"))
         embedded.run()
-        #expect(seen.value == 1)  // the listen's reply
         poster.send(Frame(.message, id: 0, channel: "switchboard/room.post", payload: [9]))
         embedded.run()
-        #expect(try peer.frames().count == 2)
-        #expect(seen.value == 1)
+        #expect(try peer.frames().count == 2)  // the listen's reply and the event
+        #expect(asked.value == 0 && processed.value == 0)
+        peer.send(try .call(2, "switchboard/ticker", "listen", .stringMap(["count": 2, "intervalMs": 0])))
+        embedded.run(turns: 10)
+        #expect(asked.value == 1)  // once, at listen time
+        #expect(processed.value == 2)  // each event; the end is out of its scope
+    }
+
+    @Test("a deferred request: a half-closed peer closes once it is decided; id 0 and REGISTER defer too")
+    func deferredBookkeeping() throws {
+        let deciders = DeciderBox()
+        let plugin = TestPlugin(name: "later", inbound: [InboundClosure(scope: Scope(channels: [ChannelPattern("held/*"), ChannelPattern("switchboard/echo")])) { request in
+            request.method == "now" ? .next : .later { deciders.put($0) }
+        }])
+        let embedded = try EmbeddedServer(plugins: [plugin])
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/echo", "echo", "x"))
+        peer.peerCloses()  // a half-close: its request is still answered
+        embedded.run()
+        let decider = try #require(deciders.first)
+        onAnotherThread { decider(.next) }
+        #expect(embedded.run { peer.isClosingGracefully || peer.isClosed })
+        #expect(try peer.frames().map(\.id) == [1])
+
+        let holder = embedded.connect()
+        holder.send(Frame(.register, id: 5, channel: "held/a", payload: nil))
+        holder.send(Frame(.register, id: 6, channel: "held/b", payload: nil))
+        holder.send(Frame(.message, id: 0, channel: "switchboard/echo", payload: try StandardMethodCodec().encodeMethodCall(MethodCall(method: "echo", arguments: .null))))
+        embedded.run()
+        let (register5, register6, fireAndForget) = (deciders.all[1], deciders.all[2], deciders.all[3])
+        onAnotherThread {
+            register5(.next)
+            register6(.reject(.forbidden("not b")))
+            fireAndForget(.answer(.success(1)))  // id 0: answered nowhere, and no failure
+        }
+        var frames: [Frame] = []
+        #expect(embedded.run { frames += (try? holder.frames()) ?? []; return frames.count >= 2 })
+        #expect(frames.map(\.kind) == [.reply, .error])
+        #expect(frames.map(\.id) == [5, 6])
+        let stats = try embedded.connect().stats(on: embedded)
+        #expect(stats["registrations"] == 1)
+        #expect(stats["plugins"]?["later"]?["failed"] == 0)
+    }
+
+    @Test("a decider dropped undecided answers its request with plugin_error")
+    func droppedDecider() throws {
+        let plugin = TestPlugin(name: "forgetful", inbound: [InboundClosure(scope: Scope(channels: [ChannelPattern("switchboard/echo")])) { _ in
+            .later { decider in startThread { _ = decider } }  // kept a moment on another thread, then dropped
+        }])
+        let embedded = try EmbeddedServer(plugins: [plugin])
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/echo", "echo"))
+        var frames: [Frame] = []
+        #expect(embedded.run { frames += (try? peer.frames()) ?? []; return !frames.isEmpty })
+        #expect(frames.map(\.errorCode) == ["plugin_error"])
+        #expect(try peer.stats(on: embedded)["plugins"]?["forgetful"]?["failed"] == 1)
+    }
+
+    @Test("a stage that rewrites a payload changes what later stages judge")
+    func rewriteIsJudgedAfresh() throws {
+        let journal = Journal()
+        let rewriter = TestPlugin(name: "rewriter", inbound: [InboundClosure { request in
+            if request.method == "cancel" {
+                request.payload = .bytes(try StandardMethodCodec().encodeMethodCall(MethodCall(method: "listen", arguments: .null))[...])
+            }
+            return .next
+        }])
+        let judge = TestPlugin(name: "judge", inbound: [InboundClosure { request in
+            journal.add("\(request.kind.rawValue) \(request.method ?? "-")")
+            return request.kind == .listen ? .reject(.forbidden("no listening")) : .next
+        }])
+        let embedded = try EmbeddedServer(plugins: [rewriter, judge])
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/room", "cancel"))
+        embedded.run()
+        #expect(journal.all == ["listen listen"])
+        #expect(try peer.frames().map(\.errorCode) == ["forbidden"])
+    }
+
+    @Test("with plugins loaded, a text-mode call on a message channel is still refused as without")
+    func textCallOnMessageChannel() throws {
+        let plugin = TestPlugin(name: "pass", inbound: [InboundClosure { _ in .next }])
+        let embedded = try EmbeddedServer(plugins: [plugin])
+        let peer = embedded.connect()
+        peer.send(line: #"{"id":1,"call":"switchboard/message","method":"x","args":5}"#)
+        peer.send(line: #"{"id":2,"listen":"switchboard/message"}"#)
+        peer.send(line: #"{"id":3,"send":"switchboard/message","message":5}"#)
+        embedded.run()
+        let lines = try peer.lines()
+        #expect(lines.map { $0["error"]?["code"] } == ["bad_request", "bad_request", nil])
+        #expect(lines[2] == .stringMap(["id": 3, "reply": 5]))
     }
 }
