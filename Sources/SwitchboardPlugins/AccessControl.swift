@@ -12,6 +12,14 @@ public struct AccessRules: Codable, Sendable, Equatable {
         self.anonymous = anonymous
     }
 
+    private enum CodingKeys: String, CodingKey, CaseIterable { case users, anonymous }
+    public init(from decoder: any Decoder) throws {
+        try rejectUnknownKeys(decoder, CodingKeys.self)
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        users = try c.decodeIfPresent([User].self, forKey: .users)
+        anonymous = try c.decodeIfPresent(Grants.self, forKey: .anonymous)
+    }
+
     public struct User: Codable, Sendable, Equatable {
         public var name: String
         /// The SHA-256 of the user's token, in hexadecimal (`printf %s TOKEN | sha256sum`): the file
@@ -45,6 +53,14 @@ public struct AccessRules: Codable, Sendable, Equatable {
         public init(allow: Rights? = nil, deny: Rights? = nil) {
             self.allow = allow
             self.deny = deny
+        }
+
+        private enum CodingKeys: String, CodingKey, CaseIterable { case allow, deny }
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownKeys(decoder, CodingKeys.self)
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            allow = try c.decodeIfPresent(Rights.self, forKey: .allow)
+            deny = try c.decodeIfPresent(Rights.self, forKey: .deny)
         }
     }
 

@@ -28,6 +28,14 @@ public struct RateLimitRule: Codable, Sendable, Equatable {
             self.rate = rate
             self.burst = burst
         }
+
+        private enum CodingKeys: String, CodingKey, CaseIterable { case rate, burst }
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownKeys(decoder, CodingKeys.self)
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            rate = try c.decode(Double.self, forKey: .rate)
+            burst = try c.decode(Double.self, forKey: .burst)
+        }
     }
 
     private enum CodingKeys: String, CodingKey, CaseIterable { case channels, kinds, perConnection, perUser }

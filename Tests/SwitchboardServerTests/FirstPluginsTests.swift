@@ -179,6 +179,10 @@ struct FirstPluginsTests {
             .hasPrefix("at rateLimits[0].kinds:") == true)
         #expect(error(#"{"rateLimits": [{"channels": ["*"]}]}"#) == "rateLimits[0]: needs perConnection or perUser")
         #expect(error(#"{"requestLog": {"sampleOneIn": "many"}}"#) == "at requestLog.sampleOneIn: expected Int")
+        #expect(error(#"{"access": {"anonymus": {}}}"#) == "at access.anonymus: unknown key (known: anonymous, users)")
+        #expect(error(#"{"access": {"anonymous": {"allow": {}, "deny": {}, "grant": {}}}}"#)?.hasPrefix("at access.anonymous.grant:") == true)
+        #expect(error(#"{"rateLimits": [{"channels": ["*"], "perUser": {"rate": 1, "burst": 1, "per": 2}}]}"#)?
+            .hasPrefix("at rateLimits[0].perUser.per:") == true)
         #expect(error(#"{"aliases": {"a": "b"}, "access": {}, "rateLimits": [], "requestLog": {}}"#) == nil)
     }
 

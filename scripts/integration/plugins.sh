@@ -85,7 +85,7 @@ stop_server
 # A broken file at start-up: a message naming the key, and exit status 78.
 printf '{"access": {"anonymus": {}}}' >"$CONFIG"
 status=0
-message=$("$SWITCHBOARD" serve --port 0 --config "$CONFIG" 2>&1) || status=$?
+message=$(trap - EXIT; timeout 10 "$SWITCHBOARD" serve --port 0 --config "$CONFIG" 2>&1) || status=$?
 check "a broken file at start-up exits 78 naming the key" \
 "78 switchboard: invalid configuration: $CONFIG: at access.anonymus: unknown key (known: anonymous, users)" "$status $message"
 finish
