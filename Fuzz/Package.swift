@@ -38,6 +38,7 @@ let package = Package(
                 .product(name: "SwitchboardServer", package: "main"),
                 .product(name: "SwitchboardWire", package: "main"),
                 .product(name: "SwitchboardCodec", package: "main"),
+                .product(name: "SwitchboardPlugins", package: "main"),
             ],
             path: "Sources/FuzzConnection"
         ),

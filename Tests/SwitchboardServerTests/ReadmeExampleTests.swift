@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
@@ -61,5 +62,72 @@ import SwitchboardWire
         peer.peerWindow = 0                          // a peer that stops reading: the server holds back
         #expect(reply.kind == .reply && reply.id == 1)
         #expect(try reply.envelope() == .success("hi"))
+    }
+}
+
+// README plugin begins
+/// Orders are read-only today, and only the `support` user sees customers' e-mail addresses.
+struct ReadOnlyOrders: Plugin {
+    let name = "read-only-orders"
+    var inbound: [any InboundProcessor] { [RefuseWrites()] }
+    var outbound: [any OutboundProcessor] { [HideEmails()] }
+
+    struct RefuseWrites: InboundProcessor {
+        var scope: Scope<InboundKind> { Scope(channels: [ChannelPattern("orders/*")], kinds: [.call]) }
+        func process(_ request: inout InboundRequest) throws -> InboundDecision {
+            if request.method?.hasPrefix("get") == true { return .next }
+            return .reject(Rejection(code: "read_only", message: "orders are read-only today"))
+        }
+    }
+
+    struct HideEmails: OutboundProcessor {
+        var scope: Scope<OutboundKind> { Scope(channels: [ChannelPattern("customers/*")], kinds: [.reply, .event]) }
+        func applies(to connection: ConnectionContext, channel: String) -> Bool { connection.identity != "support" }
+        func process(_ message: inout OutboundMessage) throws -> OutboundDecision {
+            if case .value(.map(let fields)) = message.content {
+                message.content = .value(.map(fields.filter { $0.key != "email" }))
+            }
+            return .pass
+        }
+    }
+}
+// README plugin ends
+
+/// Identifies a client as `support` when its token says so (the README's plugin reads identities).
+struct TokenIsIdentity: Plugin {
+    let name = "token-is-identity"
+    func authenticate(_ hello: Hello) -> Authentication { hello.token.map { .identity($0) } ?? .pass }
+}
+
+@Suite struct ReadmePluginExample {
+    /// The README's plugin source, compared with the copy above.
+    @Test func readmeShowsThisPlugin() throws {
+        let readme = try String(contentsOfFile: #filePath.replacingOccurrences(of: "Tests/SwitchboardServerTests/ReadmeExampleTests.swift", with: "README.md"), encoding: .utf8)
+        let source = try String(contentsOfFile: #filePath, encoding: .utf8)
+        let plugin = source.components(separatedBy: "// README plugin begins\n")[1].components(separatedBy: "// README plugin ends")[0]
+        #expect(readme.contains("import SwitchboardServer\n\n" + plugin))
+    }
+
+    @Test func refusesWritesAndHidesEmails() throws {
+        let embedded = try EmbeddedServer(plugins: [TokenIsIdentity(), ReadOnlyOrders()])
+        MethodChannel(name: "orders/main", server: embedded.server).setMethodCallHandler { call, result in result.success(.string(call.method)) }
+        MethodChannel(name: "customers/main", server: embedded.server).setMethodCallHandler { _, result in
+            result.success(.stringMap(["name": "Ada", "email": "ada@example.com"]))
+        }
+        embedded.run()
+        let clerk = embedded.connect(), support = embedded.connect()
+        support.send(Frame(.hello, id: 9, payload: Array(#"{"token":"support"}"#.utf8)))
+        for peer in [clerk, support] {
+            peer.send(try .call(1, "orders/main", "getOrder"))
+            peer.send(try .call(2, "orders/main", "cancelOrder"))
+            peer.send(try .call(3, "customers/main", "get"))
+        }
+        embedded.run()
+        let clerkFrames = try clerk.frames(), supportFrames = try support.frames().filter { $0.id != 9 }
+        #expect(try clerkFrames[0].envelope().get() == "getOrder")
+        #expect(clerkFrames[1].errorCode == "read_only")
+        #expect(try clerkFrames[2].envelope().get() == .stringMap(["name": "Ada"]))
+        #expect(supportFrames[1].errorCode == "read_only")
+        #expect(try supportFrames[2].envelope().get() == .stringMap(["name": "Ada", "email": "ada@example.com"]))
     }
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Plugins from a --config file, driven with nc: access control (forbidden, a user's token, deny wins),
 # a rate limit (rate_limited with retryAfterMs), an alias, SIGHUP reloads (a live connection's rights
-# change; a broken file keeps the old settings) and a broken file at start-up (exit 78, EX_CONFIG).
+# change; a broken file keeps the old settings), a broken file at start-up (exit 78, EX_CONFIG), and
+# the README's example config with the answers it shows.
 source "$(dirname "$0")/lib.bash"
 CONFIG=$(mktemp --suffix .json)
 trap 'stop_server; rm -f "$LOG" "$CONFIG"' EXIT
@@ -80,6 +81,17 @@ sleep 0.2
 grep -q 'config reload failed, keeping the previous configuration: .*line 1, column' "$LOG" \
     && check "a broken reload is logged with its line" ok ok \
     || check "a broken reload is logged with its line" "a log line" "$(cat "$LOG")"
+stop_server
+
+# The README's example, as printed there: its config file, and the answers its two nc commands show.
+README=$(dirname "$0")/../../README.md
+awk '/^\$ cat switchboard.json$/ { on = 1; next } /^\$ switchboard serve --config/ { on = 0 } on' "$README" >"$CONFIG"
+start_server --config "$CONFIG"
+expected_forbidden=$(awk '/^\$ printf .*switchboard\/stats/ { getline; print; exit }' "$README")
+text_session "README: an anonymous stats call is forbidden" '{"id":1,"call":"switchboard/stats","method":"get"}\n' "$expected_forbidden"
+expected_user=$(awk '/^    \| nc -N 127.0.0.1 7420$/ { on = 1; next } on && /^```/ { exit } on' "$README")
+text_session "README: the app user may send" '{"id":1,"hello":{"token":"app-secret"}}\n{"id":2,"send":"switchboard/message","message":"hi"}\n' \
+    "$expected_user"
 stop_server
 
 # A broken file at start-up: a message naming the key, and exit status 78.

@@ -1,11 +1,16 @@
 import FuzzSupport
 import SwitchboardCodec
+import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
 // Input: one byte seeding the chunk sizes, one byte of options, then what a client sends.
 //   options bit 0: the server requires the token "t" (HELLO payload {"token":"t"}).
+//   options bit 2: every plugin of `--config` is loaded, set so that none changes an answer (the user
+//                  of token "t" and anonymous connections may do anything, the rate limit is never
+//                  reached, the alias renames a channel nobody serves to another): the pipeline must be
+//                  invisible, so the same exact answers are checked.
 //   options bit 1: backpressure: the peer reads nothing until it has sent everything, its socket
 //                  buffers nothing (every unread byte is queued in the server), and the server's
 //                  outbound limit is 4 KiB instead of 16 KiB, so that plain floods of requests reach it.
@@ -21,6 +26,15 @@ import SwitchboardWire
 //   object lines.
 
 let maxFrame: UInt32 = 2048
+
+/// Plugins that change no answer (options bit 2).
+let invisiblePlugins = PluginConfiguration(
+    aliases: ["fuzz/old": "fuzz/new"],
+    access: AccessRules(  // the user's token is "t"; anonymous connections have every right
+        users: [.init(name: "t", tokenSha256: "e3b98a4da31a127d4bde6e43033f66ba274cab0eb7eb1c70ec41402bf6273dd8")],
+        anonymous: .init()),
+    rateLimits: [RateLimitRule(channels: ["*"], perConnection: .init(rate: 1e12, burst: 1e12))],
+    requestLog: RequestLogSettings(sampleOneIn: 1, level: "trace"))
 
 /// The most the server may hold for its peer: bytes queued in the transport (past the peer's window).
 /// Connection.swift reads a frame or line only while its output not yet handed to the transport plus the
@@ -74,7 +88,8 @@ public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     configuration.maxFrame = maxFrame
     configuration.outboundLimit = backpressure ? 4 * 1024 : 16 * 1024
     if options & 1 != 0 { configuration.token = "t" }
-    guard let embedded = try? EmbeddedServer(configuration: configuration) else { fatalError("no server") }
+    let plugins = options & 4 != 0 ? PluginConfiguration.plugins(reading: LiveSettings(invisiblePlugins)) : []
+    guard let embedded = try? EmbeddedServer(configuration: configuration, plugins: plugins) else { fatalError("no server") }
     let peer = embedded.connect(name: "fuzz")
     // The peer reads at most readBudget bytes while it sends (an endless ticker stream would otherwise
     // keep every loop turn busy), then stops reading, and the server must hold back.
