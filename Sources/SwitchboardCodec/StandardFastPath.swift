@@ -52,6 +52,7 @@ enum StandardFastPath {
 
     /// Reads the method name at the start of `bytes`, reusing the last one when the bytes match; leaves
     /// `index` just past it.
+    @inline(__always)
     private static func readMethod(_ bytes: Span<UInt8>, _ index: inout Int, reusing reuse: inout MethodCallReuse) -> String? {
         guard bytes.count >= 2, bytes[0] == StandardType.string else { return nil }
         index = 1

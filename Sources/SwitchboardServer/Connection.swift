@@ -212,7 +212,9 @@ final class Connection {
     }
 
     /// Handles the next frame in `buffer`, read in place; returns its length, or nil when more bytes are
-    /// needed or the connection failed.
+    /// needed or the connection failed. Inlined into the read loop: called out of line, its result
+    /// (a generic enum holding a view of the buffer) is copied through value witnesses, twice per frame.
+    @inline(__always)
     private func decodeFrame(_ decoder: inout FrameDecoder, in buffer: InboundBuffer) -> Int? {
         let peeked: FrameDecoder.Peeked?
         do { peeked = try decoder.peek(buffer) } catch {
@@ -274,15 +276,7 @@ final class Connection {
         if let token = core.config.token {
             guard hello["token"] == .string(token) else { return fail(.unauthorized, id: id, textID: textID) }
         }
-        if hasPlugins {
-            let token = hello["token"]?.stringValue, client = hello["client"]?.stringValue
-            switch core.pipeline.authenticate(Hello(token: token, client: client)) {
-            case .refuse: return fail(.unauthorized, id: id, textID: textID)
-            case .identity(let identity): context.identity = identity
-            case .pass: context.identity = nil
-            }
-            context.clientName = client
-        }
+        if hasPlugins, !identify(hello) { return fail(.unauthorized, id: id, textID: textID) }
         isAuthenticated = true
         let welcome = core.welcome
         if mode == .text {
@@ -290,6 +284,19 @@ final class Connection {
         } else {
             writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
         }
+    }
+
+    /// Asks the plugins who the HELLO's client is; false if one refuses it.
+    @inline(never)
+    private func identify(_ hello: ChannelValue) -> Bool {
+        let token = hello["token"]?.stringValue, client = hello["client"]?.stringValue
+        switch core.pipeline.authenticate(Hello(token: token, client: client)) {
+        case .refuse: return false
+        case .identity(let identity): context.identity = identity
+        case .pass: context.identity = nil
+        }
+        context.clientName = client
+        return true
     }
 
     /// A MESSAGE, with its payload still in the inbound buffer: a method call is decoded in place.

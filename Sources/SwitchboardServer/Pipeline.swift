@@ -189,6 +189,7 @@ extension Connection {
     // MARK: Inbound
 
     /// A binary MESSAGE, through the inbound stages.
+    @inline(never)
     func runInbound(message frame: FrameDecoder.View) {
         let payload = InboundRequest.Payload.bytes(frame.payload)
         let shape = core.shape(of: frame.channel, payload: payload, knownMethod: nil, isSend: false, connection: self)
@@ -209,6 +210,7 @@ extension Connection {
     }
 
     /// A REGISTER, through the inbound stages.
+    @inline(never)
     func runInbound(register frame: FrameDecoder.View) {
         let shape = InboundShape(kind: .register)
         var request = InboundRequest(connection: context, channel: frame.channel, kind: .register, method: nil,

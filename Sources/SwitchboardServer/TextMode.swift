@@ -70,19 +70,18 @@ enum TextMode {
             input = .message(request["message"] ?? .null)
             kind = .send
         }
-        if connection.seesRequests {
-            let method: String? = switch input {
-            case .call(let call): call.method
-            default: nil
-            }
-            let value: ChannelValue = switch input {
-            case .call(let call): call.arguments
-            case .message(let message): message
-            case .bytes: .null
-            }
-            return connection.runInbound(text: .text(id: id, kind: kind), method: method, channel: channel, value: value)
-        }
+        if connection.seesRequests { return throughPlugins(input, origin: .text(id: id, kind: kind), channel: channel, on: connection) }
         connection.handleRequest(.text(id: id, kind: kind), channel: channel, input: input)
+    }
+
+    /// A request, through the plugins' stages (out of line: most servers load none).
+    @inline(never)
+    private static func throughPlugins(_ input: RouteInput, origin: PendingRequest.Origin, channel: String, on connection: Connection) {
+        switch input {
+        case .call(let call): connection.runInbound(text: origin, method: call.method, channel: channel, value: call.arguments)
+        case .message(let message): connection.runInbound(text: origin, method: nil, channel: channel, value: message)
+        case .bytes: connection.runInbound(text: origin, method: nil, channel: channel, value: .null)
+        }
     }
 
     static func withID(_ id: ChannelValue?, _ fields: KeyValuePairs<String, ChannelValue>) -> ChannelValue {

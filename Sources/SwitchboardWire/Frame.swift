@@ -137,8 +137,9 @@ public enum WireError: Error, Equatable, Sendable {
     case forbidden(String)
     /// The request is over a plugin's rate limit; it may be sent again after `retryAfterMs`.
     case rateLimited(retryAfterMs: Int)
-    /// A plugin's own refusal, or a plugin that failed: any code, with optional details.
-    case plugin(code: String, message: String, details: ChannelValue?)
+    /// A plugin's own refusal, or a plugin that failed: any code, with optional details. Boxed, so that
+    /// the enum (which frame decoding returns per frame) stays as cheap to copy as its other cases.
+    indirect case plugin(code: String, message: String, details: ChannelValue?)
 
     /// The `code` of the ERROR frame, as named in wire-v1.
     public var code: String {
