@@ -147,45 +147,53 @@ public struct AccessControl: Plugin {
         }
     }
 
-    /// One connection's rights and last decision.
+    /// One connection's rights, for one HELLO and configuration generation, and its last decision.
+    /// Immutable: a new one replaces it when any of that changes, so that reading it is the only
+    /// access per request (and needs no run-time exclusivity check).
     final class ConnectionState {
-        var generation = -1
-        var identity: String?
-        var rights: Compiled?
-        var lastChannel = ""
-        var lastKind = InboundKind.register
-        var lastVerdict = false
+        let generation: Int
+        /// The connection's ``ConnectionContext/helloCount`` the rights were looked up for.
+        let helloCount: Int
+        /// nil: the section was removed by a reload (everything passes).
+        let rights: Compiled?
+        /// Empty for none (no channel name is empty).
+        let lastChannel: String
+        let lastKind: InboundKind
+        let lastPermitted: Bool
+
+        init(generation: Int, helloCount: Int, rights: Compiled?, lastChannel: String = "", lastKind: InboundKind = .call,
+             lastPermitted: Bool = false) {
+            self.generation = generation
+            self.helloCount = helloCount
+            self.rights = rights
+            self.lastChannel = lastChannel
+            self.lastKind = lastKind
+            self.lastPermitted = lastPermitted
+        }
     }
 
-    struct Check: InboundProcessor {
+    struct Check: InboundGate {
         let settings: LiveSettings
 
-        func process(_ request: inout InboundRequest) throws -> InboundDecision {
-            let context = request.connection
-            let state: ConnectionState
-            if let kept = context.storage[ConnectionState.self] {
-                state = kept
-            } else {
-                state = ConnectionState()
-                context.storage[ConnectionState.self] = state
-            }
+        func admit(_ context: ConnectionContext, channel: String, kind: InboundKind) -> Rejection? {
             let generation = settings.generation
-            if state.generation != generation || state.identity != context.identity {
-                state.generation = generation
-                state.identity = context.identity
-                state.rights = rights(of: context.identity)
-                state.lastChannel = ""
+            var state = context.state(ConnectionState.self)
+            if state == nil || state?.generation != generation || state?.helloCount != context.helloCount {
+                state = ConnectionState(generation: generation, helloCount: context.helloCount, rights: rights(of: context.identity))
             }
-            guard let rights = state.rights else { return .next }  // the section was removed by a reload
-            if state.lastKind != request.kind || state.lastChannel != request.channel {
-                state.lastVerdict = rights.permits(request.kind, request.channel)
-                state.lastKind = request.kind
-                state.lastChannel = request.channel
+            guard let state, let rights = state.rights else { return nil }
+            let permitted: Bool
+            if state.lastKind == kind, state.lastChannel == channel {
+                permitted = state.lastPermitted
+            } else {
+                permitted = rights.permits(kind, channel)
+                context.keep(ConnectionState(generation: generation, helloCount: state.helloCount, rights: rights,
+                                             lastChannel: channel, lastKind: kind, lastPermitted: permitted))
             }
-            if state.lastVerdict { return .next }
+            if permitted { return nil }
             let who = context.identity.map { "user \($0)" } ?? "anonymous connections"
-            let right = request.kind == .message ? "send" : request.kind.rawValue
-            return .reject(.forbidden("\(who) may not \(right) on \(request.channel)"))
+            let right = kind == .message ? "send" : kind.rawValue
+            return .forbidden("\(who) may not \(right) on \(channel)")
         }
 
         private func rights(of identity: String?) -> Compiled? {

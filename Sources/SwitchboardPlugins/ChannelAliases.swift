@@ -24,7 +24,7 @@ public struct ChannelAliases: Plugin {
         func process(_ request: inout InboundRequest) throws -> InboundDecision {
             guard let new = table.value(settings, { $0.aliases ?? [:] })[request.channel] else {
                 if request.kind == .listen {  // a listen by the new name: its events keep that name
-                    request.connection.storage[Listened.self]?.oldNames[request.channel] = nil
+                    request.connection.state(Listened.self)?.oldNames[request.channel] = nil
                 }
                 return .next
             }
@@ -32,8 +32,8 @@ public struct ChannelAliases: Plugin {
             request.channel = new
             if request.kind == .listen {
                 let context = request.connection
-                let listened = context.storage[Listened.self] ?? Listened()
-                context.storage[Listened.self] = listened
+                let listened = context.state(Listened.self) ?? Listened()
+                context.keep(listened)
                 listened.oldNames[new] = old
             }
             return .next
@@ -44,11 +44,11 @@ public struct ChannelAliases: Plugin {
         var scope: Scope<OutboundKind> { Scope(kinds: [.event, .endOfStream]) }
 
         func applies(to connection: ConnectionContext, channel: String) -> Bool {
-            connection.storage[Listened.self]?.oldNames[channel] != nil
+            connection.state(Listened.self)?.oldNames[channel] != nil
         }
 
         func process(_ message: inout OutboundMessage) throws -> OutboundDecision {
-            if let old = message.connection.storage[Listened.self]?.oldNames[message.channel] { message.channel = old }
+            if let old = message.connection.state(Listened.self)?.oldNames[message.channel] { message.channel = old }
             return .pass
         }
     }

@@ -55,37 +55,44 @@ public struct RateLimitRule: Codable, Sendable, Equatable {
     static func kind(named name: String) -> InboundKind? {
         name == "send" ? .message : InboundKind(rawValue: name).flatMap { $0 == .message ? nil : $0 }
     }
-
-    func matches(_ channel: String, _ kind: InboundKind) -> Bool {
-        (kinds.map { $0.contains { RateLimitRule.kind(named: $0) == kind } } ?? true)
-            && channels.contains { ChannelPattern($0).matches(channel) }
-    }
 }
 
-/// A token bucket: `burst` tokens, refilled at `rate` per second.
-struct TokenBucket {
+/// A token bucket: `burst` tokens, refilled at `rate` per second, on the loop's clock (milliseconds,
+/// read once per loop turn). A class of plain numbers, so that updating one calls nothing out and needs
+/// no run-time exclusivity check.
+final class TokenBucket {
     private var tokens: Double
-    private var updatedAt: ContinuousClock.Instant
+    private var updatedAt: UInt64
 
-    init(_ limit: RateLimitRule.Limit, now: ContinuousClock.Instant) {
+    init(_ limit: RateLimitRule.Limit, now: UInt64) {
         tokens = limit.burst
         updatedAt = now
     }
 
-    /// Refills up to `now`.
-    mutating func refill(_ limit: RateLimitRule.Limit, now: ContinuousClock.Instant) {
-        let elapsed = updatedAt.duration(to: now)
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
-        tokens = min(limit.burst, tokens + seconds * limit.rate)
+    /// Takes a token if there is one (refilled up to `now`, in milliseconds); else returns the
+    /// milliseconds until there will be.
+    func take(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
+        refill(limit, now: now)
+        if tokens >= 1 {
+            tokens -= 1
+            return 0
+        }
+        return max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
+    }
+
+    /// 0 when a token is there (refilled up to `now`), without taking it; else the milliseconds until.
+    func hasToken(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
+        refill(limit, now: now)
+        return tokens >= 1 ? 0 : max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
+    }
+
+    /// A clock that reads earlier than the last one (another loop's, shared by a user's bucket) adds
+    /// nothing rather than wrapping around.
+    private func refill(_ limit: RateLimitRule.Limit, now: UInt64) {
+        guard now > updatedAt else { return }
+        tokens = min(limit.burst, tokens + Double(now - updatedAt) * 1e-3 * limit.rate)
         updatedAt = now
     }
-
-    /// Milliseconds until a token is there; 0 when one is there now.
-    func wait(_ limit: RateLimitRule.Limit) -> Int {
-        tokens >= 1 ? 0 : max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
-    }
-
-    mutating func take() { tokens -= 1 }
 }
 
 /// Rate limiting: the first rule whose channels and kinds match a request applies its buckets (per
@@ -96,95 +103,118 @@ public struct RateLimiter: Plugin {
     public let name = "rateLimit"
     let settings: LiveSettings
     let users: UserBuckets
+    let rules = GenerationCache<[Rule]>()
 
     public init(settings: LiveSettings) {
         self.settings = settings
         users = UserBuckets()
     }
 
-    public var inbound: [any InboundProcessor] { [Check(settings: settings, users: users)] }
+    public var inbound: [any InboundProcessor] { [Check(settings: settings, users: users, rules: rules)] }
+
+    /// A rule, compiled.
+    struct Rule: Sendable {
+        let channels: [ChannelPattern]
+        let kinds: Set<InboundKind>?
+        let perConnection: RateLimitRule.Limit?
+        let perUser: RateLimitRule.Limit?
+
+        init(_ rule: RateLimitRule) {
+            channels = rule.channels.map(ChannelPattern.init)
+            kinds = rule.kinds.map { Set($0.compactMap(RateLimitRule.kind(named:))) }
+            perConnection = rule.perConnection
+            perUser = rule.perUser
+        }
+
+        func matches(_ channel: String, _ kind: InboundKind) -> Bool {
+            (kinds?.contains(kind) ?? true) && channels.contains { $0.matches(channel) }
+        }
+    }
 
     /// The per-user buckets, shared by every loop: one lock per identified request.
     final class UserBuckets: Sendable {
         struct Key: Hashable { let user: String; let rule: Int }
-        let state = Mutex<(generation: Int, buckets: [Key: TokenBucket])>((-1, [:]))
+        private let state = Mutex<(generation: Int, buckets: [Key: TokenBucket])>((-1, [:]))
 
-        func take(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: ContinuousClock.Instant) -> Int {
+        func take(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64) -> Int {
             state.withLock { state in
                 if state.generation != generation { state = (generation, [:]) }  // new rules: new buckets
                 let key = Key(user: user, rule: rule)
-                var bucket = state.buckets[key] ?? TokenBucket(limit, now: now)
-                bucket.refill(limit, now: now)
-                let wait = bucket.wait(limit)
-                if wait == 0 { bucket.take() }
+                if let bucket = state.buckets[key] { return bucket.take(limit, now: now) }
+                let bucket = TokenBucket(limit, now: now)
                 state.buckets[key] = bucket
-                return wait
+                return bucket.take(limit, now: now)
             }
         }
     }
 
-    /// One connection's rules and buckets, for one configuration generation.
+    /// One connection's buckets, for one configuration generation (a reload makes new ones), and the
+    /// rule the last request matched. Immutable but for the buckets' numbers: a new one (sharing the
+    /// buckets) replaces it when the channel changes, so that reading it is the only access per request.
     final class ConnectionState {
-        var generation = -1
-        var rules: [RateLimitRule] = []
-        var buckets: [TokenBucket?] = []
-        var lastChannel = ""
-        var lastKind = InboundKind.register
-        var lastRule: Int?
+        let generation: Int
+        let rules: [Rule]
+        /// Per rule: nil when the rule has no per-connection limit.
+        let buckets: [TokenBucket?]
+        /// Empty for none (no channel name is empty).
+        let lastChannel: String
+        let lastKind: InboundKind
+        let lastRule: Int?
+
+        init(generation: Int, rules: [Rule], buckets: [TokenBucket?], lastChannel: String = "",
+             lastKind: InboundKind = .call, lastRule: Int? = nil) {
+            self.generation = generation
+            self.rules = rules
+            self.buckets = buckets
+            self.lastChannel = lastChannel
+            self.lastKind = lastKind
+            self.lastRule = lastRule
+        }
     }
 
-    struct Check: InboundProcessor {
+    struct Check: InboundGate {
         let settings: LiveSettings
         let users: UserBuckets
+        let rules: GenerationCache<[Rule]>
 
-        func process(_ request: inout InboundRequest) throws -> InboundDecision {
-            let context = request.connection
-            let state: ConnectionState
-            if let kept = context.storage[ConnectionState.self] {
+        func admit(_ context: ConnectionContext, channel: String, kind: InboundKind) -> Rejection? {
+            let generation = settings.generation
+            let now = context.now
+            var state: ConnectionState
+            if let kept = context.state(ConnectionState.self), kept.generation == generation {
                 state = kept
             } else {
-                state = ConnectionState()
-                context.storage[ConnectionState.self] = state
+                let rules = rules.value(settings) { ($0.rateLimits ?? []).map(Rule.init) }
+                state = ConnectionState(generation: generation, rules: rules,
+                                        buckets: rules.map { rule in rule.perConnection.map { TokenBucket($0, now: now) } })
             }
-            let generation = settings.generation
-            if state.generation != generation {
-                state.generation = generation
-                state.rules = settings.current.rateLimits ?? []
-                state.buckets = Array(repeating: nil, count: state.rules.count)
-                state.lastChannel = ""
+            let index: Int?
+            if state.lastKind == kind, state.lastChannel == channel {
+                index = state.lastRule
+            } else {
+                index = state.rules.firstIndex { $0.matches(channel, kind) }
+                state = ConnectionState(generation: generation, rules: state.rules, buckets: state.buckets,
+                                        lastChannel: channel, lastKind: kind, lastRule: index)
+                context.keep(state)
             }
-            if state.lastKind != request.kind || state.lastChannel != request.channel {
-                state.lastRule = state.rules.firstIndex { $0.matches(request.channel, request.kind) }
-                state.lastKind = request.kind
-                state.lastChannel = request.channel
-            }
-            guard let index = state.lastRule else { return .next }
+            guard let index else { return nil }
             let rule = state.rules[index]
-            let now = ContinuousClock.now
-            if let limit = rule.perConnection {
-                var bucket = state.buckets[index] ?? TokenBucket(limit, now: now)
-                bucket.refill(limit, now: now)
-                let wait = bucket.wait(limit)
-                guard wait == 0 else {
-                    state.buckets[index] = bucket
-                    return .reject(.rateLimited(retryAfterMs: wait))
-                }
-                if let userLimit = rule.perUser, let user = context.identity {
-                    let userWait = users.take(user: user, rule: index, limit: userLimit, generation: generation, now: now)
-                    guard userWait == 0 else {
-                        state.buckets[index] = bucket
-                        return .reject(.rateLimited(retryAfterMs: userWait))
-                    }
-                }
-                bucket.take()
-                state.buckets[index] = bucket
-                return .next
+            let bucket = state.buckets[index]
+            guard let userLimit = rule.perUser, let user = context.identity else {
+                // One bucket: take its token, or say how long until there is one.
+                guard let bucket, let limit = rule.perConnection else { return nil }
+                let wait = bucket.take(limit, now: now)
+                return wait > 0 ? .rateLimited(retryAfterMs: wait) : nil
             }
-            if let userLimit = rule.perUser, let user = context.identity {
-                let wait = users.take(user: user, rule: index, limit: userLimit, generation: generation, now: now)
-                if wait > 0 { return .reject(.rateLimited(retryAfterMs: wait)) }
+            // Two buckets: a request refused by either takes a token from neither.
+            if let bucket, let limit = rule.perConnection {
+                let wait = bucket.hasToken(limit, now: now)
+                if wait > 0 { return .rateLimited(retryAfterMs: wait) }
             }
-            return .next
+            let wait = users.take(user: user, rule: index, limit: userLimit, generation: generation, now: now)
+            if wait > 0 { return .rateLimited(retryAfterMs: wait) }
+            if let bucket, let limit = rule.perConnection { _ = bucket.take(limit, now: now) }
+            return nil
         }
     }
 }

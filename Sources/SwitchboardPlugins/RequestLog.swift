@@ -70,7 +70,7 @@ public struct RequestLog: Plugin {
 
         func process(_ message: inout OutboundMessage) throws -> OutboundDecision {
             let current = snapshot.value(settings) { Snapshot($0.requestLog) }
-            let elapsed = message.receivedAt.map { $0.duration(to: .now) } ?? .zero
+            let elapsed = message.elapsed ?? .zero
             let isSlow = current.slow.map { elapsed >= $0 } ?? false
             let isSampled = counter.value.add(1, ordering: .relaxed).newValue % current.sampleOneIn == 0
             guard isSlow || isSampled else { return .pass }

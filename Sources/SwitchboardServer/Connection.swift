@@ -90,20 +90,22 @@ final class Connection {
     private var closeReasonOncePeerIsDone = CloseReason.peerClosed
     var lastInbound: UInt64
     var lastPing: UInt64
-    /// The connection as plugins see it: made when a plugin first needs it.
+    /// The connection as plugins see it, made with the connection when plugins are loaded (only code
+    /// that runs then asks for it).
     var context: ConnectionContext {
-        if let madeContext { return madeContext }
-        let context = ConnectionContext(id: id, remoteAddress: transport.remoteAddress)
-        context.encoding = mode == .text ? .text : .binary
-        madeContext = context
-        return context
+        pluginContext ?? ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop)
     }
-    private var madeContext: ConnectionContext?
+    private let pluginContext: ConnectionContext?
     /// The trace of the request being routed, taken by ``makeRequest(_:methodCodec:)`` (see ``RequestTrace``).
     var pendingTrace: RequestTrace?
     /// What the plugins loaded at start-up ask of every connection, read once (the pipeline is fixed
     /// while the server runs): constants, so that the paths no plugin touches test them for free.
     let hasPlugins: Bool, seesRequests: Bool, tracesRequests: Bool
+    /// The pipeline's inbound stages (a constant: read without a run-time exclusivity check).
+    let inboundStages: [Pipeline.Stage<any InboundProcessor, InboundKind>]
+    /// The same stages as gates, when all are and no stage sees answers: binary method calls then take
+    /// ``admitCall(_:)`` rather than the whole pipeline.
+    let gates: [Pipeline.Stage<any InboundGate, InboundKind>]?
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -119,6 +121,9 @@ final class Connection {
         hasPlugins = !core.pipeline.isEmpty
         seesRequests = core.pipeline.seesRequests
         tracesRequests = core.pipeline.seesAnswers
+        inboundStages = core.pipeline.inbound
+        gates = core.pipeline.seesAnswers ? nil : core.pipeline.gates
+        pluginContext = hasPlugins ? ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop) : nil
     }
 
     var pendingBytes: Int { outbound.count + transport.queuedBytes }
@@ -174,6 +179,7 @@ final class Connection {
         buffer.append(bytes)
         if mode == .undecided, buffer.readableBytes > 0 {
             mode = buffer.byte(at: 0) == UInt8(ascii: "{") ? .text : .binary
+            pluginContext?.encoding = mode == .text ? .text : .binary
             logger.debug("connection opened in \(mode) mode")
         }
         var count = 0
@@ -292,8 +298,8 @@ final class Connection {
         let token = hello["token"]?.stringValue, client = hello["client"]?.stringValue
         switch core.pipeline.authenticate(Hello(token: token, client: client)) {
         case .refuse: return false
-        case .identity(let identity): context.identity = identity
-        case .pass: context.identity = nil
+        case .identity(let identity): context.authenticated(as: identity)
+        case .pass: context.authenticated(as: nil)
         }
         context.clientName = client
         return true
@@ -311,7 +317,15 @@ final class Connection {
             if frame.id != 0 { writeError(.goingAway, id: frame.id) }
             return
         }
-        if seesRequests, !isHolderEvent(frame) { return runInbound(message: frame) }
+        if seesRequests, frame.id != 0 || !isHolderEvent(frame) {
+            guard let gates, frame.id != 0, case .local(.method(let method))? = core.route(named: frame.channel, for: self) else {
+                return runInbound(message: frame)
+            }
+            if let refusal = admitCall(frame.channel, through: gates) { return writeError(refusal, id: frame.id) }
+            var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
+            core.invoke(method, payload: frame.payload, request: request, connection: self)
+            return settle(&request)
+        }
         if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
         } else if case .local(.method(let method))? = core.route(named: frame.channel, for: self) {
@@ -387,6 +401,17 @@ final class Connection {
         }
         if tracesRequests { request.trace = pendingTrace }  // nil too: a reused request keeps no old trace
         return request
+    }
+
+    /// Runs a method call through the gates: nil if all admit it, else the first refusal (counted).
+    private func admitCall(_ channel: String, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> WireError? {
+        let context = context
+        for gate in gates where gate.sees(channel, .call) {
+            guard let refusal = gate.processor.admit(context, channel: channel, kind: .call) else { continue }
+            core.countRejection(by: gate.plugin, code: refusal.code)
+            return refusal.error
+        }
+        return nil
     }
 
     /// A holder's event on its own event channel (a MESSAGE with id 0): an event, not a request.
@@ -765,7 +790,7 @@ final class Connection {
 
     /// Ends streams (handlers told), fails server-initiated requests, forgets open requests.
     private func releaseState(_ reason: CloseReason) {
-        madeContext?.storage = ContextStorage()  // what plugins kept here (deciders, say) may refer back to it
+        pluginContext?.dropStates()
         core.holderLeft(self)
         for stream in Array(streams.values) {
             endStream(stream, notifyHandler: true)

@@ -5,11 +5,28 @@ import SwitchboardWire
 /// The loaded plugins, flattened into the orders they run in. Filled before the server runs, read-only
 /// after: the paths that no plugin touches test one flag each.
 final class Pipeline {
-    struct Stage<Processor, Kind: ScopedKind> {
+    /// A processor with its plugin's name and its scope, read once at load. A class: the loop over the
+    /// stages then retains one reference per stage rather than copying an existential and two arrays.
+    final class Stage<Processor, Kind: ScopedKind> {
         let plugin: String
         let processor: Processor
-        /// The processor's scope, read once at load.
         let scope: Scope<Kind>
+        /// The scope's kinds as bits, and whether it covers every channel: per request, ``sees(_:_:)``
+        /// reads these rather than copying the scope.
+        private let kinds: UInt8, isEveryChannel: Bool
+
+        init(plugin: String, processor: Processor, scope: Scope<Kind>) {
+            self.plugin = plugin
+            self.processor = processor
+            self.scope = scope
+            kinds = scope.mask
+            isEveryChannel = scope.isEveryChannel
+        }
+
+        /// Whether the processor sees traffic of `kind` on `channel`.
+        func sees(_ channel: String, _ kind: Kind) -> Bool {
+            kinds & kind.bit != 0 && (isEveryChannel || scope.contains(channel, kind))
+        }
     }
 
     private(set) var plugins: [any Plugin] = []
@@ -17,6 +34,8 @@ final class Pipeline {
     private(set) var inbound: [Stage<any InboundProcessor, InboundKind>] = []
     /// In reverse load order.
     private(set) var outbound: [Stage<any OutboundProcessor, OutboundKind>] = []
+    /// The inbound stages as gates, when every one is a gate (see ``InboundGate``); else nil.
+    private(set) var gates: [Stage<any InboundGate, InboundKind>]?
     /// Requests go through ``Connection/runInbound(message:)`` and its kin: some stage sees them on
     /// the way in, or sees their answers on the way out.
     private(set) var seesRequests = false
@@ -30,6 +49,10 @@ final class Pipeline {
         plugins.append(plugin)
         inbound += plugin.inbound.map { Stage(plugin: plugin.name, processor: $0, scope: $0.scope) }
         outbound = plugin.outbound.reversed().map { Stage(plugin: plugin.name, processor: $0, scope: $0.scope) } + outbound
+        let asGates = inbound.compactMap { stage in
+            (stage.processor as? any InboundGate).map { Stage(plugin: stage.plugin, processor: $0, scope: stage.scope) }
+        }
+        gates = asGates.count == inbound.count ? asGates : nil
         seesAnswers = outbound.contains { $0.scope.seesAny(of: [.reply, .error]) }
         seesRequests = !inbound.isEmpty || seesAnswers
         seesEvents = outbound.contains { $0.scope.seesAny(of: [.event, .endOfStream]) }
@@ -61,9 +84,10 @@ final class Pipeline {
 final class RequestTrace {
     let channel: String
     let method: String?
-    let receivedAt: ContinuousClock.Instant
+    /// ``EventLoop/nanoseconds()`` when the request arrived.
+    let receivedAt: UInt64
 
-    init(channel: String, method: String?, receivedAt: ContinuousClock.Instant) {
+    init(channel: String, method: String?, receivedAt: UInt64) {
         self.channel = channel
         self.method = method
         self.receivedAt = receivedAt
@@ -78,15 +102,6 @@ enum InboundTarget {
     case register(id: UInt32)
 }
 
-/// What the router knows of a channel before routing: the request's kind, its method, and how to encode
-/// a direct answer.
-struct InboundShape {
-    var kind: InboundKind
-    var method: String?
-    var methodCodec: (any MethodCodec)?
-    var encodeMessage: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
-}
-
 /// A request whose stage decided later: it waits here, open on its connection, for the ``Decider``.
 /// Only the decider holds it, and it holds its connection weakly: a plugin that keeps a decider keeps
 /// no connection alive.
@@ -95,18 +110,17 @@ final class ParkedRequest {
     /// Let go once decided.
     private var request: InboundRequest?
     let target: InboundTarget
-    let shape: InboundShape
     /// The stage after the one that deferred.
     let resumeAt: Int
     let plugin: String
     /// The open request standing for it in the connection's tables (nil for id 0 and REGISTER).
     let placeholder: PendingRequest?
-    init(connection: Connection, request: InboundRequest, target: InboundTarget, shape: InboundShape, resumeAt: Int,
-         plugin: String, placeholder: PendingRequest?) {
+
+    init(connection: Connection, request: InboundRequest, target: InboundTarget, resumeAt: Int, plugin: String,
+         placeholder: PendingRequest?) {
         self.connection = connection
         self.request = request
         self.target = target
-        self.shape = shape
         self.resumeAt = resumeAt
         self.plugin = plugin
         self.placeholder = placeholder
@@ -121,37 +135,54 @@ final class ParkedRequest {
 }
 
 extension ServerCore {
-    /// What `channel` is before routing, for a request whose method is `knownMethod` (text mode) or
-    /// starts `payload` (binary); `isSend`: a text-mode send.
-    func shape(of channel: String, payload: InboundRequest.Payload, knownMethod: String?, isSend: Bool,
-               connection: Connection) -> InboundShape {
-        func method(_ codec: (any MethodCodec)?) -> String? {
-            guard knownMethod == nil, case .bytes(let bytes) = payload else { return knownMethod }
-            return try? connection.withMethodCallReuse { reuse in (codec ?? StandardMethodCodec()).methodName(in: bytes, reusing: &reuse) }
+    /// Judges what `request` is from where its channel leads before routing: its kind, its method (read
+    /// from a binary payload without decoding the arguments), and how to encode a direct answer.
+    func classify(_ request: inout InboundRequest, for connection: Connection) {
+        let isSend = request.isText && request.knownMethod == nil
+        /// The method, read now (it decides the kind) unless a text client sent it.
+        func method(_ codec: SharedMethodCodec?) -> String? {
+            guard !request.isText, case .bytes(let bytes) = request.payload else { return request.knownMethod }
+            return try? connection.withMethodCallReuse { reuse in
+                (codec?.codec ?? StandardMethodCodec()).methodName(in: bytes, reusing: &reuse)
+            }
         }
         func eventKind(_ method: String?) -> InboundKind { method == "cancel" ? .cancel : .listen }
-        switch route(named: channel, for: connection) {
+        request.codec = nil
+        request.encodeMessage = nil
+        request.isMethodPending = false
+        switch route(named: request.channel, for: connection) {
         case .local(.method(let entry))?:
-            return InboundShape(kind: isSend ? .message : .call, method: method(entry.codec.codec), methodCodec: entry.codec.codec)
+            request.kind = isSend ? .message : .call
+            request.codec = entry.codec
+            request.isMethodPending = !request.isText  // read when a stage asks
         case .local(.event(let entry))?:
-            let name = method(entry.codec)
-            return InboundShape(kind: isSend ? .message : eventKind(name), method: name, methodCodec: entry.codec)
+            request.knownMethod = method(entry.sharedCodec)
+            request.kind = isSend ? .message : eventKind(request.knownMethod)
+            request.codec = entry.sharedCodec
         case .local(.message(let entry))?:
             // A text client's call or listen here is refused by the router ("use send"): judged as a call.
-            return InboundShape(kind: isSend || knownMethod == nil ? .message : .call, methodCodec: nil, encodeMessage: entry.encode)
+            request.kind = isSend || !request.isText ? .message : .call
+            request.encodeMessage = entry.encode
         case .held(let registration)?:
-            let codec = registration.methodCodec
-            if isSend || (registration.kind == .message && knownMethod == nil) {
-                var encode: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
-                if let declared = registration.codec { encode = { value throws(CodecError) in try declared.encodeMessage(value) } }
-                return InboundShape(kind: .message, methodCodec: nil, encodeMessage: encode)
+            if isSend || (registration.kind == .message && !request.isText) {
+                request.kind = .message
+                if let declared = registration.codec {
+                    request.encodeMessage = { value throws(CodecError) in try declared.encodeMessage(value) }
+                }
+            } else {
+                request.codec = registration.sharedMethodCodec
+                if registration.kind == .event {
+                    request.knownMethod = method(registration.sharedMethodCodec)
+                    request.kind = eventKind(request.knownMethod)
+                } else {
+                    request.kind = .call
+                    request.isMethodPending = !request.isText
+                }
             }
-            let name = method(codec)
-            return InboundShape(kind: registration.kind == .event ? eventKind(name) : .call, method: name, methodCodec: codec)
         case nil:
-            if isSend { return InboundShape(kind: .message) }
-            let name = method(nil)
-            return InboundShape(kind: name == "listen" || name == "cancel" ? eventKind(name) : .call, method: name)
+            if isSend { request.kind = .message; return }
+            request.knownMethod = method(nil)
+            request.kind = request.knownMethod == "listen" || request.knownMethod == "cancel" ? eventKind(request.knownMethod) : .call
         }
     }
 
@@ -175,104 +206,95 @@ extension ServerCore {
     }
 }
 
-extension InboundShape {
-    init(kind: InboundKind, method: String? = nil) { self.init(kind: kind, method: method, methodCodec: nil, encodeMessage: nil) }
-    init(kind: InboundKind, method: String? = nil, methodCodec: (any MethodCodec)?) {
-        self.init(kind: kind, method: method, methodCodec: methodCodec, encodeMessage: nil)
-    }
-    init(kind: InboundKind, methodCodec: (any MethodCodec)?, encodeMessage: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?) {
-        self.init(kind: kind, method: nil, methodCodec: methodCodec, encodeMessage: encodeMessage)
-    }
-}
-
 extension Connection {
     // MARK: Inbound
 
     /// A binary MESSAGE, through the inbound stages.
     @inline(never)
     func runInbound(message frame: FrameDecoder.View) {
-        let payload = InboundRequest.Payload.bytes(frame.payload)
-        let shape = core.shape(of: frame.channel, payload: payload, knownMethod: nil, isSend: false, connection: self)
-        var request = InboundRequest(connection: context, channel: frame.channel, kind: shape.kind, method: shape.method,
-                                     payload: payload, expectsAnswer: frame.id != 0, codec: shape.methodCodec)
-        request.receivedAt = arrival
-        continueInbound(&request, target: .request(frame.id == 0 ? nil : .binary(id: frame.id)), shape: shape, from: 0)
+        var request = InboundRequest(connection: context, channel: frame.channel, method: nil, payload: .bytes(frame.payload),
+                                     expectsAnswer: frame.id != 0, isText: false)
+        start(&request)
+        continueInbound(&request, target: .request(frame.id == 0 ? nil : .binary(id: frame.id)), from: 0)
     }
 
-    /// A text-mode call, listen, cancel or send, through the inbound stages.
+    /// A text-mode call, listen, cancel (`method` given) or send (`method` nil), through the inbound stages.
     func runInbound(text origin: PendingRequest.Origin, method: String?, channel: String, value: ChannelValue) {
-        let payload = InboundRequest.Payload.value(value)
-        let shape = core.shape(of: channel, payload: payload, knownMethod: method, isSend: method == nil, connection: self)
-        var request = InboundRequest(connection: context, channel: channel, kind: shape.kind, method: shape.method,
-                                     payload: payload, expectsAnswer: true, codec: shape.methodCodec)
-        request.receivedAt = arrival
-        continueInbound(&request, target: .request(origin), shape: shape, from: 0)
+        var request = InboundRequest(connection: context, channel: channel, method: method, payload: .value(value),
+                                     expectsAnswer: true, isText: true)
+        start(&request)
+        continueInbound(&request, target: .request(origin), from: 0)
     }
 
     /// A REGISTER, through the inbound stages.
     @inline(never)
     func runInbound(register frame: FrameDecoder.View) {
-        let shape = InboundShape(kind: .register)
-        var request = InboundRequest(connection: context, channel: frame.channel, kind: .register, method: nil,
-                                     payload: .bytes(frame.payload), expectsAnswer: frame.id != 0, codec: nil)
-        continueInbound(&request, target: .register(id: frame.id), shape: shape, from: 0)
+        var request = InboundRequest(connection: context, channel: frame.channel, method: nil, payload: .bytes(frame.payload),
+                                     expectsAnswer: frame.id != 0, isText: false)
+        request.kind = .register
+        if tracesRequests { request.receivedAt = EventLoop.nanoseconds() }
+        continueInbound(&request, target: .register(id: frame.id), from: 0)
+    }
+
+    private func start(_ request: inout InboundRequest) {
+        core.classify(&request, for: self)
+        if tracesRequests { request.receivedAt = EventLoop.nanoseconds() }
     }
 
     /// Runs the stages from `index` on, then routes what they let through.
-    func continueInbound(_ request: inout InboundRequest, target: InboundTarget, shape: InboundShape, from index: Int) {
-        if index == 0 { request.originalChannel = request.channel }
-        let stages = core.pipeline.inbound
-        var shape = shape
+    func continueInbound(_ request: inout InboundRequest, target: InboundTarget, from index: Int) {
+        let stages = inboundStages
         var next = index
         while next < stages.count {
             let stage = stages[next]
             next += 1
-            guard stage.scope.contains(request.channel, request.kind) else { continue }
-            let channel = request.channel
-            request.isPayloadChanged = false
+            guard stage.sees(request.channel, request.kind) else { continue }
             let decision: InboundDecision
             do { decision = try stage.processor.process(&request) } catch {
-                return refuse(request, target, shape: shape, plugin: stage.plugin, failure: "\(error)")
+                return refuse(request, target, plugin: stage.plugin, failure: "\(error)")
             }
-            if request.channel != channel || request.isPayloadChanged, request.kind != .register {
-                // Renamed or rewritten: what the request is (and so what later stages judge) may have changed.
-                let isText = if case .value = request.payload { true } else { false }
-                shape = core.shape(of: request.channel, payload: request.payload, knownMethod: isText ? request.method : nil,
-                                   isSend: isText && request.method == nil, connection: self)
-                let (receivedAt, originalChannel) = (request.receivedAt, request.originalChannel)
-                request = InboundRequest(connection: context, channel: request.channel, kind: shape.kind, method: shape.method,
-                                         payload: request.payload, expectsAnswer: request.expectsAnswer, codec: shape.methodCodec)
-                request.receivedAt = receivedAt
-                request.originalChannel = originalChannel
+            if request.isPayloadChanged || request.isRenamed {
+                request.isPayloadChanged = false
+                request.isRenamed = false
+                if request.kind != .register { core.classify(&request, for: self) }  // what it is may have changed
             }
-            switch decision {
+            switch consume decision {
             case .next: continue
             case .reject(let rejection):
                 core.countRejection(by: stage.plugin, code: rejection.code)
-                return refuse(request, target, shape: shape, error: rejection.error)
+                return refuse(request, target, error: rejection.error)
             case .answer(let answer):
-                return answerDirectly(answer, request: request, target: target, shape: shape, plugin: stage.plugin)
+                return answerDirectly(answer, request: request, target: target, plugin: stage.plugin)
             case .later(let body):
-                let parked = park(request, target: target, shape: shape, resumeAt: next, plugin: stage.plugin)
+                let parked = park(request, target: target, resumeAt: next, plugin: stage.plugin)
                 return body(Decider(token: DecisionToken(LoopBound(parked, loop: core.handle))))
             }
         }
-        dispatch(request, target: target, shape: shape)
+        dispatch(request, target: target)
     }
 
-    /// Routes a request every stage let through.
-    private func dispatch(_ request: InboundRequest, target: InboundTarget, shape: InboundShape) {
+    /// Routes a request every stage let through: a binary method call as ``handleMessage(_:)`` would,
+    /// anything else through the router.
+    private func dispatch(_ request: InboundRequest, target: InboundTarget) {
         switch target {
         case .register(let id):
             var payload: [UInt8]?
             if case .bytes(let bytes) = request.payload { payload = bytes.map(Array.init) }
             core.register(Frame(.register, id: id, channel: request.channel, payload: payload), from: self)
         case .request(let origin):
-            if request.kind == .listen, request.channel != request.originalChannel { followRename(of: request) }
+            if request.kind == .listen, let original = request.originalChannel, original != request.channel {
+                followRename(from: original, to: request.channel)
+            }
+            if let origin, case .bytes(let bytes) = request.payload,
+               case .local(.method(let method))? = core.route(named: request.channel, for: self) {
+                var pending = traced(request) { makeRequest(origin, methodCodec: method.codec) }
+                core.invoke(method, payload: bytes, request: pending, connection: self)
+                return settle(&pending)
+            }
             let input: RouteInput = switch request.payload {
             case .bytes(let bytes): .bytes(bytes)
             case .value(let value) where request.kind == .message: .message(value)
-            case .value(let value): .call(MethodCall(method: request.method ?? request.kind.rawValue, arguments: value))
+            case .value(let value): .call(MethodCall(method: request.knownMethod ?? request.kind.rawValue, arguments: value))
             }
             guard let origin else {
                 core.route(channel: request.channel, input: input, origin: nil, connection: self)
@@ -284,14 +306,14 @@ extension Connection {
 
     /// A `listen` a stage renamed: the client's DEMANDs on the name it used go to the new name, the
     /// credit it already gave included.
-    private func followRename(of request: InboundRequest) {
-        context.channelRenames[request.originalChannel] = request.channel
-        if let credit = pendingCredit.removeValue(forKey: request.originalChannel) { pendingCredit[request.channel] = credit }
+    private func followRename(from original: String, to channel: String) {
+        context.channelRenames[original] = channel
+        if let credit = pendingCredit.removeValue(forKey: original) { pendingCredit[channel] = credit }
     }
 
     /// Refuses a request with `error` (a stage's rejection), or with `plugin_error` for a stage that failed.
-    private func refuse(_ request: InboundRequest, _ target: InboundTarget, shape: InboundShape, plugin: String? = nil,
-                        failure: String? = nil, error: WireError? = nil) {
+    private func refuse(_ request: InboundRequest, _ target: InboundTarget, plugin: String? = nil, failure: String? = nil,
+                        error: WireError? = nil) {
         var error = error
         if let plugin, let failure {
             core.countPluginFailure(plugin)
@@ -302,68 +324,65 @@ extension Connection {
         switch target {
         case .register(let id): writeError(error, id: id)
         case .request(nil): break  // id 0: nobody waits for an answer (the refusal is counted)
-        case .request(let origin?): answerNow(origin, shape: shape, .error(error), request: request)
+        case .request(let origin?): answerNow(origin, .error(error), request: request)
         }
     }
 
-    private func answerDirectly(_ answer: DirectAnswer, request: InboundRequest, target: InboundTarget, shape: InboundShape,
-                                plugin: String) {
+    private func answerDirectly(_ answer: DirectAnswer, request: InboundRequest, target: InboundTarget, plugin: String) {
         guard case .request(let origin) = target else {  // REGISTER
-            return refuse(request, target, shape: shape, plugin: plugin, failure: "a REGISTER cannot be answered by a plugin")
+            return refuse(request, target, plugin: plugin, failure: "a REGISTER cannot be answered by a plugin")
         }
         guard let origin else { return }
-        answerNow(origin, shape: shape, self.answer(for: answer, shape: shape, isText: origin.isText), request: request)
+        answerNow(origin, self.answer(for: answer, request: request), request: request)
     }
 
     /// What a direct answer is in the requester's encoding.
-    private func answer(for answer: DirectAnswer, shape: InboundShape, isText: Bool) -> Answer {
-        let codec = shape.methodCodec ?? StandardMethodCodec()
+    private func answer(for answer: DirectAnswer, request: InboundRequest) -> Answer {
+        let codec = request.codec?.codec ?? StandardMethodCodec()
         switch answer {
         case .notImplemented: return .notImplemented
-        case .success(let value) where shape.kind == .message:
-            if isText { return .messageValue(value) }
-            guard let encode = shape.encodeMessage else {
+        case .success(let value) where request.kind == .message:
+            if request.isText { return .messageValue(value) }
+            guard let encode = request.encodeMessage else {
                 return .error(.plugin(code: "plugin_error", message: "the channel's message codec is unknown", details: nil))
             }
             do throws(CodecError) { return .messageBytes(try encode(value)) } catch {
                 return .error(.badPayload("reply could not be encoded: \(error)"))
             }
         case .success(let value): return .success(value, codec)
-        case .failure(let error) where shape.kind == .message && !isText:
+        case .failure(let error) where request.kind == .message && !request.isText:
             return .error(.plugin(code: error.code, message: error.message ?? error.code, details: error.details))
         case .failure(let error): return .failure(error, codec)
         }
     }
 
     /// Answers a request that never reached a channel.
-    private func answerNow(_ origin: PendingRequest.Origin, shape: InboundShape, _ answer: Answer, request inbound: InboundRequest) {
-        var request = traced(inbound) { makeRequest(origin, methodCodec: shape.methodCodec.map(SharedMethodCodec.init)) }
+    private func answerNow(_ origin: PendingRequest.Origin, _ answer: Answer, request inbound: InboundRequest) {
+        var request = traced(inbound) { makeRequest(origin, methodCodec: inbound.codec) }
         request.answer(answer)
         settle(&request)
     }
 
-    /// When some outbound stage sees answers: the time the request came in.
-    private var arrival: ContinuousClock.Instant? { core.pipeline.seesAnswers ? .now : nil }
-
     /// Runs `body` with the request's trace ready for the ``PendingRequest`` it makes.
     private func traced<Result>(_ request: InboundRequest, _ body: () -> Result) -> Result {
-        pendingTrace = request.receivedAt.map { RequestTrace(channel: request.channel, method: request.method, receivedAt: $0) }
+        guard request.receivedAt != 0 else { return body() }
+        var request = request
+        pendingTrace = RequestTrace(channel: request.channel, method: request.method, receivedAt: request.receivedAt)
         defer { pendingTrace = nil }
         return body()
     }
 
-    private func park(_ request: InboundRequest, target: InboundTarget, shape: InboundShape, resumeAt: Int,
-                      plugin: String) -> ParkedRequest {
+    private func park(_ request: InboundRequest, target: InboundTarget, resumeAt: Int, plugin: String) -> ParkedRequest {
         var kept = request
         if case .bytes(let bytes?) = request.payload { kept.payload = .bytes(ArraySlice(Array(bytes))) }  // off the read buffer
         var placeholder: PendingRequest?
         if case .request(let origin?) = target {
-            var open = traced(request) { makeRequest(origin, methodCodec: shape.methodCodec.map(SharedMethodCodec.init)) }
+            var open = traced(request) { makeRequest(origin, methodCodec: request.codec) }
             placeholder = open
             settle(&open)  // registers it: CANCEL, duplicate ids, disconnects and the drain see it
         }
-        return ParkedRequest(connection: self, request: kept, target: target, shape: shape, resumeAt: resumeAt,
-                             plugin: plugin, placeholder: placeholder)
+        return ParkedRequest(connection: self, request: kept, target: target, resumeAt: resumeAt, plugin: plugin,
+                             placeholder: placeholder)
     }
 
     /// A deferred decision arrived (on the loop); nil: the plugin dropped its decider undecided.
@@ -377,7 +396,7 @@ extension Connection {
         case .next?:
             if let placeholder = parked.placeholder { withdraw(placeholder) }
             var request = request
-            continueInbound(&request, target: parked.target, shape: parked.shape, from: parked.resumeAt)
+            continueInbound(&request, target: parked.target, from: parked.resumeAt)
             if parked.placeholder != nil {  // as after any answer: the drain or a half-closed peer may wait for it
                 core.requestFinished()
                 closeIfPeerIsDone()
@@ -385,18 +404,17 @@ extension Connection {
         case .reject(let rejection)?:
             core.countRejection(by: parked.plugin, code: rejection.code)
             if let placeholder = parked.placeholder { return placeholder.answer(.error(rejection.error)) }
-            refuse(request, parked.target, shape: parked.shape, error: rejection.error)
+            refuse(request, parked.target, error: rejection.error)
         case .answer(let direct)?:
             guard let placeholder = parked.placeholder else {
                 if case .request(nil) = parked.target { return }  // id 0: answered nowhere
-                return refuse(request, parked.target, shape: parked.shape, plugin: parked.plugin,
-                              failure: "a REGISTER cannot be answered by a plugin")
+                return refuse(request, parked.target, plugin: parked.plugin, failure: "a REGISTER cannot be answered by a plugin")
             }
-            placeholder.answer(answer(for: direct, shape: parked.shape, isText: placeholder.isText))
+            placeholder.answer(answer(for: direct, request: request))
         case .later?, nil:
             let failure = decision == nil ? "dropped its decision" : "deferred twice"
             guard let placeholder = parked.placeholder else {
-                return refuse(request, parked.target, shape: parked.shape, plugin: parked.plugin, failure: failure)
+                return refuse(request, parked.target, plugin: parked.plugin, failure: failure)
             }
             core.countPluginFailure(parked.plugin)
             logger.warning("plugin \(parked.plugin) failed: \(failure)")
@@ -420,8 +438,8 @@ extension Connection {
             (kind, content) = (.error, .error(ChannelError(code: error.code, message: error.message, details: error.details ?? .null)))
         }
         var message = OutboundMessage(connection: context, channel: trace.channel, kind: kind, method: trace.method,
-                                      receivedAt: trace.receivedAt, content: content)
-        for stage in core.pipeline.outbound where stage.scope.contains(trace.channel, kind) {
+                                      elapsed: .nanoseconds(Int64(EventLoop.nanoseconds() &- trace.receivedAt)), content: content)
+        for stage in core.pipeline.outbound where stage.sees(trace.channel, kind) {
             guard stage.processor.applies(to: context, channel: trace.channel) else { continue }
             let decision: OutboundDecision
             do { decision = try stage.processor.process(&message) } catch {
@@ -465,8 +483,8 @@ extension EventStream {
         }
         let context = connection.context
         var message = OutboundMessage(connection: context, channel: event.channel, kind: event.isEnd ? .endOfStream : .event,
-                                      method: nil, receivedAt: nil, content: content)
-        for stage in stages where stage.scope.contains(message.channel, message.kind) {
+                                      method: nil, elapsed: nil, content: content)
+        for stage in stages where stage.sees(message.channel, message.kind) {
             let decision: OutboundDecision
             do { decision = try stage.processor.process(&message) } catch {
                 connection.core.countPluginFailure(stage.plugin)

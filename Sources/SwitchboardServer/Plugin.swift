@@ -62,37 +62,63 @@ public final class ConnectionContext {
     public internal(set) var encoding = Encoding.binary
     /// The `client` name from HELLO.
     public internal(set) var clientName: String?
+    // Read by other modules through getters: a stored property they could reach directly would be
+    // checked for exclusive access at run time on every read.
     /// Who the client is, as a plugin's ``Plugin/authenticate(_:)`` decided; nil when anonymous.
-    public internal(set) var identity: String?
-    /// Per-connection state of processors, by key type: it goes when the connection does.
-    public var storage = ContextStorage()
+    public var identity: String? { authenticatedAs }
+    /// Changes with every HELLO's verdict: per-connection state derived from ``identity`` can check
+    /// this number instead of comparing names.
+    public var helloCount: Int { hellos }
+    /// The loop's clock in milliseconds, read once per loop turn: cheap, and the same for every
+    /// request of a turn (a rate limiter's clock).
+    public var now: UInt64 { eventLoop.now }
+    private var authenticatedAs: String?
+    private var hellos = 0
+    private let eventLoop: EventLoop
+
+    /// Records a HELLO's verdict.
+    func authenticated(as identity: String?) {
+        authenticatedAs = identity
+        hellos &+= 1
+    }
+    /// Per-connection state of processors, one object per class: see ``state(_:)``. A short list
+    /// rather than a dictionary (a connection holds the state of a few plugins, looked up per request),
+    /// only ever read or swapped whole, so that no access to it spans a call and the compiler checks
+    /// none of them at run time.
+    private var states: [(key: ObjectIdentifier, value: AnyObject)] = []
     /// Event channels this client listens to by another name (a stage renamed its `listen`): its DEMAND
     /// frames on the old name go to the new one.
     var channelRenames: [String: String] = [:]
 
-    init(id: UInt64, remoteAddress: String) {
+    init(id: UInt64, remoteAddress: String, eventLoop: EventLoop) {
         self.id = id
         self.remoteAddress = remoteAddress
+        self.eventLoop = eventLoop
     }
-}
 
-/// Objects kept per connection for processors (a rate limiter's buckets, say), one per class. A short
-/// list rather than a dictionary: a connection holds the state of a few plugins, looked up per request.
-public struct ContextStorage {
-    private var values: [(key: ObjectIdentifier, value: AnyObject)] = []
+    /// The object a processor keeps for this connection under its class (a rate limiter's buckets,
+    /// say); it goes when the connection does.
+    public func state<Value: AnyObject>(_ type: Value.Type) -> Value? {
+        let id = ObjectIdentifier(type)
+        let states = self.states
+        for entry in states where entry.key == id { return entry.value as? Value }
+        return nil
+    }
 
-    /// The object kept for its class `key`.
-    public subscript<Value: AnyObject>(key: Value.Type) -> Value? {
-        get {
-            let id = ObjectIdentifier(key)
-            for entry in values where entry.key == id { return entry.value as? Value }
-            return nil
-        }
-        set {
-            let id = ObjectIdentifier(key)
-            values.removeAll { $0.key == id }
-            if let newValue { values.append((id, newValue)) }
-        }
+    /// Keeps `value` for this connection under its class, replacing what was kept.
+    public func keep<Value: AnyObject>(_ value: Value) {
+        var states = self.states
+        let id = ObjectIdentifier(Value.self)
+        states.removeAll { $0.key == id }
+        states.append((id, value))
+        swap(&states, &self.states)
+    }
+
+    /// Lets go of every processor's state (when the connection closes: a state that refers back to the
+    /// context, a kept ``Decider`` say, would otherwise keep both alive).
+    func dropStates() {
+        var none: [(key: ObjectIdentifier, value: AnyObject)] = []
+        swap(&none, &states)
     }
 }
 
@@ -193,8 +219,8 @@ public struct Scope<Kind: ScopedKind>: Sendable {
     public let channels: [ChannelPattern]
     /// The kinds it sees.
     public let kinds: Set<Kind>
-    private let mask: UInt8
-    private let isEveryChannel: Bool
+    let mask: UInt8
+    let isEveryChannel: Bool
 
     /// Every channel and kind unless narrowed.
     public init(channels: [ChannelPattern] = [.any], kinds: Set<Kind> = Set(Kind.allCases)) {
@@ -226,23 +252,59 @@ public struct InboundRequest {
     /// The requesting connection.
     public let connection: ConnectionContext
     /// The channel; a processor may rewrite it (later processors and the router see the new one).
-    public var channel: String
-    /// What the request asks for.
-    public let kind: InboundKind
-    /// The method of a call, listen or cancel, read without decoding the arguments (nil when the
-    /// channel's codec is unknown or the payload is not a method call).
-    public let method: String?
+    public var channel: String {
+        didSet {
+            isRenamed = true
+            if originalChannel == nil { originalChannel = oldValue }
+        }
+    }
+    /// What the request asks for, judged by what it does (a `listen` call on an event channel is a
+    /// listen, however it was sent); judged again when a stage renames the channel or rewrites the payload.
+    public internal(set) var kind = InboundKind.call
+    /// The method of a call, listen or cancel, read without decoding the arguments (nil for sends, and
+    /// when the channel's codec is unknown or the payload is not a method call). A call's method is read
+    /// from its payload when first asked for: a stage that does not ask costs nothing.
+    public var method: String? {
+        mutating get {
+            if isMethodPending {
+                isMethodPending = false
+                guard case .bytes(let bytes) = payload else { return knownMethod }
+                var reuse = MethodCallReuse()
+                knownMethod = (codec?.codec ?? StandardMethodCodec()).methodName(in: bytes, reusing: &reuse)
+            }
+            return knownMethod
+        }
+    }
+    /// The method, once read (or as a text client sent it).
+    var knownMethod: String?
+    /// A binary method call whose method has not been read yet.
+    var isMethodPending = false
     /// The payload; a processor may rewrite it.
     public var payload: Payload { didSet { isPayloadChanged = true } }
-    /// Set when a stage rewrote the payload: what the request is may have changed.
-    var isPayloadChanged = false
     /// Whether a request id waits for an answer (false for a MESSAGE with id 0).
     public let expectsAnswer: Bool
-    let codec: (any MethodCodec)?
-    /// When it arrived; kept only while some outbound stage sees answers (for their ``RequestTrace``).
-    var receivedAt: ContinuousClock.Instant?
-    /// The channel the client named, before any stage renamed it.
-    var originalChannel = ""
+    /// A text-mode request (whose method, if any, came with it).
+    let isText: Bool
+    /// The channel's method codec, for decoding arguments and encoding a direct answer.
+    var codec: SharedMethodCodec?
+    /// The message channel's encoder, for a direct answer to a binary send.
+    var encodeMessage: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
+    /// Set when a stage rewrote the payload or renamed the channel: what the request is may have changed.
+    var isPayloadChanged = false, isRenamed = false
+    /// When it arrived (``EventLoop/nanoseconds()``), while some outbound stage sees answers (for their
+    /// ``RequestTrace``); 0 otherwise.
+    var receivedAt: UInt64 = 0
+    /// The channel the client named, if a stage renamed it.
+    var originalChannel: String?
+
+    init(connection: ConnectionContext, channel: String, method: String?, payload: Payload, expectsAnswer: Bool, isText: Bool) {
+        self.connection = connection
+        self.channel = channel
+        knownMethod = method
+        self.payload = payload
+        self.expectsAnswer = expectsAnswer
+        self.isText = isText
+    }
 
     /// The arguments of a call, listen or cancel, or the message of a send, decoded on demand with the
     /// channel's codec (a message channel's bytes are returned as a Uint8List). Throws if they do not
@@ -251,9 +313,8 @@ public struct InboundRequest {
         switch payload {
         case .value(let value): return value
         case .bytes(let bytes):
-            guard let codec else { return bytes.map { .uint8List(Array($0)) } ?? .null }
-            return kind == .message ? bytes.map { .uint8List(Array($0)) } ?? .null
-                : try codec.decodeMethodCall(from: bytes).arguments
+            guard let codec, kind != .message else { return bytes.map { .uint8List(Array($0)) } ?? .null }
+            return try codec.codec.decodeMethodCall(from: bytes).arguments
         }
     }
 }
@@ -343,6 +404,21 @@ extension InboundProcessor {
     public var scope: Scope<InboundKind> { Scope() }
 }
 
+/// An inbound processor that decides from the connection, the channel and the kind alone: it admits a
+/// request or refuses it, and never rewrites, answers or waits. Access control and rate limits are
+/// gates. When every inbound stage is one, a binary method call, the common request, is judged without
+/// building an ``InboundRequest`` or reading its method or payload.
+public protocol InboundGate: InboundProcessor {
+    /// nil admits the request; a rejection refuses it.
+    func admit(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> Rejection?
+}
+
+extension InboundGate {
+    public func process(_ request: inout InboundRequest) throws -> InboundDecision {
+        admit(request.connection, channel: request.channel, kind: request.kind).map { .reject($0) } ?? .next
+    }
+}
+
 /// A reply or event on its way out to one connection.
 public struct OutboundMessage {
     /// What it carries, decoded.
@@ -363,20 +439,20 @@ public struct OutboundMessage {
     public let kind: OutboundKind
     /// For replies: the method of the call, if it was one.
     public let method: String?
-    /// For replies: when the request arrived, as ``ContinuousClock`` time.
-    public let receivedAt: ContinuousClock.Instant?
+    /// For replies: the time from the request's arrival until now.
+    public let elapsed: Duration?
     /// The content; a processor may change it (the change reaches this connection only).
     public var content: Content { didSet { isChanged = true } }
     /// Whether a processor changed the channel or the content: unchanged events keep their shared encoding.
     private(set) var isChanged = false
 
     init(connection: ConnectionContext, channel: String, kind: OutboundKind, method: String?,
-         receivedAt: ContinuousClock.Instant?, content: Content) {
+         elapsed: Duration?, content: Content) {
         self.connection = connection
         self.channel = channel
         self.kind = kind
         self.method = method
-        self.receivedAt = receivedAt
+        self.elapsed = elapsed
         self.content = content
     }
 }

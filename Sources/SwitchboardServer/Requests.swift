@@ -185,6 +185,8 @@ final class MessageEntry {
 final class EventEntry {
     let name: String
     let codec: any MethodCodec
+    /// The same codec behind one reference, for requests that carry it (see ``SharedMethodCodec``).
+    let sharedCodec: SharedMethodCodec
     let handler: any StreamHandler
     let overflow: OverflowPolicy
     let queueLimit: Int
@@ -194,6 +196,7 @@ final class EventEntry {
     init(name: String, codec: any MethodCodec, handler: any StreamHandler, overflow: OverflowPolicy, queueLimit: Int) {
         self.name = name
         self.codec = codec
+        sharedCodec = SharedMethodCodec(codec)
         self.handler = handler
         self.overflow = overflow
         self.queueLimit = max(1, queueLimit)

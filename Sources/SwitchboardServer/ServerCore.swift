@@ -241,7 +241,7 @@ final class ServerCore {
 
     /// Decodes a binary method call read in place and runs its channel's handler: the common request,
     /// which `Connection` sends here straight, without the routing enum. Returns `request`.
-    @discardableResult
+    @discardableResult @inline(__always)
     func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: PendingRequest,
                 connection: Connection) -> PendingRequest {
         let call: MethodCall
