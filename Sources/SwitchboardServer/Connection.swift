@@ -103,8 +103,8 @@ final class Connection {
     let hasPlugins: Bool, seesRequests: Bool, tracesRequests: Bool
     /// The pipeline's inbound stages (a constant: read without a run-time exclusivity check).
     let inboundStages: [Pipeline.Stage<any InboundProcessor, InboundKind>]
-    /// The same stages as gates, when all are and no stage sees answers: binary method calls then take
-    /// ``admitCall(_:)`` rather than the whole pipeline.
+    /// The same stages as gates, when all are and no stage sees answers: binary calls and sends are then
+    /// judged by ``admit(_:_:through:)`` and go on as without plugins, rather than take the whole pipeline.
     let gates: [Pipeline.Stage<any InboundGate, InboundKind>]?
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
@@ -318,13 +318,20 @@ final class Connection {
             return
         }
         if seesRequests, frame.id != 0 || !isHolderEvent(frame) {
-            guard let gates, frame.id != 0, case .local(.method(let method))? = core.route(named: frame.channel, for: self) else {
-                return runInbound(message: frame)
+            // Gates judge a call or a send here, then it goes on as without plugins; anything else (or
+            // any other stage) takes the whole pipeline.
+            guard let gates else { return runInbound(message: frame) }
+            let route = core.route(named: frame.channel, for: self)
+            guard let kind = gatedKind(of: route) else { return runInbound(message: frame) }
+            if let refusal = admit(frame.channel, kind, through: gates) {
+                if frame.id != 0 { writeError(refusal, id: frame.id) }  // id 0: nobody waits (counted)
+                return
             }
-            if let refusal = admitCall(frame.channel, through: gates) { return writeError(refusal, id: frame.id) }
-            var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
-            core.invoke(method, payload: frame.payload, request: request, connection: self)
-            return settle(&request)
+            if frame.id != 0, case .local(.method(let method))? = route {  // as below, with the route in hand
+                var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
+                core.invoke(method, payload: frame.payload, request: request, connection: self)
+                return settle(&request)
+            }
         }
         if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
@@ -403,11 +410,27 @@ final class Connection {
         return request
     }
 
-    /// Runs a method call through the gates: nil if all admit it, else the first refusal (counted).
-    private func admitCall(_ channel: String, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> WireError? {
+    /// The kind of a binary MESSAGE taking `route` when the route alone tells it (a call or a send); nil
+    /// when it takes the method (an event channel's listen or cancel, or a channel nobody serves).
+    private func gatedKind(of route: Route?) -> InboundKind? {
+        switch route {
+        case .local(.method)?: .call
+        case .local(.message)?: .message
+        case .held(let registration)?:
+            switch registration.kind {
+            case .message?: .message
+            case .method?, nil: .call
+            case .event?: nil
+            }
+        case .local(.event)?, nil: nil
+        }
+    }
+
+    /// Runs a request through the gates: nil if all admit it, else the first refusal (counted).
+    private func admit(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> WireError? {
         let context = context
-        for gate in gates where gate.sees(channel, .call) {
-            guard let refusal = gate.processor.admit(context, channel: channel, kind: .call) else { continue }
+        for gate in gates where gate.sees(channel, kind) {
+            guard let refusal = gate.processor.admit(context, channel: channel, kind: kind) else { continue }
             core.countRejection(by: gate.plugin, code: refusal.code)
             return refusal.error
         }

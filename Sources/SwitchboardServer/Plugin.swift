@@ -406,8 +406,8 @@ extension InboundProcessor {
 
 /// An inbound processor that decides from the connection, the channel and the kind alone: it admits a
 /// request or refuses it, and never rewrites, answers or waits. Access control and rate limits are
-/// gates. When every inbound stage is one, a binary method call, the common request, is judged without
-/// building an ``InboundRequest`` or reading its method or payload.
+/// gates. When every inbound stage is one, binary calls and sends, the common requests, are judged
+/// without building an ``InboundRequest`` or reading their method or payload.
 public protocol InboundGate: InboundProcessor {
     /// nil admits the request; a rejection refuses it.
     func admit(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> Rejection?

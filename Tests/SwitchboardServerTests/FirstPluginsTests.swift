@@ -305,3 +305,41 @@ struct FirstPluginsTests {
         #expect(try new.frames().filter { $0.kind == .message }.map(\.channel) == Array(repeating: "switchboard/ticker", count: 3))
     }
 }
+
+@Suite("Plugins: gates")
+struct GateTests {
+    /// Access control with a rule for each route a gate judges alone: calls, sends, a held channel.
+    func server() throws -> EmbeddedServer {
+        let rules = AccessRules(users: [.init(name: "ops", tokenSha256: sha("ops"))], anonymous: .init(
+            allow: .init(call: ["switchboard/echo", "held/method"], listen: ["*"], send: ["switchboard/message"], register: ["held/*"]),
+            deny: .init(call: ["held/method"])))
+        let settings = LiveSettings(PluginConfiguration(access: rules))
+        return try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+    }
+
+    @Test("calls and sends judged by the gates alone: refusals with their ids, id 0 refused silently but counted")
+    func gatedCallsAndSends() throws {
+        let embedded = try server()
+        let holder = embedded.connect(), peer = embedded.connect()
+        holder.send(Frame(.register, id: 1, channel: "held/method", payload: Array(#"{"kind":"method"}"#.utf8)))
+        holder.send(Frame(.register, id: 2, channel: "held/message", payload: Array(#"{"kind":"message","codec":"string"}"#.utf8)))
+        embedded.run()
+        #expect(try holder.frames().map(\.kind) == [.reply, .reply])
+        let message = try StandardMessageCodec().encode("x")
+        peer.send(try .call(1, "switchboard/echo", "echo", 1))  // allowed call
+        peer.send(Frame(.message, id: 2, channel: "switchboard/message", payload: message))  // allowed send
+        peer.send(Frame(.message, id: 3, channel: "switchboard/message.json", payload: message))  // send not allowed
+        peer.send(try .call(4, "held/method", "x"))  // denied call to a held channel
+        peer.send(Frame(.message, id: 5, channel: "held/message", payload: Array("hi".utf8)))  // send not allowed
+        peer.send(Frame(.message, id: 0, channel: "switchboard/message.json", payload: message))  // id 0: silent
+        peer.send(try .call(6, "switchboard/stats", "get"))  // call not allowed
+        embedded.run()
+        let frames = try peer.frames()
+        #expect(frames.map(\.id) == [1, 2, 3, 4, 5, 6])
+        #expect(frames.map(\.errorCode) == [nil, nil, "forbidden", "forbidden", "forbidden", "forbidden"])
+        #expect(try holder.frames().isEmpty)  // nothing reached the holder
+        let operator_ = embedded.connect()
+        operator_.send(hello(token: "ops", id: 99))
+        #expect(try operator_.stats(on: embedded)["plugins"]?["access"]?["rejected"]?["forbidden"] == 5)  // id 0's too
+    }
+}
