@@ -116,11 +116,18 @@ public struct AccessControl: Plugin {
 
     public var inbound: [any InboundProcessor] { [Check(settings: settings)] }
 
-    public func authenticate(_ hello: Hello) -> Authentication {
+    public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication {
         guard let token = hello.token, let access = settings.current.access else { return .pass }
         let hash = Digest.sha256Hex(Array(token.utf8))
         guard let user = access.users?.first(where: { $0.tokenSha256.lowercased() == hash }) else { return .refuse }
+        connection.keep(Credential(tokenSha256: hash))  // a reload that changes the user's token revokes it
         return .identity(user.name)
+    }
+
+    /// The hash of the token a connection's HELLO presented.
+    final class Credential {
+        let tokenSha256: String
+        init(tokenSha256: String) { self.tokenSha256 = tokenSha256 }
     }
 
     /// A client's rights, compiled: patterns per kind.
@@ -179,7 +186,8 @@ public struct AccessControl: Plugin {
             let generation = settings.generation
             var state = context.state(ConnectionState.self)
             if state == nil || state?.generation != generation || state?.helloCount != context.helloCount {
-                state = ConnectionState(generation: generation, helloCount: context.helloCount, rights: rights(of: context.identity))
+                state = ConnectionState(generation: generation, helloCount: context.helloCount, rights: rights(of: context))
+                state.map(context.keep)
             }
             guard let state, let rights = state.rights else { return nil }
             let permitted: Bool
@@ -196,14 +204,15 @@ public struct AccessControl: Plugin {
             return .forbidden("\(who) may not \(right) on \(channel)")
         }
 
-        private func rights(of identity: String?) -> Compiled? {
+        private func rights(of context: ConnectionContext) -> Compiled? {
             guard let access = settings.current.access else { return nil }
-            guard let identity else {
+            guard let identity = context.identity else {
                 return Compiled(allow: access.anonymous?.allow, deny: access.anonymous?.deny,
                                 allowsByDefault: access.anonymous != nil)
             }
-            guard let user = access.users?.first(where: { $0.name == identity }) else {
-                return Compiled(allow: nil, deny: nil, allowsByDefault: false)  // removed by a reload: no rights
+            guard let user = access.users?.first(where: { $0.name == identity }),
+                  user.tokenSha256.lowercased() == context.state(Credential.self)?.tokenSha256 else {
+                return Compiled(allow: nil, deny: nil, allowsByDefault: false)  // removed, or its token changed: no rights
             }
             return Compiled(allow: user.allow, deny: user.deny, allowsByDefault: true)
         }

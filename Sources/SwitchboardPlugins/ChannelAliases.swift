@@ -12,43 +12,27 @@ public struct ChannelAliases: Plugin {
     public var inbound: [any InboundProcessor] { [Rename(settings: settings)] }
     public var outbound: [any OutboundProcessor] { [RenameBack()] }
 
-    /// The new names a connection listens to by their old ones: new → old.
-    final class Listened {
-        var oldNames: [String: String] = [:]
-    }
-
     struct Rename: InboundProcessor {
         let settings: LiveSettings
         let table = GenerationCache<[String: String]>()
 
         func process(_ request: inout InboundRequest) throws -> InboundDecision {
-            guard let new = table.value(settings, { $0.aliases ?? [:] })[request.channel] else {
-                if request.kind == .listen {  // a listen by the new name: its events keep that name
-                    request.connection.state(Listened.self)?.oldNames[request.channel] = nil
-                }
-                return .next
-            }
-            let old = request.channel
-            request.channel = new
-            if request.kind == .listen {
-                let context = request.connection
-                let listened = context.state(Listened.self) ?? Listened()
-                context.keep(listened)
-                listened.oldNames[new] = old
-            }
+            if let new = table.value(settings, { $0.aliases ?? [:] })[request.channel] { request.channel = new }
             return .next
         }
     }
 
+    /// Renames the events of streams listened to by an old name (the server records the name a listen
+    /// used once every stage has admitted it; see ``ConnectionContext/listenedName(of:)``).
     struct RenameBack: OutboundProcessor {
         var scope: Scope<OutboundKind> { Scope(kinds: [.event, .endOfStream]) }
 
         func applies(to connection: ConnectionContext, channel: String) -> Bool {
-            connection.state(Listened.self)?.oldNames[channel] != nil
+            connection.listenedName(of: channel) != nil
         }
 
         func process(_ message: inout OutboundMessage) throws -> OutboundDecision {
-            if let old = message.connection.state(Listened.self)?.oldNames[message.channel] { message.channel = old }
+            if let old = message.connection.listenedName(of: message.channel) { message.channel = old }
             return .pass
         }
     }

@@ -165,12 +165,17 @@ final class GenerationCache<Value: Sendable>: Sendable {
     private let kept = Mutex<(generation: Int, value: Value)?>(nil)
 
     func value(_ settings: LiveSettings, _ make: (PluginConfiguration) -> Value) -> Value {
+        snapshot(settings, make).value
+    }
+
+    /// The value with the generation it was made from.
+    func snapshot(_ settings: LiveSettings, _ make: (PluginConfiguration) -> Value) -> (generation: Int, value: Value) {
         let generation = settings.generation
         return kept.withLock { kept in
-            if let kept, kept.generation == generation { return kept.value }
+            if let kept, kept.generation >= generation { return kept }
             let value = make(settings.current)
             kept = (generation, value)
-            return value
+            return (generation, value)
         }
     }
 }

@@ -69,21 +69,19 @@ final class TokenBucket {
         updatedAt = now
     }
 
-    /// Takes a token if there is one (refilled up to `now`, in milliseconds); else returns the
-    /// milliseconds until there will be.
-    func take(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
+    /// 0 when a token is there (refilled up to `now`, in milliseconds), without taking it; else the
+    /// milliseconds until there will be one.
+    func wait(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
         refill(limit, now: now)
-        if tokens >= 1 {
-            tokens -= 1
-            return 0
-        }
-        return max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
+        // A hair below one: a retry exactly `retryAfterMs` later must not fall short by a rounding error.
+        return tokens >= 1 - 1e-9 ? 0 : max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
     }
 
-    /// 0 when a token is there (refilled up to `now`), without taking it; else the milliseconds until.
-    func hasToken(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
-        refill(limit, now: now)
-        return tokens >= 1 ? 0 : max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
+    /// Takes a token if there is one; else returns the milliseconds until there will be.
+    func take(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
+        let wait = wait(limit, now: now)
+        if wait == 0 { tokens -= 1 }
+        return wait
     }
 
     /// A clock that reads earlier than the last one (another loop's, shared by a user's bucket) adds
@@ -136,14 +134,15 @@ public struct RateLimiter: Plugin {
         struct Key: Hashable { let user: String; let rule: Int }
         private let state = Mutex<(generation: Int, buckets: [Key: TokenBucket])>((-1, [:]))
 
-        func take(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64) -> Int {
+        /// Takes a token from the user's bucket (`taking`), or only says how long until there is one.
+        func wait(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64, taking: Bool) -> Int {
             state.withLock { state in
-                if state.generation != generation { state = (generation, [:]) }  // new rules: new buckets
+                // New rules, new buckets; a loop still on the older rules (mid-reload) does not reset them.
+                if generation > state.generation { state = (generation, [:]) }
                 let key = Key(user: user, rule: rule)
-                if let bucket = state.buckets[key] { return bucket.take(limit, now: now) }
-                let bucket = TokenBucket(limit, now: now)
+                let bucket = state.buckets[key] ?? TokenBucket(limit, now: now)
                 state.buckets[key] = bucket
-                return bucket.take(limit, now: now)
+                return taking ? bucket.take(limit, now: now) : bucket.wait(limit, now: now)
             }
         }
     }
@@ -178,13 +177,12 @@ public struct RateLimiter: Plugin {
         let rules: GenerationCache<[Rule]>
 
         func admit(_ context: ConnectionContext, channel: String, kind: InboundKind) -> Rejection? {
-            let generation = settings.generation
             let now = context.now
             var state: ConnectionState
-            if let kept = context.state(ConnectionState.self), kept.generation == generation {
+            if let kept = context.state(ConnectionState.self), kept.generation == settings.generation {
                 state = kept
             } else {
-                let rules = rules.value(settings) { ($0.rateLimits ?? []).map(Rule.init) }
+                let (generation, rules) = rules.snapshot(settings) { ($0.rateLimits ?? []).map(Rule.init) }
                 state = ConnectionState(generation: generation, rules: rules,
                                         buckets: rules.map { rule in rule.perConnection.map { TokenBucket($0, now: now) } })
             }
@@ -193,7 +191,7 @@ public struct RateLimiter: Plugin {
                 index = state.lastRule
             } else {
                 index = state.rules.firstIndex { $0.matches(channel, kind) }
-                state = ConnectionState(generation: generation, rules: state.rules, buckets: state.buckets,
+                state = ConnectionState(generation: state.generation, rules: state.rules, buckets: state.buckets,
                                         lastChannel: channel, lastKind: kind, lastRule: index)
                 context.keep(state)
             }
@@ -206,13 +204,11 @@ public struct RateLimiter: Plugin {
                 let wait = bucket.take(limit, now: now)
                 return wait > 0 ? .rateLimited(retryAfterMs: wait) : nil
             }
-            // Two buckets: a request refused by either takes a token from neither.
-            if let bucket, let limit = rule.perConnection {
-                let wait = bucket.hasToken(limit, now: now)
-                if wait > 0 { return .rateLimited(retryAfterMs: wait) }
-            }
-            let wait = users.take(user: user, rule: index, limit: userLimit, generation: generation, now: now)
-            if wait > 0 { return .rateLimited(retryAfterMs: wait) }
+            // Two buckets: a request refused by either takes a token from neither, and learns the longer wait.
+            let connectionWait = bucket.flatMap { bucket in rule.perConnection.map { bucket.wait($0, now: now) } } ?? 0
+            let userWait = users.wait(user: user, rule: index, limit: userLimit, generation: state.generation, now: now,
+                                      taking: connectionWait == 0)
+            if connectionWait > 0 || userWait > 0 { return .rateLimited(retryAfterMs: max(connectionWait, userWait)) }
             if let bucket, let limit = rule.perConnection { _ = bucket.take(limit, now: now) }
             return nil
         }

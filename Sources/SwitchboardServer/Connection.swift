@@ -93,7 +93,8 @@ final class Connection {
     /// The connection as plugins see it, made with the connection when plugins are loaded (only code
     /// that runs then asks for it).
     var context: ConnectionContext {
-        pluginContext ?? ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop)
+        guard let pluginContext else { preconditionFailure("a plugin context asked for with no plugin loaded") }
+        return pluginContext
     }
     private let pluginContext: ConnectionContext?
     /// The trace of the request being routed, taken by ``makeRequest(_:methodCodec:)`` (see ``RequestTrace``).
@@ -296,7 +297,7 @@ final class Connection {
     @inline(never)
     private func identify(_ hello: ChannelValue) -> Bool {
         let token = hello["token"]?.stringValue, client = hello["client"]?.stringValue
-        switch core.pipeline.authenticate(Hello(token: token, client: client)) {
+        switch core.pipeline.authenticate(Hello(token: token, client: client), connection: context) {
         case .refuse: return false
         case .identity(let identity): context.authenticated(as: identity)
         case .pass: context.authenticated(as: nil)

@@ -11,6 +11,8 @@ final class Pipeline {
         let plugin: String
         let processor: Processor
         let scope: Scope<Kind>
+        /// The processor as a gate, if it is one (the pipeline then calls its `admit`).
+        let gate: (any InboundGate)?
         /// The scope's kinds as bits, and whether it covers every channel: per request, ``sees(_:_:)``
         /// reads these rather than copying the scope.
         private let kinds: UInt8, isEveryChannel: Bool
@@ -19,13 +21,14 @@ final class Pipeline {
             self.plugin = plugin
             self.processor = processor
             self.scope = scope
+            gate = processor as? any InboundGate
             kinds = scope.mask
             isEveryChannel = scope.isEveryChannel
         }
 
         /// Whether the processor sees traffic of `kind` on `channel`.
         func sees(_ channel: String, _ kind: Kind) -> Bool {
-            kinds & kind.bit != 0 && (isEveryChannel || scope.contains(channel, kind))
+            kinds & kind.bit != 0 && (isEveryChannel || scope.channels.contains { $0.matches(channel) })
         }
     }
 
@@ -36,8 +39,8 @@ final class Pipeline {
     private(set) var outbound: [Stage<any OutboundProcessor, OutboundKind>] = []
     /// The inbound stages as gates, when every one is a gate (see ``InboundGate``); else nil.
     private(set) var gates: [Stage<any InboundGate, InboundKind>]?
-    /// Requests go through ``Connection/runInbound(message:)`` and its kin: some stage sees them on
-    /// the way in, or sees their answers on the way out.
+    /// Requests go through the plugins (the gates, or ``Connection/runInbound(message:)`` and its kin):
+    /// some stage sees them on the way in, or sees their answers on the way out.
     private(set) var seesRequests = false
     /// Some outbound stage sees replies or errors: requests then carry a ``RequestTrace``.
     private(set) var seesAnswers = false
@@ -59,9 +62,9 @@ final class Pipeline {
     }
 
     /// The first verdict other than `.pass`, in load order.
-    func authenticate(_ hello: Hello) -> Authentication {
+    func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication {
         for plugin in plugins {
-            let verdict = plugin.authenticate(hello)
+            let verdict = plugin.authenticate(hello, connection: connection)
             if case .pass = verdict { continue }
             return verdict
         }
@@ -146,7 +149,9 @@ extension ServerCore {
                 (codec?.codec ?? StandardMethodCodec()).methodName(in: bytes, reusing: &reuse)
             }
         }
-        func eventKind(_ method: String?) -> InboundKind { method == "cancel" ? .cancel : .listen }
+        /// On an event channel, `listen` and `cancel` are what they say; any other method is a call
+        /// (refused by the server, or forwarded to a client holding the channel).
+        func eventKind(_ method: String?) -> InboundKind { method == "listen" ? .listen : method == "cancel" ? .cancel : .call }
         request.codec = nil
         request.encodeMessage = nil
         request.isMethodPending = false
@@ -163,9 +168,11 @@ extension ServerCore {
             // A text client's call or listen here is refused by the router ("use send"): judged as a call.
             request.kind = isSend || !request.isText ? .message : .call
             request.encodeMessage = entry.encode
+            if !request.isText { request.knownMethod = nil }
         case .held(let registration)?:
             if isSend || (registration.kind == .message && !request.isText) {
                 request.kind = .message
+                if !request.isText { request.knownMethod = nil }
                 if let declared = registration.codec {
                     request.encodeMessage = { value throws(CodecError) in try declared.encodeMessage(value) }
                 }
@@ -250,7 +257,13 @@ extension Connection {
             next += 1
             guard stage.sees(request.channel, request.kind) else { continue }
             let decision: InboundDecision
-            do { decision = try stage.processor.process(&request) } catch {
+            do {
+                if let gate = stage.gate {
+                    decision = gate.admit(request.connection, channel: request.channel, kind: request.kind).map { .reject($0) } ?? .next
+                } else {
+                    decision = try stage.processor.process(&request)
+                }
+            } catch {
                 return refuse(request, target, plugin: stage.plugin, failure: "\(error)")
             }
             if request.isPayloadChanged || request.isRenamed {
@@ -282,9 +295,7 @@ extension Connection {
             if case .bytes(let bytes) = request.payload { payload = bytes.map(Array.init) }
             core.register(Frame(.register, id: id, channel: request.channel, payload: payload), from: self)
         case .request(let origin):
-            if request.kind == .listen, let original = request.originalChannel, original != request.channel {
-                followRename(from: original, to: request.channel)
-            }
+            if request.kind == .listen { followRename(of: request) }
             if let origin, case .bytes(let bytes) = request.payload,
                case .local(.method(let method))? = core.route(named: request.channel, for: self) {
                 var pending = traced(request) { makeRequest(origin, methodCodec: method.codec) }
@@ -306,9 +317,10 @@ extension Connection {
 
     /// A `listen` a stage renamed: the client's DEMANDs on the name it used go to the new name, the
     /// credit it already gave included.
-    private func followRename(from original: String, to channel: String) {
-        context.channelRenames[original] = channel
-        if let credit = pendingCredit.removeValue(forKey: original) { pendingCredit[channel] = credit }
+    private func followRename(of request: InboundRequest) {
+        let original = request.originalChannel.flatMap { $0 == request.channel ? nil : $0 }
+        context.listened(to: request.channel, as: original)
+        if let original, let credit = pendingCredit.removeValue(forKey: original) { pendingCredit[request.channel] = credit }
     }
 
     /// Refuses a request with `error` (a stage's rejection), or with `plugin_error` for a stage that failed.
@@ -396,6 +408,7 @@ extension Connection {
         case .next?:
             if let placeholder = parked.placeholder { withdraw(placeholder) }
             var request = request
+            if request.kind != .register { core.classify(&request, for: self) }  // the routes may have changed meanwhile
             continueInbound(&request, target: parked.target, from: parked.resumeAt)
             if parked.placeholder != nil {  // as after any answer: the drain or a half-closed peer may wait for it
                 core.requestFinished()

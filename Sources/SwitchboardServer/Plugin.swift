@@ -10,7 +10,7 @@ import SwitchboardWire
 /// Inbound processors run in load order (and, within a plugin, in array order); outbound ones in reverse
 /// load order, so that the first plugin loaded is the outermost on both ways. Processors are shared by
 /// every connection and may run on any loop thread at once: they are `Sendable`, and state of one
-/// connection lives in ``ConnectionContext/storage``.
+/// connection lives in the connection's context (``ConnectionContext/state(_:)``, ``ConnectionContext/keep(_:)``).
 public protocol Plugin: Sendable {
     /// Names the plugin in stats and logs.
     var name: String { get }
@@ -19,7 +19,8 @@ public protocol Plugin: Sendable {
     /// Sees replies and events on the way out, in order.
     var outbound: [any OutboundProcessor] { get }
     /// Identifies a client from its HELLO: the first plugin that answers other than `.pass` decides.
-    func authenticate(_ hello: Hello) -> Authentication
+    /// It may keep what it needs later in the connection's state (``ConnectionContext/keep(_:)``).
+    func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication
     /// Runs once, on the loading thread, when the plugin is loaded.
     func didLoad(into server: Server)
 }
@@ -27,11 +28,11 @@ public protocol Plugin: Sendable {
 extension Plugin {
     public var inbound: [any InboundProcessor] { [] }
     public var outbound: [any OutboundProcessor] { [] }
-    public func authenticate(_ hello: Hello) -> Authentication { .pass }
+    public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication { .pass }
     public func didLoad(into server: Server) {}
 }
 
-/// What a client said in HELLO, for ``Plugin/authenticate(_:)``.
+/// What a client said in HELLO, for ``Plugin/authenticate(_:connection:)``.
 public struct Hello: Sendable {
     /// The `token`, if any.
     public let token: String?
@@ -64,7 +65,7 @@ public final class ConnectionContext {
     public internal(set) var clientName: String?
     // Read by other modules through getters: a stored property they could reach directly would be
     // checked for exclusive access at run time on every read.
-    /// Who the client is, as a plugin's ``Plugin/authenticate(_:)`` decided; nil when anonymous.
+    /// Who the client is, as a plugin's ``Plugin/authenticate(_:connection:)`` decided; nil when anonymous.
     public var identity: String? { authenticatedAs }
     /// Changes with every HELLO's verdict: per-connection state derived from ``identity`` can check
     /// this number instead of comparing names.
@@ -89,6 +90,18 @@ public final class ConnectionContext {
     /// Event channels this client listens to by another name (a stage renamed its `listen`): its DEMAND
     /// frames on the old name go to the new one.
     var channelRenames: [String: String] = [:]
+    /// The same, from the channel's name to the name the client used: set when such a listen is
+    /// routed (after every stage admitted it), cleared by a listen under the channel's own name.
+    private var listenedNames: [String: String] = [:]
+
+    /// The name this client used for its stream on `channel`, when a stage renamed its `listen`.
+    public func listenedName(of channel: String) -> String? { listenedNames[channel] }
+
+    /// Records a listen routed to `channel`, named `original` by the client (nil: by its own name).
+    func listened(to channel: String, as original: String?) {
+        listenedNames[channel] = original
+        if let original { channelRenames[original] = channel }
+    }
 
     init(id: UInt64, remoteAddress: String, eventLoop: EventLoop) {
         self.id = id
@@ -269,18 +282,30 @@ public struct InboundRequest {
             if isMethodPending {
                 isMethodPending = false
                 guard case .bytes(let bytes) = payload else { return knownMethod }
-                var reuse = MethodCallReuse()
-                knownMethod = (codec?.codec ?? StandardMethodCodec()).methodName(in: bytes, reusing: &reuse)
+                knownMethod = Self.methodName(in: bytes, codec: codec)
             }
             return knownMethod
         }
     }
+    private static func methodName(in bytes: ArraySlice<UInt8>?, codec: SharedMethodCodec?) -> String? {
+        var reuse = MethodCallReuse()
+        return (codec?.codec ?? StandardMethodCodec()).methodName(in: bytes, reusing: &reuse)
+    }
+
     /// The method, once read (or as a text client sent it).
     var knownMethod: String?
     /// A binary method call whose method has not been read yet.
     var isMethodPending = false
     /// The payload; a processor may rewrite it.
-    public var payload: Payload { didSet { isPayloadChanged = true } }
+    public var payload: Payload {
+        didSet {
+            isPayloadChanged = true
+            if isMethodPending, case .bytes(let bytes) = oldValue {  // the call's method, before it is gone
+                isMethodPending = false
+                knownMethod = Self.methodName(in: bytes, codec: codec)
+            }
+        }
+    }
     /// Whether a request id waits for an answer (false for a MESSAGE with id 0).
     public let expectsAnswer: Bool
     /// A text-mode request (whose method, if any, came with it).
@@ -406,8 +431,9 @@ extension InboundProcessor {
 
 /// An inbound processor that decides from the connection, the channel and the kind alone: it admits a
 /// request or refuses it, and never rewrites, answers or waits. Access control and rate limits are
-/// gates. When every inbound stage is one, binary calls and sends, the common requests, are judged
-/// without building an ``InboundRequest`` or reading their method or payload.
+/// gates. When every inbound stage is one and no outbound stage sees answers, binary calls and sends,
+/// the common requests, are judged without building an ``InboundRequest`` or reading their method or
+/// payload. The pipeline always calls ``admit(_:channel:kind:)``, never `process`.
 public protocol InboundGate: InboundProcessor {
     /// nil admits the request; a rejection refuses it.
     func admit(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> Rejection?

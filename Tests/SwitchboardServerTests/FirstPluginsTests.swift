@@ -343,3 +343,41 @@ struct GateTests {
         #expect(try operator_.stats(on: embedded)["plugins"]?["access"]?["rejected"]?["forbidden"] == 5)  // id 0's too
     }
 }
+
+@Suite("Plugins: access control corners")
+struct AccessCornerTests {
+    @Test("a call on a held event channel is a call, not a listen")
+    func callOnHeldEventChannel() throws {
+        let rules = AccessRules(anonymous: .init(allow: .init(call: [], listen: ["held/*"], send: [], register: ["held/*"])))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        let holder = embedded.connect(), peer = embedded.connect()
+        holder.send(Frame(.register, id: 1, channel: "held/events", payload: Array(#"{"kind":"event"}"#.utf8)))
+        embedded.run()
+        _ = try holder.frames()
+        peer.send(try .call(2, "held/events", "reboot"))
+        embedded.run()
+        #expect(try peer.frames().map(\.errorCode) == ["forbidden"])
+        #expect(try holder.frames().isEmpty)  // the call never reached the holder
+    }
+
+    @Test("a reload that changes a user's token revokes the rights of connections that used the old one")
+    func tokenRotation() throws {
+        let settings = LiveSettings(PluginConfiguration(access: accessRules()))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let bob = embedded.connect()
+        bob.send(hello(token: "bob-token"))
+        bob.send(try .call(2, "switchboard/echo", "echo"))
+        embedded.run()
+        #expect(try bob.frames().map(\.kind) == [.welcome, .reply])
+        var rotated = accessRules()
+        rotated.users?[1].tokenSha256 = sha("bob-new-token")
+        settings.replace(with: PluginConfiguration(access: rotated))
+        bob.send(try .call(3, "switchboard/echo", "echo"))
+        bob.send(hello(token: "bob-new-token", id: 4))
+        bob.send(try .call(5, "switchboard/echo", "echo"))
+        embedded.run()
+        let frames = try bob.frames()
+        #expect(frames.map(\.errorCode) == ["forbidden", nil, nil])
+        #expect(frames.map(\.kind) == [.error, .welcome, .reply])
+    }
+}

@@ -96,7 +96,7 @@ struct ReadOnlyOrders: Plugin {
 /// Identifies a client as `support` when its token says so (the README's plugin reads identities).
 struct TokenIsIdentity: Plugin {
     let name = "token-is-identity"
-    func authenticate(_ hello: Hello) -> Authentication { hello.token.map { .identity($0) } ?? .pass }
+    func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication { hello.token.map { .identity($0) } ?? .pass }
 }
 
 @Suite struct ReadmePluginExample {
