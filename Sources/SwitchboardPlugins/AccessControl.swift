@@ -163,19 +163,14 @@ public struct AccessControl: Plugin {
         let helloCount: Int
         /// nil: the section was removed by a reload (everything passes).
         let rights: Compiled?
-        /// Empty for none (no channel name is empty).
-        let lastChannel: String
-        let lastKind: InboundKind
-        let lastPermitted: Bool
+        /// Whether the last request was permitted.
+        let last: LastVerdict<Bool>?
 
-        init(generation: Int, helloCount: Int, rights: Compiled?, lastChannel: String = "", lastKind: InboundKind = .call,
-             lastPermitted: Bool = false) {
+        init(generation: Int, helloCount: Int, rights: Compiled?, last: LastVerdict<Bool>? = nil) {
             self.generation = generation
             self.helloCount = helloCount
             self.rights = rights
-            self.lastChannel = lastChannel
-            self.lastKind = lastKind
-            self.lastPermitted = lastPermitted
+            self.last = last
         }
     }
 
@@ -191,12 +186,12 @@ public struct AccessControl: Plugin {
             }
             guard let state, let rights = state.rights else { return nil }
             let permitted: Bool
-            if state.lastKind == kind, state.lastChannel == channel {
-                permitted = state.lastPermitted
+            if let last = state.last?.value(for: channel, kind) {
+                permitted = last
             } else {
                 permitted = rights.permits(kind, channel)
                 context.keep(ConnectionState(generation: generation, helloCount: state.helloCount, rights: rights,
-                                             lastChannel: channel, lastKind: kind, lastPermitted: permitted))
+                                             last: LastVerdict(channel: channel, kind: kind, value: permitted)))
             }
             if permitted { return nil }
             let who = context.identity.map { "user \($0)" } ?? "anonymous connections"

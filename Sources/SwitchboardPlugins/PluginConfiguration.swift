@@ -159,6 +159,19 @@ private struct AnyKey: CodingKey {
     init?(intValue: Int) { nil }
 }
 
+/// A gate's last verdict on a connection: for which channel and kind, and what it was. Most connections
+/// keep calling one channel, so a gate asked again about the same channel and kind reuses it.
+struct LastVerdict<Value> {
+    let channel: String
+    let kind: InboundKind
+    let value: Value
+
+    /// The verdict, if it was about this channel and kind.
+    func value(for channel: String, _ kind: InboundKind) -> Value? {
+        kind == self.kind && channel == self.channel ? value : nil
+    }
+}
+
 /// A value made from the settings of one generation, made again when they change: plugins read their
 /// settings through it, so a request costs an atomic load and a lock, not a copy of the configuration.
 final class GenerationCache<Value: Sendable>: Sendable {

@@ -155,19 +155,14 @@ public struct RateLimiter: Plugin {
         let rules: [Rule]
         /// Per rule: nil when the rule has no per-connection limit.
         let buckets: [TokenBucket?]
-        /// Empty for none (no channel name is empty).
-        let lastChannel: String
-        let lastKind: InboundKind
-        let lastRule: Int?
+        /// The rule the last request matched (nil: none).
+        let last: LastVerdict<Int?>?
 
-        init(generation: Int, rules: [Rule], buckets: [TokenBucket?], lastChannel: String = "",
-             lastKind: InboundKind = .call, lastRule: Int? = nil) {
+        init(generation: Int, rules: [Rule], buckets: [TokenBucket?], last: LastVerdict<Int?>? = nil) {
             self.generation = generation
             self.rules = rules
             self.buckets = buckets
-            self.lastChannel = lastChannel
-            self.lastKind = lastKind
-            self.lastRule = lastRule
+            self.last = last
         }
     }
 
@@ -187,12 +182,12 @@ public struct RateLimiter: Plugin {
                                         buckets: rules.map { rule in rule.perConnection.map { TokenBucket($0, now: now) } })
             }
             let index: Int?
-            if state.lastKind == kind, state.lastChannel == channel {
-                index = state.lastRule
+            if let last = state.last?.value(for: channel, kind) {
+                index = last
             } else {
                 index = state.rules.firstIndex { $0.matches(channel, kind) }
                 state = ConnectionState(generation: state.generation, rules: state.rules, buckets: state.buckets,
-                                        lastChannel: channel, lastKind: kind, lastRule: index)
+                                        last: LastVerdict(channel: channel, kind: kind, value: index))
                 context.keep(state)
             }
             guard let index else { return nil }

@@ -51,6 +51,9 @@ public enum Authentication: Sendable {
 }
 
 /// The connection a request came on or a reply goes to, as processors see it. Loop thread only.
+///
+/// What other modules read per request is behind getters: a public stored property they could reach
+/// directly would be checked for exclusive access at run time on every read.
 public final class ConnectionContext {
     /// How the client speaks.
     public enum Encoding: String, Sendable { case binary, text }
@@ -63,8 +66,6 @@ public final class ConnectionContext {
     public internal(set) var encoding = Encoding.binary
     /// The `client` name from HELLO.
     public internal(set) var clientName: String?
-    // Read by other modules through getters: a stored property they could reach directly would be
-    // checked for exclusive access at run time on every read.
     /// Who the client is, as a plugin's ``Plugin/authenticate(_:connection:)`` decided; nil when anonymous.
     public var identity: String? { authenticatedAs }
     /// Changes with every HELLO's verdict: per-connection state derived from ``identity`` can check
@@ -73,41 +74,6 @@ public final class ConnectionContext {
     /// The loop's clock in milliseconds, read once per loop turn: cheap, and the same for every
     /// request of a turn (a rate limiter's clock).
     public var now: UInt64 { eventLoop.now }
-    private var authenticatedAs: String?
-    private var hellos = 0
-    private let eventLoop: EventLoop
-
-    /// Records a HELLO's verdict.
-    func authenticated(as identity: String?) {
-        authenticatedAs = identity
-        hellos &+= 1
-    }
-    /// Per-connection state of processors, one object per class: see ``state(_:)``. A short list
-    /// rather than a dictionary (a connection holds the state of a few plugins, looked up per request),
-    /// only ever read or swapped whole, so that no access to it spans a call and the compiler checks
-    /// none of them at run time.
-    private var states: [(key: ObjectIdentifier, value: AnyObject)] = []
-    /// Event channels this client listens to by another name (a stage renamed its `listen`): its DEMAND
-    /// frames on the old name go to the new one.
-    var channelRenames: [String: String] = [:]
-    /// The same, from the channel's name to the name the client used: set when such a listen is
-    /// routed (after every stage admitted it), cleared by a listen under the channel's own name.
-    private var listenedNames: [String: String] = [:]
-
-    /// The name this client used for its stream on `channel`, when a stage renamed its `listen`.
-    public func listenedName(of channel: String) -> String? { listenedNames[channel] }
-
-    /// Records a listen routed to `channel`, named `original` by the client (nil: by its own name).
-    func listened(to channel: String, as original: String?) {
-        listenedNames[channel] = original
-        if let original { channelRenames[original] = channel }
-    }
-
-    init(id: UInt64, remoteAddress: String, eventLoop: EventLoop) {
-        self.id = id
-        self.remoteAddress = remoteAddress
-        self.eventLoop = eventLoop
-    }
 
     /// The object a processor keeps for this connection under its class (a rate limiter's buckets,
     /// say); it goes when the connection does.
@@ -125,6 +91,41 @@ public final class ConnectionContext {
         states.removeAll { $0.key == id }
         states.append((id, value))
         swap(&states, &self.states)
+    }
+
+    /// The name this client used for its stream on `channel`, when a stage renamed its `listen`.
+    public func listenedName(of channel: String) -> String? { listenedNames[channel] }
+
+    private let eventLoop: EventLoop
+    private var authenticatedAs: String?
+    private var hellos = 0
+    /// Processors' state, one object per class: a short list rather than a dictionary (a connection
+    /// holds the state of a few plugins, looked up per request), only ever read or swapped whole, so
+    /// that no access to it spans a call and the compiler checks none of them at run time.
+    private var states: [(key: ObjectIdentifier, value: AnyObject)] = []
+    /// Event channels this client listens to by another name (a stage renamed its `listen`): its DEMAND
+    /// frames on the old name go to the new one.
+    var channelRenames: [String: String] = [:]
+    /// The same, from the channel's name to the name the client used.
+    private var listenedNames: [String: String] = [:]
+
+    init(id: UInt64, remoteAddress: String, eventLoop: EventLoop) {
+        self.id = id
+        self.remoteAddress = remoteAddress
+        self.eventLoop = eventLoop
+    }
+
+    /// Records a HELLO's verdict.
+    func authenticated(as identity: String?) {
+        authenticatedAs = identity
+        hellos &+= 1
+    }
+
+    /// Records a listen routed to `channel` (once every stage admitted it), named `original` by the
+    /// client when a stage renamed it, nil when the client used the channel's own name.
+    func listened(to channel: String, as original: String?) {
+        listenedNames[channel] = original
+        if let original { channelRenames[original] = channel }
     }
 
     /// Lets go of every processor's state (when the connection closes: a state that refers back to the
