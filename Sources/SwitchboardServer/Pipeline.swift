@@ -83,7 +83,7 @@ final class Pipeline {
 }
 
 /// What an answer's outbound stages need to know of its request (kept only while some stage sees
-/// answers). A class: a request carries one pointer, whose layout is known, rather than a clock instant.
+/// answers). A class: a request carries one pointer, nil when nothing traces it.
 final class RequestTrace {
     let channel: String
     let method: String?
