@@ -75,7 +75,7 @@ final class Pipeline {
     func eventStages(for connection: ConnectionContext, channel: String) -> [Stage<any OutboundProcessor, OutboundKind>]? {
         guard seesEvents else { return nil }
         let stages = outbound.filter {
-            ($0.scope.contains(channel, .event) || $0.scope.contains(channel, .endOfStream))
+            ($0.sees(channel, .event) || $0.sees(channel, .endOfStream))
                 && $0.processor.applies(to: connection, channel: channel)
         }
         return stages.isEmpty ? nil : stages
@@ -189,7 +189,7 @@ extension ServerCore {
         case nil:
             if isSend { request.kind = .message; return }
             request.knownMethod = method(nil)
-            request.kind = request.knownMethod == "listen" || request.knownMethod == "cancel" ? eventKind(request.knownMethod) : .call
+            request.kind = eventKind(request.knownMethod)
         }
     }
 
@@ -264,7 +264,7 @@ extension Connection {
                     decision = try stage.processor.process(&request)
                 }
             } catch {
-                return refuse(request, target, plugin: stage.plugin, failure: "\(error)")
+                return refuse(request, target, error: pluginFailed(stage.plugin, "\(error)"))
             }
             if request.isPayloadChanged || request.isRenamed {
                 request.isPayloadChanged = false
@@ -323,16 +323,16 @@ extension Connection {
         if let original, let credit = pendingCredit.removeValue(forKey: original) { pendingCredit[request.channel] = credit }
     }
 
-    /// Refuses a request with `error` (a stage's rejection), or with `plugin_error` for a stage that failed.
-    private func refuse(_ request: InboundRequest, _ target: InboundTarget, plugin: String? = nil, failure: String? = nil,
-                        error: WireError? = nil) {
-        var error = error
-        if let plugin, let failure {
-            core.countPluginFailure(plugin)
-            logger.warning("plugin \(plugin) failed: \(failure)")
-            error = .plugin(code: "plugin_error", message: "plugin \(plugin) failed: \(failure)", details: nil)
-        }
-        guard let error else { return }
+    /// Counts and logs a plugin's failure; returns the `plugin_error` its request is answered with.
+    @discardableResult
+    func pluginFailed(_ plugin: String, _ why: String) -> WireError {
+        core.countPluginFailure(plugin)
+        logger.warning("plugin \(plugin) failed: \(why)")
+        return .plugin(code: "plugin_error", message: "plugin \(plugin) failed: \(why)", details: nil)
+    }
+
+    /// Refuses a request with `error`: an ERROR (an error line in text mode), nothing for id 0.
+    private func refuse(_ request: InboundRequest, _ target: InboundTarget, error: WireError) {
         switch target {
         case .register(let id): writeError(error, id: id)
         case .request(nil): break  // id 0: nobody waits for an answer (the refusal is counted)
@@ -342,7 +342,7 @@ extension Connection {
 
     private func answerDirectly(_ answer: DirectAnswer, request: InboundRequest, target: InboundTarget, plugin: String) {
         guard case .request(let origin) = target else {  // REGISTER
-            return refuse(request, target, plugin: plugin, failure: "a REGISTER cannot be answered by a plugin")
+            return refuse(request, target, error: pluginFailed(plugin, "a REGISTER cannot be answered by a plugin"))
         }
         guard let origin else { return }
         answerNow(origin, self.answer(for: answer, request: request), request: request)
@@ -363,7 +363,7 @@ extension Connection {
             }
         case .success(let value): return .success(value, codec)
         case .failure(let error) where request.kind == .message && !request.isText:
-            return .error(.plugin(code: error.code, message: error.message ?? error.code, details: error.details))
+            return .error(WireError(carrying: error))  // a message reply has no error envelope
         case .failure(let error): return .failure(error, codec)
         }
     }
@@ -404,8 +404,7 @@ extension Connection {
         } else if isClosing {
             return
         }
-        switch decision {
-        case .next?:
+        if case .next? = decision {
             if let placeholder = parked.placeholder { withdraw(placeholder) }
             var request = request
             if request.kind != .register { core.classify(&request, for: self) }  // the routes may have changed meanwhile
@@ -414,30 +413,28 @@ extension Connection {
                 core.requestFinished()
                 closeIfPeerIsDone()
             }
+            return
+        }
+        let answer: Answer
+        switch decision {
         case .reject(let rejection)?:
             core.countRejection(by: parked.plugin, code: rejection.code)
-            if let placeholder = parked.placeholder { return placeholder.answer(.error(rejection.error)) }
-            refuse(request, parked.target, error: rejection.error)
-        case .answer(let direct)?:
-            guard let placeholder = parked.placeholder else {
-                if case .request(nil) = parked.target { return }  // id 0: answered nowhere
-                return refuse(request, parked.target, plugin: parked.plugin, failure: "a REGISTER cannot be answered by a plugin")
-            }
-            placeholder.answer(answer(for: direct, request: request))
-        case .later?, nil:
-            let failure = decision == nil ? "dropped its decision" : "deferred twice"
-            guard let placeholder = parked.placeholder else {
-                return refuse(request, parked.target, plugin: parked.plugin, failure: failure)
-            }
-            core.countPluginFailure(parked.plugin)
-            logger.warning("plugin \(parked.plugin) failed: \(failure)")
-            placeholder.answer(.error(.plugin(code: "plugin_error", message: "plugin \(parked.plugin) failed: \(failure)", details: nil)))
+            answer = .error(rejection.error)
+        case .answer(let direct)? where parked.placeholder != nil: answer = self.answer(for: direct, request: request)
+        case .answer?:
+            if case .request(nil) = parked.target { return }  // id 0: answered nowhere
+            answer = .error(pluginFailed(parked.plugin, "a REGISTER cannot be answered by a plugin"))
+        case .later?: answer = .error(pluginFailed(parked.plugin, "deferred twice"))
+        case nil, .next?: answer = .error(pluginFailed(parked.plugin, "dropped its decision"))
         }
+        if let placeholder = parked.placeholder { return placeholder.answer(answer) }
+        if case .error(let error) = answer { refuse(request, parked.target, error: error) }
     }
 
     // MARK: Outbound
 
-    /// Passes an answer through the outbound stages that see it; nil when one dropped it (or failed).
+    /// Passes an answer through the outbound stages that see it; a stage that drops it or fails turns it
+    /// into `plugin_error`, since the request still needs its one answer.
     func filterAnswer(_ answer: Answer, trace: RequestTrace, codec methodCodec: (any MethodCodec)?) -> Answer {
         let kind: OutboundKind
         let content: OutboundMessage.Content
@@ -456,9 +453,7 @@ extension Connection {
             guard stage.processor.applies(to: context, channel: trace.channel) else { continue }
             let decision: OutboundDecision
             do { decision = try stage.processor.process(&message) } catch {
-                core.countPluginFailure(stage.plugin)
-                logger.warning("plugin \(stage.plugin) failed on an answer: \(error)")
-                return .error(.plugin(code: "plugin_error", message: "plugin \(stage.plugin) failed: \(error)", details: nil))
+                return .error(pluginFailed(stage.plugin, "\(error)"))
             }
             if case .drop = decision {
                 core.countDrop("plugin")
@@ -470,11 +465,17 @@ extension Connection {
         switch message.content {
         case .value(let value): return methodCodec.map { .success(value, $0) } ?? .messageValue(value)
         case .error(let error):
-            return methodCodec.map { .failure(error, $0) }
-                ?? .error(.plugin(code: error.code, message: error.message ?? error.code, details: error.details))
+            return methodCodec.map { .failure(error, $0) } ?? .error(WireError(carrying: error))
         case .bytes(let bytes): return .messageBytes(bytes)
         case .notImplemented, .end: return .notImplemented
         }
+    }
+}
+
+extension WireError {
+    /// An ERROR carrying an error envelope's code, message and details (where no envelope can go).
+    init(carrying error: ChannelError) {
+        self = .plugin(code: error.code, message: error.message ?? error.code, details: error.details)
     }
 }
 
@@ -500,8 +501,7 @@ extension EventStream {
         for stage in stages where stage.sees(message.channel, message.kind) {
             let decision: OutboundDecision
             do { decision = try stage.processor.process(&message) } catch {
-                connection.core.countPluginFailure(stage.plugin)
-                connection.logger.warning("plugin \(stage.plugin) failed on an event: \(error)")
+                connection.pluginFailed(stage.plugin, "on an event: \(error)")
                 if event.isEnd { continue }  // an end always goes out: the stream must end
                 connection.core.countDrop("plugin")
                 return nil
