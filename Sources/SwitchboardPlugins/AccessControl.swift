@@ -106,8 +106,8 @@ public struct AccessRules: Codable, Sendable, Equatable {
 /// a refusal is ERROR `forbidden` and the connection stays open. Deny wins over allow. A `cancel` is
 /// always allowed (it only stops the client's own stream).
 ///
-/// Rights are looked up once per connection and configuration generation, and the last decision is
-/// kept per connection, so a client that keeps calling one channel pays two comparisons per request.
+/// Rights are looked up once per connection and configuration generation; as a gate, its verdict on a
+/// channel is kept per connection until a HELLO or a reload, so a repeated call costs no check at all.
 public struct AccessControl: Plugin {
     public let name = "access"
     let settings: LiveSettings
@@ -154,49 +154,37 @@ public struct AccessControl: Plugin {
         }
     }
 
-    /// One connection's rights, for one HELLO and configuration generation, and its last decision.
-    /// Immutable: a new one replaces it when any of that changes, so that reading it is the only
-    /// access per request (and needs no run-time exclusivity check).
+    /// One connection's rights, for one HELLO and configuration generation.
     final class ConnectionState {
         let generation: Int
         /// The connection's ``ConnectionContext/helloCount`` the rights were looked up for.
         let helloCount: Int
         /// nil: the section was removed by a reload (everything passes).
         let rights: Compiled?
-        /// Whether the last request was permitted.
-        let last: LastVerdict<Bool>?
 
-        init(generation: Int, helloCount: Int, rights: Compiled?, last: LastVerdict<Bool>? = nil) {
+        init(generation: Int, helloCount: Int, rights: Compiled?) {
             self.generation = generation
             self.helloCount = helloCount
             self.rights = rights
-            self.last = last
         }
     }
 
     struct Check: InboundGate {
         let settings: LiveSettings
 
-        func admit(_ context: ConnectionContext, channel: String, kind: InboundKind) -> Rejection? {
+        var epoch: VerdictEpoch? { settings.epoch }
+
+        func judge(_ context: ConnectionContext, channel: String, kind: InboundKind) -> GateVerdict {
             let generation = settings.generation
             var state = context.state(ConnectionState.self)
             if state == nil || state?.generation != generation || state?.helloCount != context.helloCount {
                 state = ConnectionState(generation: generation, helloCount: context.helloCount, rights: rights(of: context))
                 state.map(context.keep)
             }
-            guard let state, let rights = state.rights else { return nil }
-            let permitted: Bool
-            if let last = state.last?.value(for: channel, kind) {
-                permitted = last
-            } else {
-                permitted = rights.permits(kind, channel)
-                context.keep(ConnectionState(generation: generation, helloCount: state.helloCount, rights: rights,
-                                             last: LastVerdict(channel: channel, kind: kind, value: permitted)))
-            }
-            if permitted { return nil }
+            guard let rights = state?.rights, !rights.permits(kind, channel) else { return .admit }
             let who = context.identity.map { "user \($0)" } ?? "anonymous connections"
             let right = kind == .message ? "send" : kind.rawValue
-            return .forbidden("\(who) may not \(right) on \(channel)")
+            return .refuse(.forbidden("\(who) may not \(right) on \(channel)"))
         }
 
         private func rights(of context: ConnectionContext) -> Compiled? {

@@ -159,19 +159,6 @@ private struct AnyKey: CodingKey {
     init?(intValue: Int) { nil }
 }
 
-/// A gate's last verdict on a connection: for which channel and kind, and what it was. Most connections
-/// keep calling one channel, so a gate asked again about the same channel and kind reuses it.
-struct LastVerdict<Value> {
-    let channel: String
-    let kind: InboundKind
-    let value: Value
-
-    /// The verdict, if it was about this channel and kind.
-    func value(for channel: String, _ kind: InboundKind) -> Value? {
-        kind == self.kind && channel == self.channel ? value : nil
-    }
-}
-
 /// A value made from the settings of one generation, made again when they change: plugins read their
 /// settings through it, so a request costs an atomic load and a lock, not a copy of the configuration.
 final class GenerationCache<Value: Sendable>: Sendable {
@@ -193,23 +180,24 @@ final class GenerationCache<Value: Sendable>: Sendable {
     }
 }
 
-/// The configuration the plugins read, replaced as a whole by a reload. A generation number, read
-/// without a lock, tells a connection's cached decisions that they are stale.
+/// The configuration the plugins read, replaced as a whole by a reload. Its epoch, read without a lock,
+/// tells the verdicts and state kept per connection that they are stale.
 public final class LiveSettings: Sendable {
     private let state: Mutex<PluginConfiguration>
-    private let generationCounter = Atomic<Int>(0)
+    /// Advances with every ``replace(with:)``.
+    public let epoch = VerdictEpoch()
 
     public init(_ configuration: PluginConfiguration) { state = Mutex(configuration) }
 
     /// The configuration in force.
     public var current: PluginConfiguration { state.withLock { $0 } }
     /// Changes with every ``replace(with:)``.
-    public var generation: Int { generationCounter.load(ordering: .acquiring) }
+    public var generation: Int { epoch.value }
 
     /// Puts `configuration` in force for the next request.
     public func replace(with configuration: PluginConfiguration) {
         state.withLock { $0 = configuration }
-        generationCounter.add(1, ordering: .releasing)
+        epoch.advance()
     }
 
     /// Loads the file at `path` again: a valid file replaces the settings; an invalid one is logged

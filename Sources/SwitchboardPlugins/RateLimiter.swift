@@ -71,6 +71,7 @@ final class TokenBucket {
 
     /// 0 when a token is there (refilled up to `now`, in milliseconds), without taking it; else the
     /// milliseconds until there will be one.
+    @inline(__always)
     func wait(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
         refill(limit, now: now)
         // A hair below one: a retry exactly `retryAfterMs` later must not fall short by a rounding error.
@@ -78,6 +79,7 @@ final class TokenBucket {
     }
 
     /// Takes a token if there is one; else returns the milliseconds until there will be.
+    @inline(__always)
     func take(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
         let wait = wait(limit, now: now)
         if wait == 0 { tokens -= 1 }
@@ -129,40 +131,92 @@ public struct RateLimiter: Plugin {
         }
     }
 
-    /// The per-user buckets, shared by every loop: one lock per identified request.
+    /// The per-user buckets, shared by every loop.
     final class UserBuckets: Sendable {
         struct Key: Hashable { let user: String; let rule: Int }
-        private let state = Mutex<(generation: Int, buckets: [Key: TokenBucket])>((-1, [:]))
+        private let state = Mutex<(generation: Int, buckets: [Key: UserBucket])>((-1, [:]))
 
-        /// Takes a token from the user's bucket (`taking`), or only says how long until there is one.
-        func wait(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64, taking: Bool) -> Int {
+        /// The user's bucket for rule `rule` of generation `generation`.
+        func bucket(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64) -> UserBucket {
             state.withLock { state in
                 // New rules, new buckets; a loop still on the older rules (mid-reload) does not reset them.
                 if generation > state.generation { state = (generation, [:]) }
                 let key = Key(user: user, rule: rule)
-                let bucket = state.buckets[key] ?? TokenBucket(limit, now: now)
+                if let bucket = state.buckets[key] { return bucket }
+                let bucket = UserBucket(limit, now: now)
                 state.buckets[key] = bucket
-                return taking ? bucket.take(limit, now: now) : bucket.wait(limit, now: now)
+                return bucket
             }
         }
     }
 
-    /// One connection's buckets, for one configuration generation (a reload makes new ones), and the
-    /// rule the last request matched. Immutable but for the buckets' numbers: a new one (sharing the
-    /// buckets) replaces it when the channel changes, so that reading it is the only access per request.
+    /// A bucket shared by a user's connections, on any loop: one lock per request.
+    final class UserBucket: Sendable {
+        private let bucket: Mutex<TokenBucket>
+
+        init(_ limit: RateLimitRule.Limit, now: UInt64) { bucket = Mutex(TokenBucket(limit, now: now)) }
+
+        /// Takes a token (`taking`), or only says how long until there is one.
+        func wait(_ limit: RateLimitRule.Limit, now: UInt64, taking: Bool) -> Int {
+            bucket.withLock { taking ? $0.take(limit, now: now) : $0.wait(limit, now: now) }
+        }
+    }
+
+    /// A rule's bucket for one connection, when the rule has no per-user limit or the connection no user.
+    final class ConnectionMeter: GateMeter {
+        let limit: RateLimitRule.Limit
+        let bucket: TokenBucket
+
+        init(limit: RateLimitRule.Limit, bucket: TokenBucket) {
+            self.limit = limit
+            self.bucket = bucket
+        }
+
+        func admit(now: UInt64) -> Rejection? {
+            let wait = bucket.take(limit, now: now)
+            return wait > 0 ? .rateLimited(retryAfterMs: wait) : nil
+        }
+    }
+
+    /// A rule's buckets for one user's connection: the user's, and the connection's if the rule has one.
+    /// A request refused by either takes a token from neither, and learns the longer wait.
+    final class UserMeter: GateMeter {
+        let connection: ConnectionMeter?
+        let userLimit: RateLimitRule.Limit
+        let userBucket: UserBucket
+
+        init(connection: ConnectionMeter?, userLimit: RateLimitRule.Limit, userBucket: UserBucket) {
+            self.connection = connection
+            self.userLimit = userLimit
+            self.userBucket = userBucket
+        }
+
+        func admit(now: UInt64) -> Rejection? {
+            let connectionWait = connection.map { $0.bucket.wait($0.limit, now: now) } ?? 0
+            let userWait = userBucket.wait(userLimit, now: now, taking: connectionWait == 0)
+            if connectionWait > 0 || userWait > 0 { return .rateLimited(retryAfterMs: max(connectionWait, userWait)) }
+            if let connection { _ = connection.bucket.take(connection.limit, now: now) }
+            return nil
+        }
+    }
+
+    /// One connection's buckets, for one configuration generation (a reload makes new ones), and its
+    /// meters for one HELLO (a new identity keeps the connection's buckets, and takes its user's).
     final class ConnectionState {
         let generation: Int
+        let helloCount: Int
         let rules: [Rule]
         /// Per rule: nil when the rule has no per-connection limit.
-        let buckets: [TokenBucket?]
-        /// The rule the last request matched (nil: none).
-        let last: LastVerdict<Int?>?
+        let buckets: [ConnectionMeter?]
+        /// Per rule: nil when the rule limits nothing this connection does.
+        let meters: [(any GateMeter)?]
 
-        init(generation: Int, rules: [Rule], buckets: [TokenBucket?], last: LastVerdict<Int?>? = nil) {
+        init(generation: Int, helloCount: Int, rules: [Rule], buckets: [ConnectionMeter?], meters: [(any GateMeter)?]) {
             self.generation = generation
+            self.helloCount = helloCount
             self.rules = rules
             self.buckets = buckets
-            self.last = last
+            self.meters = meters
         }
     }
 
@@ -171,41 +225,36 @@ public struct RateLimiter: Plugin {
         let users: UserBuckets
         let rules: GenerationCache<[Rule]>
 
-        func admit(_ context: ConnectionContext, channel: String, kind: InboundKind) -> Rejection? {
+        var epoch: VerdictEpoch? { settings.epoch }
+
+        func judge(_ context: ConnectionContext, channel: String, kind: InboundKind) -> GateVerdict {
+            let state = self.state(of: context)
+            guard let index = state.rules.firstIndex(where: { $0.matches(channel, kind) }),
+                  let meter = state.meters[index] else { return .admit }
+            return .meter(meter)
+        }
+
+        /// The connection's buckets and meters for the settings and HELLO in force.
+        private func state(of context: ConnectionContext) -> ConnectionState {
+            let kept = context.state(ConnectionState.self)
+            if let kept, kept.generation == settings.generation, kept.helloCount == context.helloCount { return kept }
             let now = context.now
-            var state: ConnectionState
-            if let kept = context.state(ConnectionState.self), kept.generation == settings.generation {
-                state = kept
+            let (generation, rules): (Int, [Rule])
+            let buckets: [ConnectionMeter?]
+            if let kept, kept.generation == settings.generation {
+                (generation, rules, buckets) = (kept.generation, kept.rules, kept.buckets)
             } else {
-                let (generation, rules) = rules.snapshot(settings) { ($0.rateLimits ?? []).map(Rule.init) }
-                state = ConnectionState(generation: generation, rules: rules,
-                                        buckets: rules.map { rule in rule.perConnection.map { TokenBucket($0, now: now) } })
+                (generation, rules) = self.rules.snapshot(settings) { ($0.rateLimits ?? []).map(Rule.init) }
+                buckets = rules.map { rule in rule.perConnection.map { ConnectionMeter(limit: $0, bucket: TokenBucket($0, now: now)) } }
             }
-            let index: Int?
-            if let last = state.last?.value(for: channel, kind) {
-                index = last
-            } else {
-                index = state.rules.firstIndex { $0.matches(channel, kind) }
-                state = ConnectionState(generation: state.generation, rules: state.rules, buckets: state.buckets,
-                                        last: LastVerdict(channel: channel, kind: kind, value: index))
-                context.keep(state)
+            let meters = rules.indices.map { index -> (any GateMeter)? in
+                guard let user = context.identity, let userLimit = rules[index].perUser else { return buckets[index] }
+                let userBucket = users.bucket(user: user, rule: index, limit: userLimit, generation: generation, now: now)
+                return UserMeter(connection: buckets[index], userLimit: userLimit, userBucket: userBucket)
             }
-            guard let index else { return nil }
-            let rule = state.rules[index]
-            let bucket = state.buckets[index]
-            guard let userLimit = rule.perUser, let user = context.identity else {
-                // One bucket: take its token, or say how long until there is one.
-                guard let bucket, let limit = rule.perConnection else { return nil }
-                let wait = bucket.take(limit, now: now)
-                return wait > 0 ? .rateLimited(retryAfterMs: wait) : nil
-            }
-            // Two buckets: a request refused by either takes a token from neither, and learns the longer wait.
-            let connectionWait = bucket.flatMap { bucket in rule.perConnection.map { bucket.wait($0, now: now) } } ?? 0
-            let userWait = users.wait(user: user, rule: index, limit: userLimit, generation: state.generation, now: now,
-                                      taking: connectionWait == 0)
-            if connectionWait > 0 || userWait > 0 { return .rateLimited(retryAfterMs: max(connectionWait, userWait)) }
-            if let bucket, let limit = rule.perConnection { _ = bucket.take(limit, now: now) }
-            return nil
+            let state = ConnectionState(generation: generation, helloCount: context.helloCount, rules: rules, buckets: buckets, meters: meters)
+            context.keep(state)
+            return state
         }
     }
 }

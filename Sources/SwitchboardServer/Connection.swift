@@ -107,6 +107,11 @@ final class Connection {
     /// The same stages as gates, when all are and no stage sees answers: binary calls and sends are then
     /// judged by ``admit(_:_:through:)`` and go on as without plugins, rather than take the whole pipeline.
     let gates: [Pipeline.Stage<any InboundGate, InboundKind>]?
+    /// ``Pipeline/gateEpoch``.
+    let gateEpoch: VerdictEpoch
+    /// The gates' verdicts on the last channel and kind judged by ``admit(_:_:through:)``; a HELLO
+    /// forgets them.
+    var gateMemo: GateMemo?
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -124,6 +129,7 @@ final class Connection {
         tracesRequests = core.pipeline.seesAnswers
         inboundStages = core.pipeline.inbound
         gates = core.pipeline.seesAnswers ? nil : core.pipeline.gates
+        gateEpoch = core.pipeline.gateEpoch
         pluginContext = hasPlugins ? ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop) : nil
     }
 
@@ -302,6 +308,7 @@ final class Connection {
         case .identity(let identity): context.authenticated(as: identity)
         case .pass: context.authenticated(as: nil)
         }
+        gateMemo = nil  // the verdicts were for the identity before
         context.clientName = client
         return true
     }
@@ -427,16 +434,6 @@ final class Connection {
         }
     }
 
-    /// Runs a request through the gates: nil if all admit it, else the first refusal (counted).
-    private func admit(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> WireError? {
-        let context = context
-        for gate in gates where gate.sees(channel, kind) {
-            guard let refusal = gate.processor.admit(context, channel: channel, kind: kind) else { continue }
-            core.countRejection(by: gate.plugin, code: refusal.code)
-            return refusal.error
-        }
-        return nil
-    }
 
     /// A holder's event on its own event channel (a MESSAGE with id 0): an event, not a request.
     private func isHolderEvent(_ frame: FrameDecoder.View) -> Bool {

@@ -11,7 +11,7 @@ final class Pipeline {
         let plugin: String
         let processor: Processor
         let scope: Scope<Kind>
-        /// The processor as a gate, if it is one (the pipeline then calls its `admit`).
+        /// The processor as a gate, if it is one (the pipeline then asks its `judge`).
         let gate: (any InboundGate)?
         /// The scope's kinds as bits, and whether it covers every channel: per request, ``sees(_:_:)``
         /// reads these rather than copying the scope.
@@ -39,6 +39,10 @@ final class Pipeline {
     private(set) var outbound: [Stage<any OutboundProcessor, OutboundKind>] = []
     /// The inbound stages as gates, when every one is a gate (see ``InboundGate``); else nil.
     private(set) var gates: [Stage<any InboundGate, InboundKind>]?
+    /// Advances whenever any gate's epoch does: a connection's kept verdicts hold while it stands still.
+    let gateEpoch = VerdictEpoch()
+    /// The gates' epochs that lead ``gateEpoch``.
+    private var gateEpochs: [ObjectIdentifier] = []
     /// Requests go through the plugins (the gates, or ``Connection/runInbound(message:)`` and its kin):
     /// some stage sees them on the way in, or sees their answers on the way out.
     private(set) var seesRequests = false
@@ -56,6 +60,10 @@ final class Pipeline {
             (stage.processor as? any InboundGate).map { Stage(plugin: stage.plugin, processor: $0, scope: stage.scope) }
         }
         gates = asGates.count == inbound.count ? asGates : nil
+        for epoch in inbound.compactMap({ $0.gate?.epoch }) where !gateEpochs.contains(ObjectIdentifier(epoch)) {
+            gateEpochs.append(ObjectIdentifier(epoch))
+            epoch.lead(gateEpoch)
+        }
         seesAnswers = outbound.contains { $0.scope.seesAny(of: [.reply, .error]) }
         seesRequests = !inbound.isEmpty || seesAnswers
         seesEvents = outbound.contains { $0.scope.seesAny(of: [.event, .endOfStream]) }
@@ -259,7 +267,8 @@ extension Connection {
             let decision: InboundDecision
             do {
                 if let gate = stage.gate {
-                    decision = gate.admit(request.connection, channel: request.channel, kind: request.kind).map { .reject($0) } ?? .next
+                    decision = gate.judge(request.connection, channel: request.channel, kind: request.kind)
+                        .admit(now: request.connection.now).map { .reject($0) } ?? .next
                 } else {
                     decision = try stage.processor.process(&request)
                 }
@@ -519,5 +528,89 @@ extension EventStream {
         case .end, .notImplemented, .bytes(nil): event.content
         }
         return OutboundEvent(channel: message.channel, content: event.isEnd ? .end : changed, codec: event.codec)
+    }
+}
+
+/// The gates' verdicts on a connection's last gated channel and kind, kept while the pipeline's
+/// ``Pipeline/gateEpoch`` stands still and no HELLO comes (see ``InboundGate``). Immutable: replaced
+/// whole when any of that changes.
+final class GateMemo {
+    /// A gate that decides each request.
+    struct Metered {
+        let plugin: String
+        let meter: any GateMeter
+    }
+
+    let channel: String
+    let kind: InboundKind
+    /// ``Pipeline/gateEpoch`` when judged.
+    let epoch: Int
+    /// The first gate asked per request (most often the only one) and its plugin, then the others.
+    let meter: (any GateMeter)?, meterPlugin: String, moreMeters: [Metered]
+    /// The gate that refuses every such request, after the meters before it admitted it; nil for none.
+    let refusal: (plugin: String, rejection: Rejection)?
+
+    init(channel: String, kind: InboundKind, epoch: Int, meters: [Metered], refusal: (plugin: String, rejection: Rejection)?) {
+        self.channel = channel
+        self.kind = kind
+        self.epoch = epoch
+        meter = meters.first?.meter
+        meterPlugin = meters.first?.plugin ?? ""
+        moreMeters = Array(meters.dropFirst())
+        self.refusal = refusal
+    }
+
+    /// The first refusal of a request the verdicts hold for, with the refusing plugin.
+    @inline(__always)
+    func admit(now: UInt64) -> (plugin: String, rejection: Rejection)? {
+        guard let meter else { return refusal }
+        if let rejection = meter.admit(now: now) { return (meterPlugin, rejection) }
+        if moreMeters.isEmpty { return refusal }
+        for metered in moreMeters {
+            if let rejection = metered.meter.admit(now: now) { return (metered.plugin, rejection) }
+        }
+        return refusal
+    }
+}
+
+extension Connection {
+    /// Runs a binary call or send through the gates, with the verdicts kept for its channel and kind
+    /// when they still hold: nil if all admit it, else the first refusal (counted).
+    func admit(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> WireError? {
+        let memo = verdicts(on: channel, kind, through: gates)
+        guard let (plugin, rejection) = memo.admit(now: core.eventLoop.now) else { return nil }
+        return refuse(rejection, by: plugin)
+    }
+
+    @inline(never)
+    private func refuse(_ rejection: Rejection, by plugin: String) -> WireError {
+        core.countRejection(by: plugin, code: rejection.code)
+        return rejection.error
+    }
+
+    /// The kept verdicts if they still hold for `kind` requests on `channel`; else the gates' new ones.
+    private func verdicts(on channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> GateMemo {
+        let epoch = gateEpoch.value
+        if let kept = gateMemo, kept.kind == kind, kept.epoch == epoch, kept.channel == channel { return kept }
+        let memo = judge(channel, kind, through: gates, epoch: epoch)
+        gateMemo = memo
+        return memo
+    }
+
+    /// Asks each gate that sees `kind` requests on `channel` for its verdict, up to the first refusal.
+    @inline(never)  // once per connection and channel: out of the per-request path
+    private func judge(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>],
+                       epoch: Int) -> GateMemo {
+        var meters: [GateMemo.Metered] = []
+        var refusal: (plugin: String, rejection: Rejection)?
+        for gate in gates where gate.sees(channel, kind) {
+            switch gate.processor.judge(context, channel: channel, kind: kind) {
+            case .admit: continue
+            case .meter(let meter): meters.append(GateMemo.Metered(plugin: gate.plugin, meter: meter))
+            case .refuse(let rejection): refusal = (gate.plugin, rejection)
+            }
+            if refusal != nil { break }
+        }
+        return GateMemo(channel: channel, kind: kind, epoch: epoch, meters: meters, refusal: refusal)
     }
 }

@@ -430,19 +430,79 @@ extension InboundProcessor {
     public var scope: Scope<InboundKind> { Scope() }
 }
 
-/// An inbound processor that decides from the connection, the channel and the kind alone: it admits a
-/// request or refuses it, and never rewrites, answers or waits. Access control and rate limits are
-/// gates. When every inbound stage is one and no outbound stage sees answers, binary calls and sends,
-/// the common requests, are judged without building an ``InboundRequest`` or reading their method or
-/// payload. The pipeline always calls ``admit(_:channel:kind:)``, never `process`.
+/// An inbound processor whose verdict depends only on the connection's identity, the channel, the kind
+/// and settings whose changes its ``epoch`` marks: it admits or refuses, and never rewrites, answers or
+/// waits. Access control and rate limits are gates.
+///
+/// A gate is judged once per connection, channel and kind: the pipeline keeps the verdict until a HELLO
+/// or the epoch changes it. What must still be decided per request (taking a token from a bucket) is
+/// the ``GateMeter`` a verdict names. When every inbound stage is a gate and no outbound stage sees
+/// answers, binary calls and sends, the common requests, are judged this way without building an
+/// ``InboundRequest``; other requests are judged afresh each time. The pipeline never calls `process`.
 public protocol InboundGate: InboundProcessor {
-    /// nil admits the request; a rejection refuses it.
-    func admit(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> Rejection?
+    /// Advances whenever something the verdicts depend on changes, other than the identity; nil when
+    /// nothing does.
+    var epoch: VerdictEpoch? { get }
+    /// The verdict on `kind` requests to `channel` from `connection`.
+    func judge(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> GateVerdict
 }
 
 extension InboundGate {
+    public var epoch: VerdictEpoch? { nil }
+
     public func process(_ request: inout InboundRequest) throws -> InboundDecision {
-        admit(request.connection, channel: request.channel, kind: request.kind).map { .reject($0) } ?? .next
+        judge(request.connection, channel: request.channel, kind: request.kind)
+            .admit(now: request.connection.now).map { .reject($0) } ?? .next
+    }
+}
+
+/// A gate's verdict on a connection, channel and kind.
+public enum GateVerdict {
+    /// Every such request may pass.
+    case admit
+    /// Every such request is refused.
+    case refuse(Rejection)
+    /// The meter decides each such request.
+    case meter(any GateMeter)
+
+    /// One request's fate: nil lets it through.
+    func admit(now: UInt64) -> Rejection? {
+        switch self {
+        case .admit: nil
+        case .refuse(let rejection): rejection
+        case .meter(let meter): meter.admit(now: now)
+        }
+    }
+}
+
+/// Decides each request on a channel a gate admitted: one connection's token bucket, say. It belongs to
+/// its connection's loop.
+public protocol GateMeter: AnyObject {
+    /// nil lets the request through; else it is refused. `now` is the loop's clock in milliseconds.
+    func admit(now: UInt64) -> Rejection?
+}
+
+/// A number that advances whenever a gate's settings change (a reload), so that the verdicts kept for
+/// every connection are judged again. Gates that share settings share one.
+public final class VerdictEpoch: Sendable {
+    private let counter = Atomic<Int>(0)
+    /// Epochs that advance with this one (the pipeline's, which stands for all of its gates').
+    private let followers = Mutex<[VerdictEpoch]>([])
+
+    public init() {}
+
+    /// The current value.
+    public var value: Int { counter.load(ordering: .acquiring) }
+
+    /// Marks every kept verdict stale.
+    public func advance() {
+        counter.add(1, ordering: .releasing)
+        for follower in followers.withLock({ $0 }) { follower.advance() }
+    }
+
+    /// Makes `follower` advance whenever this epoch does.
+    func lead(_ follower: VerdictEpoch) {
+        followers.withLock { $0.append(follower) }
     }
 }
 

@@ -342,6 +342,69 @@ struct GateTests {
         operator_.send(hello(token: "ops", id: 99))
         #expect(try operator_.stats(on: embedded)["plugins"]?["access"]?["rejected"]?["forbidden"] == 5)  // id 0's too
     }
+    /// A gate that counts its judgments: echo is metered (two calls per meter), stats refused, the rest
+    /// admitted.
+    struct CountingGate: InboundGate {
+        final class Counts: Sendable {
+            let judged = Atomic<Int>(0)
+        }
+        final class Quota: GateMeter {
+            var left = 2
+            func admit(now: UInt64) -> Rejection? {
+                left -= 1
+                return left >= 0 ? nil : Rejection(code: "quota", message: "no calls left")
+            }
+        }
+        let counts: Counts
+        let epoch: VerdictEpoch?
+
+        func judge(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> GateVerdict {
+            counts.judged.add(1, ordering: .relaxed)
+            switch channel {
+            case "switchboard/echo": return .meter(Quota())
+            case "switchboard/stats": return .refuse(.forbidden("no stats"))
+            default: return .admit
+            }
+        }
+    }
+
+    struct CountingPlugin: Plugin {
+        let name = "counting"
+        let gate: CountingGate
+        var inbound: [any InboundProcessor] { [gate] }
+    }
+
+    @Test("a gate is judged once per channel and kind; its meter per request; a reload or a HELLO judges again")
+    func verdictsKept() throws {
+        let counts = CountingGate.Counts(), epoch = VerdictEpoch()
+        let embedded = try EmbeddedServer(plugins: [CountingPlugin(gate: CountingGate(counts: counts, epoch: epoch))])
+        let client = embedded.connect()
+        func calls(_ channel: String, _ ids: ClosedRange<UInt32>) throws -> [String?] {
+            for id in ids { client.send(try .call(id, channel, "echo", 1)) }
+            embedded.run()
+            return try client.frames().map(\.errorCode)
+        }
+        #expect(try calls("switchboard/echo", 1...3) == [nil, nil, "quota"])  // one meter for all three
+        #expect(counts.judged.load(ordering: .relaxed) == 1)
+        #expect(try calls("switchboard/stats", 4...5) == ["forbidden", "forbidden"])
+        #expect(counts.judged.load(ordering: .relaxed) == 2)
+        #expect(try calls("switchboard/echo", 6...7) == [nil, nil])  // judged again: a new meter
+        #expect(counts.judged.load(ordering: .relaxed) == 3)
+        epoch.advance()  // a reload
+        #expect(try calls("switchboard/echo", 8...9) == [nil, nil])
+        #expect(counts.judged.load(ordering: .relaxed) == 4)
+        client.send(Frame(.hello, id: 10, payload: Array(#"{"version":1}"#.utf8)))
+        embedded.run()
+        _ = try client.frames()
+        #expect(try calls("switchboard/echo", 11...11) == [nil])
+        #expect(counts.judged.load(ordering: .relaxed) == 5)
+        let text = embedded.connect()  // text mode takes the whole pipeline: judged per request
+        text.send(line: #"{"id":1,"call":"switchboard/echo","method":"echo","args":1}"#)
+        text.send(line: #"{"id":2,"call":"switchboard/echo","method":"echo","args":1}"#)
+        embedded.run()
+        #expect(try text.lines().map { $0["result"] } == [1, 1])
+        #expect(counts.judged.load(ordering: .relaxed) == 7)
+    }
 }
 
 @Suite("Plugins: access control corners")
