@@ -12,6 +12,7 @@ let package = Package(
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .library(name: "SwitchboardPlugins", targets: ["SwitchboardPlugins"]),
+        .library(name: "SwitchboardCluster", targets: ["SwitchboardCluster"]),
         .library(name: "SwitchboardTesting", targets: ["SwitchboardTesting"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
         .executable(name: "broker-example", targets: ["BrokerExample"]),
@@ -54,6 +55,11 @@ let package = Package(
             swiftSettings: safeSettings
         ),
         .target(
+            name: "SwitchboardCluster",
+            dependencies: ["SwitchboardTransport", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: safeSettings
+        ),
+        .target(
             name: "SwitchboardClient",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport",
@@ -85,6 +91,10 @@ let package = Package(
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
+        ),
+        .testTarget(
+            name: "SwitchboardClusterTests",
+            dependencies: ["SwitchboardCluster", "SwitchboardTransport", .product(name: "Logging", package: "swift-log")]
         ),
         .testTarget(
             name: "SwitchboardServerTests",

@@ -98,6 +98,9 @@ public final class BeforeSleep: LoopResource {
         uv_unref(handle)  // never keeps the loop alive by itself
     }
 
+    /// Stops calling back, for good.
+    public func cancel() { close() }
+
     override func willClose() { callback = nil }
 }
 

@@ -1,0 +1,56 @@
+/// The message bus between Switchboard nodes: subjects, publish and subscribe, queue groups, and
+/// request and reply. ``NATSBus`` is the one there is; a second bus would implement the same protocol.
+///
+/// Loop thread only: every method is called, and every handler and completion runs, on the bus's loop.
+/// Delivery is at most once, as in NATS core: what is published while the bus is disconnected is
+/// dropped and counted in ``counters``.
+public protocol ClusterBus: AnyObject {
+    /// Sends `payload` (and `headers`) to every subscriber of `subject`, or to one per queue group.
+    func publish(_ subject: String, headers: [BusMessage.Header], payload: [UInt8])
+    /// Delivers every message on `subject` (NATS wildcards `*` and `>` allowed) to `handler`; members of
+    /// one `queue` group share the messages, each to one of them. Kept across reconnects.
+    func subscribe(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) -> BusSubscription
+    /// Stops a subscription.
+    func unsubscribe(_ subscription: BusSubscription)
+    /// Sends a request; `completion` runs exactly once, with the first reply or why there is none.
+    func request(_ subject: String, headers: [BusMessage.Header], payload: [UInt8], timeoutMs: UInt64,
+                 _ completion: @escaping (BusReply) -> Void)
+    /// Answers `request` (nothing happens if it wants no reply).
+    func reply(to request: BusMessage, headers: [BusMessage.Header], payload: [UInt8])
+    /// Whether the bus is connected now.
+    var isConnected: Bool { get }
+    /// What went through the bus so far.
+    var counters: BusCounters { get }
+}
+
+/// A subscription, to pass to ``ClusterBus/unsubscribe(_:)``.
+public struct BusSubscription: Hashable, Sendable {
+    let id: UInt64
+}
+
+/// The outcome of ``ClusterBus/request(_:headers:payload:timeoutMs:_:)``.
+public enum BusReply: Sendable, Equatable {
+    case reply(BusMessage)
+    /// Nobody subscribes to the subject (NATS answers this at once).
+    case noResponders
+    /// No reply within the time allowed.
+    case timedOut
+    /// The bus lost its connection (or was closed) before a reply came.
+    case disconnected
+}
+
+/// A bus's counters, for stats.
+public struct BusCounters: Sendable, Equatable {
+    /// Messages published, and their payload bytes.
+    public var messagesOut = 0, bytesOut = 0
+    /// Messages delivered to subscriptions, and their payload bytes.
+    public var messagesIn = 0, bytesIn = 0
+    /// Messages not published because the bus was disconnected or its send queue was full.
+    public var dropped = 0
+    /// Connections made after the first.
+    public var reconnects = 0
+    /// `-ERR` lines from the server (slow consumer, permissions, …), and how many said slow consumer.
+    public var serverErrors = 0, slowConsumer = 0
+
+    public init() {}
+}

@@ -1,0 +1,333 @@
+import Logging
+import SwitchboardTransport
+
+/// A ``ClusterBus`` over one connection to a NATS server, on a libuv loop.
+///
+/// It connects to the listed servers in turn, with a backoff that doubles from `reconnectDelayMs` up to
+/// `maxReconnectDelayMs` and starts again after a good connection. Each (re)connection reads `INFO`,
+/// sends `CONNECT`, every subscription's `SUB`, then `PING`: the `PONG` marks it connected. A `PING`
+/// every `pingIntervalMs` that goes unanswered `maxPingsOut` times in a row marks the connection dead.
+/// Requests use one wildcard inbox subscription; a request open when the connection goes completes
+/// with `.disconnected`.
+public final class NATSBus: ClusterBus {
+    /// A server to connect to.
+    public struct Server: Sendable, Equatable, CustomStringConvertible {
+        public var host: String
+        public var port: Int
+
+        public init(host: String, port: Int) {
+            self.host = host
+            self.port = port
+        }
+
+        /// `nats://host:port`, `host:port` or `host` (port 4222).
+        public init?(url: String) {
+            var rest = Substring(url)
+            if rest.hasPrefix("nats://") { rest = rest.dropFirst("nats://".count) }
+            let parts = rest.split(separator: ":", omittingEmptySubsequences: false)
+            guard parts.count <= 2, let host = parts.first, !host.isEmpty else { return nil }
+            if parts.count == 2 {
+                guard let port = Int(parts[1]), (1...65_535).contains(port) else { return nil }
+                self.init(host: String(host), port: port)
+            } else {
+                self.init(host: String(host), port: 4222)
+            }
+        }
+
+        public var description: String { "nats://\(host):\(port)" }
+    }
+
+    public struct Options: Sendable {
+        public var servers: [Server]
+        /// The connection's name, as the NATS server shows it.
+        public var name: String
+        public var reconnectDelayMs: UInt64 = 50
+        public var maxReconnectDelayMs: UInt64 = 2000
+        public var pingIntervalMs: UInt64 = 2000
+        public var maxPingsOut = 2
+        /// Bytes waiting to be written past which a publish is dropped (and counted).
+        public var maxPendingBytes = 8 << 20
+
+        public init(servers: [Server], name: String) {
+            self.servers = servers
+            self.name = name
+        }
+    }
+
+    public private(set) var counters = BusCounters()
+    public var isConnected: Bool { phase == .connected }
+    /// Called on the loop when the bus connects (true) or loses its connection (false).
+    public var onConnectionChange: ((Bool) -> Void)?
+
+    private let loop: EventLoop
+    private let options: Options
+    private let logger: Logger
+    /// `handshaking`: waiting for INFO; `confirming`: CONNECT and the SUBs sent, waiting for the PONG.
+    private enum Phase { case idle, connecting, handshaking, confirming, connected, closed }
+    private var phase = Phase.idle
+    private var transport: (any Transport)?
+    /// Which connection attempt a transport's events belong to: a late event of an old one is ignored.
+    private var generation = 0
+    private var parser = NATSParser()
+    private var outbound: [UInt8] = []
+    private var flusher: BeforeSleep?
+    private let retryTimer: Timer
+    private let pingTimer: Timer
+    private var pingsOut = 0
+    private var serverIndex = 0
+    private var failedAttempts = 0
+    private var hasConnected = false
+
+    private struct Subscription {
+        let subject: String
+        let queue: String?
+        let handler: (BusMessage) -> Void
+    }
+    private var subscriptions: [UInt64: Subscription] = [:]
+    private var nextSid: UInt64 = 1
+
+    private struct PendingRequest {
+        let completion: (BusReply) -> Void
+        let timer: Timer
+    }
+    private let inbox: String
+    private var inboxSubscription: BusSubscription?
+    private var requests: [UInt64: PendingRequest] = [:]
+    private var nextRequest: UInt64 = 1
+
+    /// A bus on `loop` (loop thread only); ``start()`` connects it.
+    public init(loop: EventLoop, options: Options, logger: Logger) throws(UVError) {
+        precondition(!options.servers.isEmpty, "NATSBus needs at least one server")
+        self.loop = loop
+        self.options = options
+        var logger = logger
+        logger[metadataKey: "bus"] = "nats"
+        self.logger = logger
+        retryTimer = try Timer(loop: loop)
+        pingTimer = try Timer(loop: loop)
+        inbox = "_INBOX.\(UInt64.random(in: 1...UInt64.max)).\(EventLoop.nanoseconds())"
+    }
+
+    /// Connects, and keeps reconnecting until ``close()``.
+    public func start() {
+        guard phase == .idle else { return }
+        if flusher == nil { flusher = try? BeforeSleep(loop: loop) { [weak self] in self?.flush() } }
+        connect()
+    }
+
+    /// Disconnects for good: open requests complete with `.disconnected`.
+    public func close() {
+        phase = .closed
+        retryTimer.cancel()
+        pingTimer.cancel()
+        flusher?.cancel()
+        flusher = nil
+        dropConnection()
+        failRequests()
+    }
+
+    // MARK: ClusterBus
+
+    public func publish(_ subject: String, headers: [BusMessage.Header] = [], payload: [UInt8]) {
+        publish(subject, replyTo: nil, headers: headers, payload: payload)
+    }
+
+    public func subscribe(_ subject: String, queue: String? = nil, _ handler: @escaping (BusMessage) -> Void) -> BusSubscription {
+        let sid = nextSid
+        nextSid += 1
+        subscriptions[sid] = Subscription(subject: subject, queue: queue, handler: handler)
+        if phase == .connected || phase == .confirming { outbound += NATSCommand.subscribe(subject, queue: queue, sid: sid) }
+        return BusSubscription(id: sid)
+    }
+
+    public func unsubscribe(_ subscription: BusSubscription) {
+        guard subscriptions.removeValue(forKey: subscription.id) != nil else { return }
+        if phase == .connected || phase == .confirming { outbound += NATSCommand.unsubscribe(sid: subscription.id) }
+    }
+
+    public func request(_ subject: String, headers: [BusMessage.Header] = [], payload: [UInt8], timeoutMs: UInt64,
+                        _ completion: @escaping (BusReply) -> Void) {
+        guard phase == .connected else { return completion(.disconnected) }
+        if inboxSubscription == nil {
+            inboxSubscription = subscribe("\(inbox).*") { [weak self] message in self?.deliverReply(message) }
+        }
+        guard let timer = try? Timer(loop: loop) else { return completion(.disconnected) }
+        let token = nextRequest
+        nextRequest += 1
+        requests[token] = PendingRequest(completion: completion, timer: timer)
+        timer.start(after: timeoutMs) { [weak self] in self?.complete(token, .timedOut) }
+        publish(subject, replyTo: "\(inbox).\(token)", headers: headers, payload: payload)
+    }
+
+    public func reply(to request: BusMessage, headers: [BusMessage.Header] = [], payload: [UInt8]) {
+        guard let replyTo = request.replyTo else { return }
+        publish(replyTo, replyTo: nil, headers: headers, payload: payload)
+    }
+
+    // MARK: Connection
+
+    private func connect() {
+        guard phase != .closed else { return }
+        phase = .connecting
+        generation += 1
+        let attempt = generation
+        let server = options.servers[serverIndex % options.servers.count]
+        TCPConnection.connect(loop: loop, host: server.host, port: server.port) { [weak self] result in
+            guard let self, attempt == self.generation, self.phase == .connecting else {
+                if case .success(let connection) = result { connection.closeNow() }
+                return
+            }
+            switch result {
+            case .failure(let error):
+                self.logger.debug("cannot connect to \(server): \(error)")
+                self.serverIndex += 1
+                self.scheduleReconnect()
+            case .success(let connection):
+                self.phase = .handshaking
+                self.transport = connection
+                self.parser = NATSParser()
+                connection.start { [weak self] event in self?.handle(event, of: attempt) }
+            }
+        }
+    }
+
+    private func handle(_ event: TransportEvent, of attempt: Int) {
+        guard attempt == generation else { return }
+        switch event {
+        case .data(let bytes):
+            parser.feed(bytes)
+            do {
+                while let operation = try parser.next() {
+                    process(operation)
+                    guard attempt == generation else { return }  // the operation ended the connection
+                }
+            } catch {
+                logger.warning("protocol error from the NATS server: \(error)")
+                lost()
+            }
+        case .closed(let error):
+            logger.debug("NATS connection closed\(error.map { ": \($0)" } ?? "")")
+            lost()
+        case .drained:
+            break
+        }
+    }
+
+    private func process(_ operation: NATSInbound) {
+        switch operation {
+        case .info:
+            guard phase == .handshaking else { return }  // a later INFO (cluster changes) needs nothing
+            outbound += NATSCommand.connect(name: options.name)
+            for (sid, subscription) in subscriptions.sorted(by: { $0.key < $1.key }) {
+                outbound += NATSCommand.subscribe(subscription.subject, queue: subscription.queue, sid: sid)
+            }
+            outbound += NATSCommand.ping
+            phase = .confirming
+            flush()
+        case .pong:
+            pingsOut = 0
+            if phase == .confirming { didConnect() }
+        case .ping:
+            outbound += NATSCommand.pong
+        case .ok:
+            break
+        case .error(let text):
+            counters.serverErrors += 1
+            if text.lowercased().contains("slow consumer") { counters.slowConsumer += 1 }
+            logger.warning("NATS server error: \(text)")
+        case .message(let sid, let message):
+            guard let subscription = subscriptions[sid] else { return }  // unsubscribed meanwhile
+            counters.messagesIn += 1
+            counters.bytesIn += message.payload.count
+            subscription.handler(message)
+        }
+    }
+
+    private func didConnect() {
+        phase = .connected
+        failedAttempts = 0
+        if hasConnected { counters.reconnects += 1 }
+        hasConnected = true
+        logger.info("connected to \(options.servers[serverIndex % options.servers.count])")
+        pingTimer.start(after: options.pingIntervalMs, repeat: options.pingIntervalMs) { [weak self] in self?.ping() }
+        onConnectionChange?(true)
+    }
+
+    private func ping() {
+        guard phase == .connected else { return }
+        guard pingsOut < options.maxPingsOut else {
+            logger.warning("NATS server did not answer \(pingsOut) pings: reconnecting")
+            return lost()
+        }
+        pingsOut += 1
+        outbound += NATSCommand.ping
+    }
+
+    /// The connection failed or ended: requests fail, and the next server is tried after a delay.
+    private func lost() {
+        let wasConnected = phase == .connected
+        dropConnection()
+        failRequests()
+        if wasConnected { onConnectionChange?(false) }
+        guard phase != .closed else { return }
+        serverIndex += 1
+        scheduleReconnect()
+    }
+
+    private func dropConnection() {
+        generation += 1
+        pingTimer.stop()
+        pingsOut = 0
+        outbound.removeAll()
+        transport?.closeNow()
+        transport = nil
+        if phase != .closed { phase = .idle }
+    }
+
+    private func scheduleReconnect() {
+        guard phase != .closed else { return }
+        phase = .idle
+        let delay = min(options.maxReconnectDelayMs, options.reconnectDelayMs << min(failedAttempts, 16))
+        failedAttempts += 1
+        retryTimer.start(after: delay) { [weak self] in self?.connect() }
+    }
+
+    // MARK: Messages
+
+    private func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8]) {
+        guard phase == .connected, let transport,
+              transport.queuedBytes + outbound.count + payload.count <= options.maxPendingBytes else {
+            counters.dropped += 1
+            return
+        }
+        NATSCommand.publish(subject, replyTo: replyTo, headers: headers, payload: payload, into: &outbound)
+        counters.messagesOut += 1
+        counters.bytesOut += payload.count
+    }
+
+    /// Writes what was queued this loop turn, in one write.
+    private func flush() {
+        guard !outbound.isEmpty, let transport, transport.isOpen else { return }
+        transport.write(&outbound)
+    }
+
+    private func deliverReply(_ message: BusMessage) {
+        guard let token = message.subject.split(separator: ".").last.flatMap({ UInt64($0) }) else { return }
+        complete(token, message.status == 503 ? .noResponders : .reply(message))
+    }
+
+    private func complete(_ token: UInt64, _ reply: BusReply) {
+        guard let request = requests.removeValue(forKey: token) else { return }
+        request.timer.cancel()
+        request.completion(reply)
+    }
+
+    private func failRequests() {
+        let open = requests
+        requests = [:]
+        for (_, request) in open.sorted(by: { $0.key < $1.key }) {
+            request.timer.cancel()
+            request.completion(.disconnected)
+        }
+    }
+}

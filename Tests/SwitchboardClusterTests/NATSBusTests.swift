@@ -1,0 +1,194 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Logging
+import Testing
+import SwitchboardCluster
+import SwitchboardTransport
+
+/// A nats-server on a free loopback port, for as long as the value lives.
+final class NATSServerProcess {
+    /// The nats-server binary, if installed (`scripts/setup` installs Debian's).
+    static let path = ["/usr/bin/nats-server", "/usr/sbin/nats-server", "/usr/local/bin/nats-server"]
+        .first { FileManager.default.isExecutableFile(atPath: $0) }
+
+    let port: Int
+    private var process: Process?
+
+    init(port: Int? = nil) throws {
+        self.port = port ?? Self.freePort()
+        try start()
+    }
+
+    func start() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: try #require(Self.path))
+        process.arguments = ["-a", "127.0.0.1", "-p", "\(port)"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        self.process = process
+        for _ in 0..<200 where !Self.accepts(port) { usleep(10_000) }
+    }
+
+    func stop() {
+        process?.terminate()
+        process?.waitUntilExit()
+        process = nil
+    }
+
+    deinit { stop() }
+
+    static func freePort() -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    static func accepts(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(port).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+    }
+}
+
+/// One loop, driven by the test's thread, with buses on it.
+final class BusHarness {
+    let loop: EventLoop
+
+    init() throws { loop = try EventLoop() }
+
+    func bus(_ name: String, servers: [NATSBus.Server]) throws -> NATSBus {
+        var options = NATSBus.Options(servers: servers, name: name)
+        options.pingIntervalMs = 200
+        let bus = try NATSBus(loop: loop, options: options, logger: Logger(label: "test"))
+        bus.start()
+        return bus
+    }
+
+    /// Runs the loop until `condition` holds; false after `timeoutMs`.
+    @discardableResult
+    func run(until condition: () -> Bool, timeoutMs: Int = 5000) -> Bool {
+        let deadline = Date().addingTimeInterval(Double(timeoutMs) / 1000)
+        while !condition() {
+            if Date() > deadline { return false }
+            loop.runOnce()
+            usleep(500)
+        }
+        return true
+    }
+
+    func run(forMs ms: Int) {
+        let deadline = Date().addingTimeInterval(Double(ms) / 1000)
+        while Date() < deadline { loop.runOnce(); usleep(500) }
+    }
+
+    deinit { loop.finishDriving() }
+}
+
+@Suite("NATS bus against nats-server", .enabled(if: NATSServerProcess.path != nil,
+                                                  "NATS SERVER NOT INSTALLED: the cluster bus is NOT tested (scripts/setup installs it)"))
+struct NATSBusTests {
+    @Test("publish and subscribe, queue groups, unsubscribe")
+    func pubSub() throws {
+        let server = try NATSServerProcess()
+        let harness = try BusHarness()
+        let endpoint = NATSBus.Server(host: "127.0.0.1", port: server.port)
+        let a = try harness.bus("a", servers: [endpoint]), b = try harness.bus("b", servers: [endpoint])
+        var seen: [String] = [], queued: [String: Int] = [:]
+        let all = b.subscribe("room.*", queue: nil) { seen.append(String(decoding: $0.payload, as: UTF8.self)) }
+        _ = a.subscribe("work", queue: "q") { _ in queued["a", default: 0] += 1 }
+        _ = b.subscribe("work", queue: "q") { _ in queued["b", default: 0] += 1 }
+        #expect(harness.run { a.isConnected && b.isConnected })
+        harness.run(forMs: 50)  // both buses' SUBs have reached the server (each PONG confirmed its own)
+        for i in 0..<5 { a.publish("room.\(i)", headers: [], payload: Array("m\(i)".utf8)) }
+        for _ in 0..<40 { a.publish("work", headers: [], payload: []) }
+        #expect(harness.run { seen.count == 5 && queued.values.reduce(0, +) == 40 })
+        #expect(seen == ["m0", "m1", "m2", "m3", "m4"])  // in order per publisher
+        b.unsubscribe(all)
+        a.publish("room.9", headers: [], payload: [])
+        harness.run(forMs: 100)
+        #expect(seen.count == 5)
+        #expect(a.counters.messagesOut == 46 && b.counters.messagesIn >= 5)
+    }
+
+    @Test("request and reply; no responders answered fast; a timeout")
+    func requestReply() throws {
+        let server = try NATSServerProcess()
+        let harness = try BusHarness()
+        let endpoint = NATSBus.Server(host: "127.0.0.1", port: server.port)
+        let caller = try harness.bus("caller", servers: [endpoint]), holder = try harness.bus("holder", servers: [endpoint])
+        _ = holder.subscribe("svc.upper", queue: "holders") { request in
+            holder.reply(to: request, headers: [.init("Node", "holder")], payload: Array(String(decoding: request.payload, as: UTF8.self).uppercased().utf8))
+        }
+        _ = holder.subscribe("svc.silent", queue: nil) { _ in }
+        #expect(harness.run { caller.isConnected && holder.isConnected })
+        harness.run(forMs: 50)
+        var replies: [BusReply] = []
+        caller.request("svc.upper", headers: [], payload: Array("hi".utf8), timeoutMs: 2000) { replies.append($0) }
+        let start = Date()
+        caller.request("svc.nobody", headers: [], payload: [], timeoutMs: 2000) { replies.append($0) }
+        #expect(harness.run { replies.count == 2 })
+        #expect(Date().timeIntervalSince(start) < 1)  // no responders comes back at once, not at the timeout
+        guard case .reply(let reply)? = replies.first(where: { if case .reply = $0 { true } else { false } }) else {
+            Issue.record("no reply: \(replies)"); return
+        }
+        #expect(reply.payload == Array("HI".utf8) && reply.header("Node") == "holder")
+        #expect(replies.contains(.noResponders))
+        caller.request("svc.silent", headers: [], payload: [], timeoutMs: 100) { replies.append($0) }
+        #expect(harness.run { replies.count == 3 })
+        #expect(replies.last == .timedOut)
+    }
+
+    @Test("a nats-server restart: open requests fail, publishes meanwhile are dropped and counted, the bus reconnects and resubscribes")
+    func restart() throws {
+        let server = try NATSServerProcess()
+        let harness = try BusHarness()
+        let endpoint = NATSBus.Server(host: "127.0.0.1", port: server.port)
+        let a = try harness.bus("a", servers: [endpoint]), b = try harness.bus("b", servers: [endpoint])
+        var seen: [String] = []
+        _ = b.subscribe("news", queue: nil) { seen.append(String(decoding: $0.payload, as: UTF8.self)) }
+        _ = b.subscribe("svc.hang", queue: nil) { _ in }
+        var changes: [Bool] = []
+        a.onConnectionChange = { changes.append($0) }
+        #expect(harness.run { a.isConnected && b.isConnected })
+        harness.run(forMs: 50)
+        var outcome: BusReply?
+        a.request("svc.hang", headers: [], payload: [], timeoutMs: 10_000) { outcome = $0 }
+        harness.run(forMs: 50)
+        server.stop()
+        #expect(harness.run { !a.isConnected && !b.isConnected })
+        #expect(outcome == .disconnected)
+        a.publish("news", headers: [], payload: Array("lost".utf8))
+        #expect(a.counters.dropped == 1)
+        try server.start()
+        #expect(harness.run { a.isConnected && b.isConnected })
+        harness.run(forMs: 50)
+        a.publish("news", headers: [], payload: Array("after".utf8))
+        #expect(harness.run { seen == ["after"] })
+        #expect(a.counters.reconnects == 1 && b.counters.reconnects == 1)
+        #expect(changes == [true, false, true])
+    }
+
+    @Test("several servers: a bus whose first server is down connects to the next")
+    func failover() throws {
+        let server = try NATSServerProcess()
+        let harness = try BusHarness()
+        let down = NATSBus.Server(host: "127.0.0.1", port: NATSServerProcess.freePort())
+        let bus = try harness.bus("a", servers: [down, NATSBus.Server(host: "127.0.0.1", port: server.port)])
+        #expect(harness.run { bus.isConnected })
+    }
+}
