@@ -34,7 +34,7 @@ let package = Package(
         .target(name: "SwitchboardWire", dependencies: ["SwitchboardCodec"], swiftSettings: safeSettings),
         .systemLibrary(
             name: "COpenSSL",
-            pkgConfig: "libcrypto",
+            pkgConfig: "openssl",
             providers: [.apt(["libssl-dev"])]
         ),
         .target(name: "SwitchboardTransport", dependencies: ["CLibUV", "COpenSSL"]),
@@ -88,6 +88,7 @@ let package = Package(
             name: "SwitchboardClientTests",
             dependencies: [
                 "SwitchboardClient", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
+                "SwitchboardPlugins", "SwitchboardTransport",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]

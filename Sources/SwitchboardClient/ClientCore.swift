@@ -44,7 +44,7 @@ final class ClientCore {
     let config: ClientConfiguration
     let loop: EventLoop
     private let publishState: (ConnectionState) -> Void
-    private var transport: TCPConnection?
+    private var transport: (any Transport)?
     private var inbound = InboundBuffer()
     private var decoder = FrameDecoder(maxFrame: 1 << 30)
     private var outbound: [UInt8] = []
@@ -96,8 +96,19 @@ final class ClientCore {
         TCPConnection.connect(loop: loop, host: config.host, port: config.port) { [unowned self] result in
             switch result {
             case .failure(let error): connectionEnded("cannot connect to \(config.host):\(config.port): \(error)")
-            case .success(let transport):
-                guard !isClosing else { return transport.closeNow() }
+            case .success(let connection):
+                guard !isClosing else { return connection.closeNow() }
+                let transport: any Transport
+                if let tls = config.tls {
+                    do {
+                        transport = try TLSTransport(over: connection, context: tls, serverName: config.serverName ?? config.host, loop: loop)
+                    } catch {
+                        connection.closeNow()
+                        return connectionEnded("cannot start TLS: \(error)")
+                    }
+                } else {
+                    transport = connection
+                }
                 self.transport = transport
                 serverIsGoingAway = false
                 inbound.clear()
@@ -319,6 +330,9 @@ final class ClientCore {
         case .closed(let error):
             transport?.closeNow()
             connectionEnded(error.map { "connection lost: \($0)" } ?? "the server closed the connection")
+        case .failed(let failure):
+            transport?.closeNow()
+            connectionEnded(failure.message)
         case .drained: break
         }
     }

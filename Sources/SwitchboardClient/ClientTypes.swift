@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardTransport
 
 /// How a ``Client`` connects and behaves.
 public struct ClientConfiguration: Sendable {
@@ -14,6 +15,11 @@ public struct ClientConfiguration: Sendable {
     public var requestTimeout: Duration? = .seconds(30)
     /// Reconnection after a lost connection; nil = stay disconnected.
     public var reconnect: ReconnectPolicy? = ReconnectPolicy()
+    /// TLS to the server's TLS port: the CAs to trust, a certificate for mutual TLS; nil = plain TCP.
+    public var tls: TLSContext?
+    /// The name the server's certificate must carry (and SNI): a DNS name or an IP address; the host
+    /// when nil.
+    public var serverName: String?
 
     /// The defaults: 127.0.0.1:7420, 30 s calls, reconnecting.
     public init(host: String = "127.0.0.1", port: Int = 7420, token: String? = nil) {

@@ -208,6 +208,9 @@ public final class NATSBus: ClusterBus {
         case .closed(let error):
             logger.debug("NATS connection closed\(error.map { ": \($0)" } ?? "")")
             lost()
+        case .failed(let failure):
+            logger.warning("NATS connection failed: \(failure)")
+            lost()
         case .drained:
             break
         }

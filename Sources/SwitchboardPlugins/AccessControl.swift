@@ -24,23 +24,32 @@ public struct AccessRules: Codable, Sendable, Equatable {
         public var name: String
         /// The SHA-256 of the user's token, in hexadecimal (`printf %s TOKEN | sha256sum`): the file
         /// never holds the token itself.
-        public var tokenSha256: String
+        public var tokenSha256: String?
+        /// The subject of the user's TLS client certificate, as RFC 2253 text (`CN=alice,O=Example`;
+        /// `openssl x509 -noout -subject -nameopt RFC2253`), for servers that require client certificates.
+        public var certificateSubject: String?
         public var allow: Rights?
         public var deny: Rights?
 
-        public init(name: String, tokenSha256: String, allow: Rights? = nil, deny: Rights? = nil) {
+        public init(name: String, tokenSha256: String? = nil, certificateSubject: String? = nil, allow: Rights? = nil, deny: Rights? = nil) {
             self.name = name
             self.tokenSha256 = tokenSha256
+            self.certificateSubject = certificateSubject
             self.allow = allow
             self.deny = deny
         }
 
-        private enum CodingKeys: String, CodingKey, CaseIterable { case name, tokenSha256, allow, deny }
+        private enum CodingKeys: String, CodingKey, CaseIterable { case name, tokenSha256, certificateSubject, allow, deny }
         public init(from decoder: any Decoder) throws {
             try rejectUnknownKeys(decoder, CodingKeys.self)
             let c = try decoder.container(keyedBy: CodingKeys.self)
             name = try c.decode(String.self, forKey: .name)
-            tokenSha256 = try c.decode(String.self, forKey: .tokenSha256)
+            tokenSha256 = try c.decodeIfPresent(String.self, forKey: .tokenSha256)
+            certificateSubject = try c.decodeIfPresent(String.self, forKey: .certificateSubject)
+            guard tokenSha256 != nil || certificateSubject != nil else {
+                throw DecodingError.dataCorruptedError(forKey: .name, in: c,
+                                                       debugDescription: "user \(name) needs tokenSha256 or certificateSubject")
+            }
             allow = try c.decodeIfPresent(Rights.self, forKey: .allow)
             deny = try c.decodeIfPresent(Rights.self, forKey: .deny)
         }
@@ -117,17 +126,39 @@ public struct AccessControl: Plugin {
     public var inbound: [any InboundProcessor] { [Check(settings: settings)] }
 
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication {
-        guard let token = hello.token, let access = settings.current.access else { return .pass }
-        let hash = Digest.sha256Hex(Array(token.utf8))
-        guard let user = access.users?.first(where: { $0.tokenSha256.lowercased() == hash }) else { return .refuse }
-        connection.keep(Credential(tokenSha256: hash))  // a reload that changes the user's token revokes it
-        return .identity(user.name)
+        guard let access = settings.current.access else { return .pass }
+        if let token = hello.token {
+            let hash = Digest.sha256Hex(Array(token.utf8))
+            guard let user = access.users?.first(where: { $0.tokenSha256?.lowercased() == hash }) else { return .refuse }
+            connection.keep(Credential(tokenSha256: hash))  // a reload that changes the user's token revokes it
+            return .identity(user.name)
+        }
+        if let subject = hello.certificateSubject, let user = access.users?.first(where: { $0.certificateSubject == subject }) {
+            connection.keep(Credential(certificateSubject: subject))
+            return .identity(user.name)
+        }
+        connection.keep(Credential())  // anonymous (a certificate no user names is anonymous too)
+        return .pass
     }
 
-    /// The hash of the token a connection's HELLO presented.
+    /// What proved a connection's identity at its last HELLO: a token's hash, a certificate, or nothing.
     final class Credential {
-        let tokenSha256: String
-        init(tokenSha256: String) { self.tokenSha256 = tokenSha256 }
+        let tokenSha256: String?
+        let certificateSubject: String?
+
+        init(tokenSha256: String? = nil, certificateSubject: String? = nil) {
+            self.tokenSha256 = tokenSha256
+            self.certificateSubject = certificateSubject
+        }
+
+        /// Whether it still proves `user` (a reload may have changed the user's token or certificate).
+        func proves(_ user: AccessRules.User) -> Bool {
+            if let tokenSha256 { return user.tokenSha256?.lowercased() == tokenSha256 }
+            if let certificateSubject { return user.certificateSubject == certificateSubject }
+            return false
+        }
+
+        var isAnonymous: Bool { tokenSha256 == nil && certificateSubject == nil }
     }
 
     /// A client's rights, compiled: patterns per kind.
@@ -189,12 +220,12 @@ public struct AccessControl: Plugin {
 
         private func rights(of context: ConnectionContext) -> Compiled? {
             guard let access = settings.current.access else { return nil }
-            guard let identity = context.identity else {
+            let credential = context.state(Credential.self)
+            guard let credential, !credential.isAnonymous, let identity = context.identity else {
                 return Compiled(allow: access.anonymous?.allow, deny: access.anonymous?.deny,
                                 allowsByDefault: access.anonymous != nil)
             }
-            guard let user = access.users?.first(where: { $0.name == identity }),
-                  user.tokenSha256.lowercased() == context.state(Credential.self)?.tokenSha256 else {
+            guard let user = access.users?.first(where: { $0.name == identity }), credential.proves(user) else {
                 return Compiled(allow: nil, deny: nil, allowsByDefault: false)  // removed, or its token changed: no rights
             }
             return Compiled(allow: user.allow, deny: user.deny, allowsByDefault: true)

@@ -71,7 +71,7 @@ public struct PluginConfiguration: Codable, Sendable, Equatable {
             throw Invalid(description: "aliases: \"\(old)\" → \"\(new)\" must map a name to another name")
         }
         for (index, user) in (access?.users ?? []).enumerated() {
-            let hex = user.tokenSha256.lowercased()
+            guard let hex = user.tokenSha256?.lowercased() else { continue }  // a certificate user
             guard hex.count == 64, hex.allSatisfy({ $0.isHexDigit }) else {
                 throw Invalid(description: "access.users[\(index)] (\(user.name)): tokenSha256 must be 64 hexadecimal digits")
             }

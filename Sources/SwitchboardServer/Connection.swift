@@ -21,6 +21,20 @@ enum CloseReason: String {
     case ioError
     /// The peer half-closed and its open requests were not answered within the drain timeout.
     case peerGone
+    /// The TLS handshake failed (a plain-text client on the TLS port, an untrusted certificate).
+    case tlsHandshakeFailed
+    /// The TLS handshake did not finish in time.
+    case tlsHandshakeTimeout
+    /// A TLS error after the handshake, or a peer that stopped in the middle of a record.
+    case tlsError
+
+    init(_ failure: TransportFailure.Kind) {
+        switch failure {
+        case .tlsHandshakeFailed: self = .tlsHandshakeFailed
+        case .tlsHandshakeTimeout: self = .tlsHandshakeTimeout
+        case .tlsError: self = .tlsError
+        }
+    }
 }
 
 /// One client connection. Loop thread only: all of its state belongs to the loop.
@@ -112,6 +126,8 @@ final class Connection {
     /// The gates' verdicts on the last channel and kind judged by ``admit(_:_:through:)``; a HELLO
     /// forgets them.
     var gateMemo: GateMemo?
+    /// Whether the identity the transport proved (a TLS certificate) has been asked about.
+    private var hasIdentifiedPeer = false
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -149,6 +165,7 @@ final class Connection {
             guard !isClosing else { return }
             core.stats.bytesIn += bytes.count
             lastInbound = core.eventLoop.now
+            if hasPlugins, !hasIdentifiedPeer { identifyPeer() }
             processInput(bytes)
         case .closed where isClosing:
             close(.shutdown)  // a graceful close finished; its reason was counted when it began
@@ -164,6 +181,9 @@ final class Connection {
             closeIfPeerIsDone()
         case .drained:
             afterWrite()
+        case .failed(let failure):
+            logger.info("closing connection: \(failure)")
+            close(CloseReason(failure.kind))
         }
     }
 
@@ -299,14 +319,30 @@ final class Connection {
         }
     }
 
+    /// Before its first bytes: a client that proved who it is with a TLS certificate is that identity
+    /// from its first request, HELLO or not (a certificate the plugins refuse closes the connection).
+    @inline(never)
+    private func identifyPeer() {
+        hasIdentifiedPeer = true
+        guard transport.peerIdentity != nil else { return }
+        if !identify(token: nil, client: nil) { close(.unauthorized) }
+    }
+
     /// Asks the plugins who the HELLO's client is; false if one refuses it.
     @inline(never)
     private func identify(_ hello: ChannelValue) -> Bool {
-        let token = hello["token"]?.stringValue, client = hello["client"]?.stringValue
-        switch core.pipeline.authenticate(Hello(token: token, client: client), connection: context) {
+        identify(token: hello["token"]?.stringValue, client: hello["client"]?.stringValue)
+    }
+
+    /// Asks the plugins who the client is, from its HELLO and its TLS certificate; false if one refuses.
+    /// A verified certificate's subject is the identity when no plugin names another.
+    private func identify(token: String?, client: String?) -> Bool {
+        let certificate = transport.peerIdentity
+        let hello = Hello(token: token, client: client, certificateSubject: certificate)
+        switch core.pipeline.authenticate(hello, connection: context) {
         case .refuse: return false
         case .identity(let identity): context.authenticated(as: identity)
-        case .pass: context.authenticated(as: nil)
+        case .pass: context.authenticated(as: certificate)
         }
         gateMemo = nil  // the verdicts were for the identity before
         context.clientName = client

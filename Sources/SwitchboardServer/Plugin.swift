@@ -38,6 +38,9 @@ public struct Hello: Sendable {
     public let token: String?
     /// The `client` name, if any.
     public let client: String?
+    /// The subject of the client's TLS certificate (RFC 2253, such as `CN=alice,O=Example`), when it
+    /// presented one that the server verified (mutual TLS).
+    public let certificateSubject: String?
 }
 
 /// A plugin's verdict on a HELLO.

@@ -12,6 +12,7 @@ public final class Server: Sendable {
     let core: LoopBound<ServerCore>
     private let state = Mutex(RunState())
     private let boundPort = Atomic<Int>(0)
+    private let boundTLSPort = Atomic<Int>(0)
 
     private struct RunState {
         var isStopped = false
@@ -36,6 +37,8 @@ public final class Server: Sendable {
 
     /// The port it listens on, once running (useful with port 0).
     public var port: Int { boundPort.load(ordering: .acquiring) }
+    /// The TLS port it listens on, once running; 0 without TLS.
+    public var tlsPort: Int { boundTLSPort.load(ordering: .acquiring) }
 
     /// Runs `body` with the loop-owned core on the loop thread (queued until the loop runs).
     func onLoop(_ body: @escaping @Sendable (ServerCore) -> Void) { core.onLoop(body) }
@@ -58,8 +61,10 @@ public final class Server: Sendable {
     public func run(handlingSignals: Bool = false) throws(UVError) {
         let core = self.core.value
         boundPort.store(try core.bind(), ordering: .releasing)
+        boundTLSPort.store(core.tlsPort ?? 0, ordering: .releasing)
         if handlingSignals { try core.handleSignals() }
         core.logger.notice("listening on \(configuration.host):\(port)")
+        if let tlsPort = core.tlsPort { core.logger.notice("listening for TLS on \(configuration.host):\(tlsPort)") }
         core.eventLoop.run(beforeClosing: core.releaseAll)
         markStopped()
     }
@@ -69,6 +74,7 @@ public final class Server: Sendable {
     public func start() throws(UVError) -> Int {
         let port = try core.value.bind()
         boundPort.store(port, ordering: .releasing)
+        boundTLSPort.store(core.value.tlsPort ?? 0, ordering: .releasing)
         let core = self.core
         startThread { [self] in
             let owned = core.value

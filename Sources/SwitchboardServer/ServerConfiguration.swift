@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardTransport
 
 /// Everything a ``Server`` can be told at start-up. Times are in milliseconds.
 public struct ServerConfiguration: Sendable {
@@ -23,9 +24,27 @@ public struct ServerConfiguration: Sendable {
     /// may have in flight to the loop per channel (``EventChannel/broadcast(_:)``) or per listener
     /// (``EventSink``).
     public var eventQueueLimit = 1024
+    /// TLS on a port of its own, beside the plain port; nil = none.
+    public var tls: TLSSettings?
 
     /// The defaults of wire-v1.
     public init() {}
+}
+
+/// The server's TLS port (wire-v1 section 8): the same connections as on the plain port, inside TLS.
+public struct TLSSettings: Sendable {
+    /// The certificate, key and (for mutual TLS) client CAs.
+    public var context: TLSContext
+    /// Port to listen on; 0 picks a free one.
+    public var port: Int
+    /// How long a client has to finish the handshake.
+    public var handshakeTimeoutMs: UInt64
+
+    public init(context: TLSContext, port: Int = 7421, handshakeTimeoutMs: UInt64 = 10_000) {
+        self.context = context
+        self.port = port
+        self.handshakeTimeoutMs = handshakeTimeoutMs
+    }
 }
 
 /// Identifies one connected client for server-initiated calls and messages.

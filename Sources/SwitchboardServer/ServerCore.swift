@@ -57,6 +57,7 @@ final class ServerCore {
     private(set) var phase = Phase.running
     var isDraining: Bool { phase != .running }
     private var listener: TCPListener?
+    private var tlsListener: TCPListener?
     private var connections: [UInt64: Connection] = [:]
     private var closingConnections: [Connection] = []
     private var nextConnectionID: UInt64 = 0
@@ -98,8 +99,27 @@ final class ServerCore {
         }
         listener.onAcceptError = { [unowned self] error in acceptFailed(error) }
         self.listener = listener
+        if let tls = config.tls {
+            let tlsListener = try TCPListener(loop: eventLoop, host: config.host, port: tls.port) { [unowned self] transport in
+                acceptTLS(transport, tls)
+            }
+            tlsListener.onAcceptError = { [unowned self] error in acceptFailed(error) }
+            self.tlsListener = tlsListener
+        }
         try startPerTurnWork()
         return listener.port
+    }
+
+    /// The TLS port, once bound.
+    var tlsPort: Int? { tlsListener?.port }
+
+    private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings) {
+        do {
+            accept(try TLSTransport(over: transport, context: tls.context, loop: eventLoop, handshakeTimeoutMs: tls.handshakeTimeoutMs))
+        } catch {
+            logger.warning("cannot start TLS: \(error)")
+            transport.closeNow()
+        }
     }
 
     /// Starts the per-turn flush, the kick timer and the housekeeping timer.
@@ -390,6 +410,8 @@ final class ServerCore {
         logger.notice("shutting down: draining \(stats.repliesPending) in-flight requests")
         listener?.cancel()
         listener = nil
+        tlsListener?.cancel()
+        tlsListener = nil
         for connection in connections.values {
             if connection.isText {
                 TextMode.writeLine(.stringMap(["goaway": .stringMap(["reason": "server shutting down"])]), on: connection)
@@ -451,6 +473,7 @@ final class ServerCore {
         channels = [:]
         registrations = [:]
         listener = nil
+        tlsListener = nil
         beforeSleep = nil
         housekeeping = nil
         kick = nil

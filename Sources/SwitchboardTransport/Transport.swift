@@ -6,6 +6,30 @@ public enum TransportEvent {
     case closed(UVError?)
     /// Everything queued has been handed on (to the kernel, or to the layer below).
     case drained
+    /// A layer (TLS) gave up on the connection; the owner closes it.
+    case failed(TransportFailure)
+}
+
+/// Why a layered transport gave up on a connection.
+public struct TransportFailure: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Kind: String, Sendable {
+        /// The TLS handshake failed: a plain-text client, an untrusted or missing certificate, no common protocol.
+        case tlsHandshakeFailed
+        /// The TLS handshake did not finish in time.
+        case tlsHandshakeTimeout
+        /// A TLS error after the handshake, or a peer that stopped in the middle of a record.
+        case tlsError
+    }
+
+    public let kind: Kind
+    public let message: String
+
+    public init(kind: Kind, message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    public var description: String { "\(kind.rawValue): \(message)" }
 }
 
 /// The seam between a server or client connection and the bytes it travels on: TCP today, an
@@ -25,6 +49,8 @@ public protocol Transport: AnyObject {
     var isOpen: Bool { get }
     /// Who is at the other end, for logs and plugins: `host:port` for TCP.
     var remoteAddress: String { get }
+    /// Who the peer proved to be, if the transport verified it: a TLS client certificate's subject.
+    var peerIdentity: String? { get }
     /// Stops delivering `.data` until ``resumeReading()`` (the peer then fills its send buffer and waits).
     func pauseReading()
     /// Starts delivering `.data` again.
@@ -35,4 +61,8 @@ public protocol Transport: AnyObject {
     func closeAfterWrites()
     /// Closes at once; queued bytes are dropped.
     func closeNow()
+}
+
+extension Transport {
+    public var peerIdentity: String? { nil }
 }

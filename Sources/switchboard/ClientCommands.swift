@@ -11,24 +11,38 @@ enum ClientExit {
     static let badArguments = ExitCode.validationFailure  // 64
 }
 
-/// `--host`, `--port`, `--token`, also from SWITCHBOARD_HOST, SWITCHBOARD_PORT, SWITCHBOARD_TOKEN.
+/// `--host`, `--port`, `--token` (also from SWITCHBOARD_HOST, SWITCHBOARD_PORT, SWITCHBOARD_TOKEN), and TLS.
 struct ConnectionOptions: ParsableArguments {
     @Option(help: "Server address (default: $SWITCHBOARD_HOST or 127.0.0.1).") var host: String?
     @Option(help: "Server port (default: $SWITCHBOARD_PORT or 7420).") var port: Int?
     @Option(help: "Token for HELLO (default: $SWITCHBOARD_TOKEN).") var token: String?
     @Option(help: "Seconds to wait for an answer.") var timeout = 30.0
+    @Flag(help: "Connect with TLS (to the server's --tls-port, 7421 by default).") var tls = false
+    @Option(help: "CA certificates (PEM) to trust with --tls (default: the system's).") var ca: String?
+    @Option(help: "Client certificate (PEM) for mutual TLS.") var cert: String?
+    @Option(help: "Client key (PEM) for mutual TLS (default: the --cert file).") var key: String?
+    @Option(help: "The name the server's certificate must carry (default: the host).") var serverName: String?
 
-    var configuration: ClientConfiguration {
+    func configuration() throws -> ClientConfiguration {
+        let defaultPort = tls ? 7421 : 7420
         var config = ClientConfiguration(
             host: host ?? environment("SWITCHBOARD_HOST") ?? "127.0.0.1",
-            port: port ?? environment("SWITCHBOARD_PORT").flatMap { Int($0) } ?? 7420,
+            port: port ?? environment("SWITCHBOARD_PORT").flatMap { Int($0) } ?? defaultPort,
             token: token ?? environment("SWITCHBOARD_TOKEN"))
         config.requestTimeout = .milliseconds(Int(timeout * 1000))
         config.reconnect = nil
+        if tls || ca != nil || cert != nil {
+            do { config.tls = try TLSContext.client(caFile: ca, certificateFile: cert, keyFile: key) } catch {
+                printError("switchboard: \(error)\n")
+                throw ClientExit.badArguments
+            }
+            config.serverName = serverName
+        }
         return config
     }
 
     func connect() async throws -> Client {
+        let configuration = try configuration()
         do { return try await Client.connect(configuration) } catch {
             printError("switchboard: \(error)\n")
             throw ClientExit.connectionFailed

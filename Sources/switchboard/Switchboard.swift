@@ -62,11 +62,19 @@ struct Serve: ParsableCommand {
     @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: Logger.Level = .notice
     @Option(help: "Plugin configuration (JSON: aliases, access, rateLimits, requestLog; see docs/plugins.md).")
     var config: String?
+    @Option(help: "TLS certificate chain (PEM): serve TLS on --tls-port as well.") var tlsCert: String?
+    @Option(help: "TLS private key (PEM).") var tlsKey: String?
+    @Option(help: "CA certificates (PEM): require client certificates signed by them (mutual TLS).") var tlsCa: String?
+    @Option(help: "Port for TLS (0 = any free port).") var tlsPort = 7421
+    @Option(help: "Milliseconds a client has to finish the TLS handshake.") var tlsHandshakeTimeout: UInt64 = 10_000
 
     func validate() throws {
         guard maxFrame >= 16, maxFrame <= 1 << 30 else { throw ValidationError("--max-frame must be 16 … 1073741824") }
         guard (0...65535).contains(port) else { throw ValidationError("--port must be 0 … 65535") }
         guard outboundLimit > 0 else { throw ValidationError("--outbound-limit must be positive") }
+        guard (tlsCert == nil) == (tlsKey == nil) else { throw ValidationError("--tls-cert and --tls-key go together") }
+        guard tlsCa == nil || tlsCert != nil else { throw ValidationError("--tls-ca needs --tls-cert and --tls-key") }
+        guard (0...65535).contains(tlsPort) else { throw ValidationError("--tls-port must be 0 … 65535") }
     }
 
     func run() throws {
@@ -86,6 +94,15 @@ struct Serve: ParsableCommand {
         config.heartbeatMs = heartbeat
         config.token = token ?? environment("SWITCHBOARD_TOKEN")
         config.drainTimeoutMs = drainTimeout
+        if let tlsCert, let tlsKey {
+            do {
+                let context = try TLSContext.server(certificateFile: tlsCert, keyFile: tlsKey, clientCAFile: tlsCa)
+                config.tls = TLSSettings(context: context, port: tlsPort, handshakeTimeoutMs: tlsHandshakeTimeout)
+            } catch {
+                printError("switchboard: \(error)\n")
+                throw ExitCode(78)  // EX_CONFIG
+            }
+        }
         let server = try Server(configuration: config)
         if !noDemo { server.installDemoChannels() }
         if let path = self.config { try loadPlugins(from: path, into: server) }

@@ -172,7 +172,7 @@ struct FirstPluginsTests {
         }
         #expect(error("{\n  \"aliases\": {\"a\": \"b\"\n}") == "line 3, column 2: not valid JSON (expected ',' or '}')")
         #expect(error(#"{"access": {"users": [{"name": "x", "tokenSha256": "ab", "alow": {}}]}}"#)
-            == "at access.users[0].alow: unknown key (known: allow, deny, name, tokenSha256)")
+            == "at access.users[0].alow: unknown key (known: allow, certificateSubject, deny, name, tokenSha256)")
         #expect(error(#"{"access": {"users": [{"name": "x", "tokenSha256": "ab"}]}}"#)
             == "access.users[0] (x): tokenSha256 must be 64 hexadecimal digits")
         #expect(error(#"{"rateLimits": [{"channels": ["*"], "kinds": ["calls"], "perConnection": {"rate": 1, "burst": 1}}]}"#)?

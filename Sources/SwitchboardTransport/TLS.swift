@@ -1,0 +1,330 @@
+import COpenSSL
+
+/// A TLS setting that OpenSSL refused, or a connection's TLS failure, with OpenSSL's reasons.
+public struct TLSError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+
+    /// `what`, followed by every reason on this thread's OpenSSL error queue (which it empties).
+    static func drainingQueue(_ what: String) -> TLSError {
+        var reasons: [String] = []
+        while case let code = ERR_get_error(), code != 0 {
+            var text = [CChar](repeating: 0, count: 256)
+            ERR_error_string_n(code, &text, text.count)
+            reasons.append(String(decoding: text.prefix { $0 != 0 }.map(UInt8.init(bitPattern:)), as: UTF8.self))
+        }
+        return TLSError(description: reasons.isEmpty ? what : "\(what): \(reasons.joined(separator: "; "))")
+    }
+}
+
+/// One side's TLS settings, loaded once into an OpenSSL context that every connection shares: TLS 1.2
+/// and 1.3 only, OpenSSL's default ciphers, no renegotiation, no compression.
+///
+/// `@unchecked Sendable`: an `SSL_CTX` is only changed here, in the initializers, before anything else
+/// can see it; afterwards connections on any thread only read it (`SSL_new`), which OpenSSL supports,
+/// and its reference count is atomic.
+public final class TLSContext: @unchecked Sendable {
+    let context: OpaquePointer
+    /// Whether the other side must present a certificate this one trusts.
+    public let requiresPeerCertificate: Bool
+    let isServer: Bool
+
+    private init(isServer: Bool, requiresPeerCertificate: Bool) throws(TLSError) {
+        guard let context = SSL_CTX_new(isServer ? TLS_server_method() : TLS_client_method()) else {
+            throw .drainingQueue("SSL_CTX_new")
+        }
+        self.context = context
+        self.isServer = isServer
+        self.requiresPeerCertificate = requiresPeerCertificate
+        guard switchboard_SSL_CTX_set_min_tls12(context) == 1 else { throw .drainingQueue("cannot require TLS 1.2") }
+        switchboard_SSL_CTX_set_safe_options(context)
+    }
+
+    deinit { SSL_CTX_free(context) }
+
+    /// A server's context: its certificate chain and key (PEM files), and, with `clientCAFile`, mutual
+    /// TLS: clients must present a certificate signed by one of those CAs.
+    public static func server(certificateFile: String, keyFile: String, clientCAFile: String? = nil) throws(TLSError) -> TLSContext {
+        let tls = try TLSContext(isServer: true, requiresPeerCertificate: clientCAFile != nil)
+        try tls.use(certificateFile: certificateFile, keyFile: keyFile)
+        if let clientCAFile {
+            guard SSL_CTX_load_verify_locations(tls.context, clientCAFile, nil) == 1 else {
+                throw .drainingQueue("cannot load client CA \(clientCAFile)")
+            }
+            if let names = SSL_load_client_CA_file(clientCAFile) { SSL_CTX_set_client_CA_list(tls.context, names) }
+            SSL_CTX_set_verify(tls.context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nil)
+        }
+        return tls
+    }
+
+    /// A client's context: the CAs it trusts (PEM; the system's when nil), and a certificate and key
+    /// to present to servers that ask for one.
+    public static func client(caFile: String? = nil, certificateFile: String? = nil, keyFile: String? = nil) throws(TLSError) -> TLSContext {
+        let tls = try TLSContext(isServer: false, requiresPeerCertificate: true)
+        if let caFile {
+            guard SSL_CTX_load_verify_locations(tls.context, caFile, nil) == 1 else { throw .drainingQueue("cannot load CA \(caFile)") }
+        } else {
+            SSL_CTX_set_default_verify_paths(tls.context)
+        }
+        SSL_CTX_set_verify(tls.context, SSL_VERIFY_PEER, nil)
+        if let certificateFile {
+            try tls.use(certificateFile: certificateFile, keyFile: keyFile ?? certificateFile)
+        }
+        return tls
+    }
+
+    private func use(certificateFile: String, keyFile: String) throws(TLSError) {
+        guard SSL_CTX_use_certificate_chain_file(context, certificateFile) == 1 else {
+            throw .drainingQueue("cannot load certificate \(certificateFile)")
+        }
+        guard SSL_CTX_use_PrivateKey_file(context, keyFile, SSL_FILETYPE_PEM) == 1 else {
+            throw .drainingQueue("cannot load key \(keyFile)")
+        }
+        guard SSL_CTX_check_private_key(context) == 1 else { throw .drainingQueue("\(keyFile) does not match \(certificateFile)") }
+    }
+}
+
+/// TLS over another transport (TCP), driven through OpenSSL memory buffers on the same loop: ciphertext
+/// from below is written into OpenSSL, and what OpenSSL has to send is read out and written below. No
+/// second event loop, no blocking call. Everything above sees plaintext, as over TCP.
+///
+/// A handshake must finish within `handshakeTimeoutMs`. Failures reach the owner as
+/// ``TransportEvent/failed(_:)``: a failed or timed-out handshake (a plain-text client, an untrusted
+/// certificate), a TLS error after it, or a peer that stopped in the middle of a record.
+public final class TLSTransport: Transport {
+    private let inner: any Transport
+    private let ssl: OpaquePointer
+    /// Network → OpenSSL, and OpenSSL → network.
+    private let incoming: OpaquePointer, outgoing: OpaquePointer
+    private let loop: EventLoop
+    private let handshakeTimeoutMs: UInt64
+    private var handler: ((TransportEvent) -> Void)?
+    private var isEstablished = false
+    /// Written by the owner before the handshake finished.
+    private var pendingPlaintext: [UInt8] = []
+    private var isPaused = false
+    /// A failure or the end was delivered: nothing more goes up.
+    private var isFinished = false
+    private var timer: Timer?
+    /// The subject of the certificate the peer presented and this side verified (mutual TLS), as
+    /// RFC 2253 text such as `CN=alice,O=Example`.
+    public private(set) var peerSubject: String?
+    /// The protocol agreed on (`TLSv1.3`), once established.
+    public private(set) var protocolVersion: String?
+
+    /// TLS over `inner`, as `context` says (a client sends `serverName` for SNI and checks the server's
+    /// certificate against it: a DNS name or an IP address).
+    public init(over inner: any Transport, context: TLSContext, serverName: String? = nil, loop: EventLoop,
+                handshakeTimeoutMs: UInt64 = 10_000) throws(TLSError) {
+        guard let ssl = SSL_new(context.context) else { throw .drainingQueue("SSL_new") }
+        guard let incoming = BIO_new(BIO_s_mem()), let outgoing = BIO_new(BIO_s_mem()) else {
+            SSL_free(ssl)
+            throw .drainingQueue("BIO_new")
+        }
+        SSL_set_bio(ssl, incoming, outgoing)  // the SSL owns both from here
+        self.ssl = ssl
+        self.incoming = incoming
+        self.outgoing = outgoing
+        self.inner = inner
+        self.loop = loop
+        self.handshakeTimeoutMs = handshakeTimeoutMs
+        if context.isServer {
+            SSL_set_accept_state(ssl)
+        } else {
+            SSL_set_connect_state(ssl)
+            if let serverName {
+                if serverName.contains(where: { $0.isLetter }) && !serverName.contains(":") {
+                    _ = switchboard_SSL_set_server_name(ssl, serverName)
+                    SSL_set1_host(ssl, serverName)
+                } else {
+                    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName)
+                }
+            }
+        }
+    }
+
+    deinit {
+        timer?.cancel()
+        SSL_free(ssl)
+    }
+
+    public var queuedBytes: Int { inner.queuedBytes + pendingPlaintext.count }
+    public var isOpen: Bool { !isFinished && inner.isOpen }
+    public var remoteAddress: String { inner.remoteAddress }
+    public var peerIdentity: String? { peerSubject }
+
+    public func start(_ handler: @escaping (TransportEvent) -> Void) {
+        self.handler = handler
+        if let timer = try? Timer(loop: loop) {
+            self.timer = timer
+            timer.start(after: handshakeTimeoutMs) { [weak self] in
+                guard let self, !self.isEstablished else { return }
+                self.fail(.tlsHandshakeTimeout, "no TLS handshake within \(self.handshakeTimeoutMs) ms")
+            }
+        }
+        inner.start { [weak self] event in self?.handleInner(event) }
+        if !SSL_is_server(ssl).isTrue { handshake() }  // a client speaks first
+    }
+
+    public func write(_ bytes: inout [UInt8]) {
+        defer { bytes.removeAll(keepingCapacity: bytes.capacity <= 1 << 20) }
+        guard !isFinished, !bytes.isEmpty else { return }
+        guard isEstablished else { pendingPlaintext += bytes; return }
+        encrypt(bytes)
+    }
+
+    public func pauseReading() {
+        isPaused = true
+        inner.pauseReading()
+    }
+
+    public func resumeReading() {
+        guard isPaused else { return }
+        isPaused = false
+        inner.resumeReading()
+        // Records that arrived while paused are still inside OpenSSL: deliver them on a later turn (an
+        // owner never hears an event from inside its own call).
+        guard isEstablished, let timer else { return }
+        timer.start(after: 0) { [weak self] in self?.decrypt() }
+    }
+
+    public func closeAfterWrites() {
+        guard !isFinished else { return inner.closeNow() }  // the owner heard its last event already
+        if isEstablished {
+            SSL_shutdown(ssl)  // close_notify
+            flushOutgoing()
+        }
+        inner.closeAfterWrites()
+    }
+
+    public func closeNow() {
+        isFinished = true
+        timer?.cancel()
+        timer = nil
+        handler = nil
+        inner.closeNow()
+    }
+
+    // MARK: Driving OpenSSL
+
+    private func handleInner(_ event: TransportEvent) {
+        guard !isFinished else { return }
+        switch event {
+        case .data(let bytes):
+            let written = bytes.withUnsafeBytes { BIO_write(incoming, $0.baseAddress, Int32($0.count)) }
+            guard written == Int32(bytes.count) else { return fail(.tlsError, "cannot buffer TLS input") }
+            if !isEstablished { handshake() }
+            if isEstablished, !isPaused { decrypt() }
+        case .closed(let error):
+            if error == nil, !isEstablished {
+                fail(.tlsHandshakeFailed, "the peer closed during the TLS handshake")
+            } else if error == nil, BIO_ctrl_pending(incoming) > 0 || SSL_has_pending(ssl) == 1 {
+                fail(.tlsError, "the peer stopped in the middle of a TLS record")
+            } else {
+                finish(.closed(error))
+            }
+        case .failed(let failure):
+            finish(.failed(failure))
+        case .drained:
+            handler?(.drained)
+        }
+    }
+
+    private func handshake() {
+        let rc = SSL_do_handshake(ssl)
+        if rc == 1 {
+            isEstablished = true
+            timer?.stop()
+            protocolVersion = String(cString: switchboard_SSL_version_name(ssl))
+            peerSubject = readPeerSubject()
+            flushOutgoing()
+            if !pendingPlaintext.isEmpty {
+                let plaintext = pendingPlaintext
+                pendingPlaintext = []
+                encrypt(plaintext)
+            }
+            return
+        }
+        switch SSL_get_error(ssl, rc) {
+        case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE: flushOutgoing()
+        default:
+            flushOutgoing()  // the alert, so that the peer learns why
+            fail(.tlsHandshakeFailed, TLSError.drainingQueue("TLS handshake failed").description)
+        }
+    }
+
+    /// Delivers every plaintext byte OpenSSL can give now, in one event.
+    private func decrypt() {
+        guard !isFinished, !isPaused else { return }
+        var plaintext: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        var ended = false
+        reading: while true {
+            let n = chunk.withUnsafeMutableBytes { SSL_read(ssl, $0.baseAddress, Int32($0.count)) }
+            if n > 0 {
+                plaintext += chunk[0..<Int(n)]
+                continue
+            }
+            switch SSL_get_error(ssl, n) {
+            case SSL_ERROR_WANT_READ, SSL_ERROR_WANT_WRITE: break reading
+            case SSL_ERROR_ZERO_RETURN: ended = true; break reading  // close_notify
+            default:
+                flushOutgoing()
+                return fail(.tlsError, TLSError.drainingQueue("TLS error").description)
+            }
+        }
+        flushOutgoing()  // post-handshake messages (TLS 1.3 tickets, key updates)
+        if !plaintext.isEmpty { handler?(.data(plaintext)) }
+        if ended, !isFinished { finish(.closed(nil)) }
+    }
+
+    private func encrypt(_ plaintext: [UInt8]) {
+        let written = plaintext.withUnsafeBytes { SSL_write(ssl, $0.baseAddress, Int32($0.count)) }
+        guard written == Int32(plaintext.count) else {
+            return fail(.tlsError, TLSError.drainingQueue("TLS write failed").description)
+        }
+        flushOutgoing()
+    }
+
+    /// Hands what OpenSSL has to send to the transport below.
+    private func flushOutgoing() {
+        let pending = Int(BIO_ctrl_pending(outgoing))
+        guard pending > 0 else { return }
+        var ciphertext = [UInt8](repeating: 0, count: pending)
+        let n = ciphertext.withUnsafeMutableBytes { BIO_read(outgoing, $0.baseAddress, Int32(pending)) }
+        guard n > 0 else { return }
+        if Int(n) < pending { ciphertext.removeLast(pending - Int(n)) }
+        inner.write(&ciphertext)
+    }
+
+    private func readPeerSubject() -> String? {
+        guard SSL_get_verify_result(ssl) == X509_V_OK, let certificate = SSL_get1_peer_certificate(ssl) else { return nil }
+        defer { X509_free(certificate) }
+        guard let name = X509_get_subject_name(certificate), let text = BIO_new(BIO_s_mem()) else { return nil }
+        defer { BIO_free(text) }
+        X509_NAME_print_ex(text, name, 0, switchboard_XN_FLAG_RFC2253())
+        let count = Int(BIO_ctrl_pending(text))
+        var bytes = [UInt8](repeating: 0, count: count)
+        let n = bytes.withUnsafeMutableBytes { BIO_read(text, $0.baseAddress, Int32(count)) }
+        return n > 0 ? String(decoding: bytes.prefix(Int(n)), as: UTF8.self) : nil
+    }
+
+    private func fail(_ kind: TransportFailure.Kind, _ message: String) {
+        ERR_clear_error()
+        finish(.failed(TransportFailure(kind: kind, message: message)))
+    }
+
+    /// The last event the owner hears.
+    private func finish(_ event: TransportEvent) {
+        guard !isFinished else { return }
+        isFinished = true
+        timer?.cancel()
+        timer = nil
+        let handler = self.handler
+        self.handler = nil
+        handler?(event)
+    }
+}
+
+extension Int32 {
+    fileprivate var isTrue: Bool { self != 0 }
+}

@@ -1,0 +1,166 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+import Logging
+import Synchronization
+import Testing
+import SwitchboardClient
+import SwitchboardCodec
+import SwitchboardPlugins
+import SwitchboardServer
+import SwitchboardTransport
+
+/// Certificates made for this test run by `scripts/make-test-certs` (a CA, a server certificate for
+/// 127.0.0.1, alice's client certificate, and mallory's from another CA); never committed.
+enum TestCertificates {
+    static let directory: String = {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("switchboard-certs-\(getpid())").path
+        let process = Process()
+        process.executableURL = root.appendingPathComponent("scripts/make-test-certs")
+        process.arguments = [directory]
+        try? process.run()
+        process.waitUntilExit()
+        precondition(process.terminationStatus == 0, "scripts/make-test-certs failed")
+        return directory
+    }()
+
+    static func path(_ name: String) -> String { "\(directory)/\(name)" }
+    static let aliceSubject = "CN=alice,O=Switchboard Tests"
+}
+
+/// A server with TLS on a free port beside its plain one.
+func startTLSServer(clientCA: Bool = false, handshakeTimeoutMs: UInt64 = 10_000, plugins: [any Plugin] = []) throws -> Server {
+    var config = ServerConfiguration()
+    config.port = 0
+    config.drainTimeoutMs = 300
+    let context = try TLSContext.server(certificateFile: TestCertificates.path("server.pem"), keyFile: TestCertificates.path("server.key"),
+                                        clientCAFile: clientCA ? TestCertificates.path("ca.pem") : nil)
+    config.tls = TLSSettings(context: context, port: 0, handshakeTimeoutMs: handshakeTimeoutMs)
+    var logger = Logger(label: "test")
+    logger.logLevel = .critical
+    let server = try Server(configuration: config, logger: logger)
+    server.installDemoChannels()
+    for plugin in plugins { server.load(plugin) }
+    try server.start()
+    return server
+}
+
+/// A client over TLS to `server`, presenting `certificate` (a name in the test directory) if given.
+func connectTLS(_ server: Server, certificate: String? = nil) async throws -> Client {
+    var config = ClientConfiguration(port: server.tlsPort)
+    config.reconnect = nil
+    config.requestTimeout = .seconds(5)
+    config.tls = try TLSContext.client(caFile: TestCertificates.path("ca.pem"),
+                                       certificateFile: certificate.map { TestCertificates.path("\($0).pem") },
+                                       keyFile: certificate.map { TestCertificates.path("\($0).key") })
+    return try await Client.connect(config)
+}
+
+/// Connects a plain TCP socket to `port`, sends `bytes`, and reads until the server closes: what came
+/// back and how long it took (nil if it stayed open for `limit` seconds).
+func rawExchange(port: Int, send bytes: [UInt8], limit: Double = 5) -> (received: [UInt8], seconds: Double)? {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = UInt16(port).bigEndian
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard connected == 0 else { return nil }
+    var timeout = timeval(tv_sec: Int(limit), tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    let start = Date()
+    if !bytes.isEmpty { _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } }
+    var received: [UInt8] = []
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        if n > 0 { received += buffer[0..<n]; continue }
+        return n == 0 ? (received, Date().timeIntervalSince(start)) : nil
+    }
+}
+
+/// The server's close counts, read over the plain port.
+func closeCounts(_ server: Server) async throws -> [String: Int] {
+    let client = try await connect(server)
+    let stats: ChannelValue = try await SwitchboardClient.MethodChannel(name: "switchboard/stats", client: client).invokeMethod("get")
+    await client.close()
+    var counts: [String: Int] = [:]
+    for reason in ["tlsHandshakeFailed", "tlsHandshakeTimeout", "tlsError"] {
+        counts[reason] = stats["closes"]?[reason]?.intValue
+    }
+    return counts
+}
+
+/// `switchboard/echo` on `client`.
+func echo(_ client: Client) -> SwitchboardClient.MethodChannel { SwitchboardClient.MethodChannel(name: "switchboard/echo", client: client) }
+
+@Suite("TLS")
+struct TLSTests {
+    @Test("calls over TLS; a plain-text client and a stalled handshake are closed, logged and counted; others go on")
+    func tlsPort() async throws {
+        let server = try startTLSServer(handshakeTimeoutMs: 300)
+        let client = try await connectTLS(server)
+        #expect(try await echo(client).invokeMethod("echo", arguments: "over TLS") == "over TLS")
+        let plain = rawExchange(port: server.tlsPort, send: Array(#"{"id":1,"call":"switchboard/echo","method":"echo"}"#.utf8) + [10])
+        #expect(plain?.received.first != UInt8(ascii: "{"))  // closed, never answered in plain text
+        let stalled = try #require(rawExchange(port: server.tlsPort, send: []))
+        #expect(stalled.received.isEmpty && stalled.seconds >= 0.25 && stalled.seconds < 3)
+        #expect(try await echo(client).invokeMethod("echo", arguments: 2) == 2)  // untouched
+        let counts = try await closeCounts(server)
+        #expect(counts["tlsHandshakeFailed"] == 1 && counts["tlsHandshakeTimeout"] == 1)
+        await client.close()
+        await stop(server)
+    }
+
+    @Test("mutual TLS: a certificate the server trusts is the identity access control knows; none or a rogue one is refused")
+    func mutualTLS() async throws {
+        let rules = AccessRules(users: [.init(name: "alice", certificateSubject: TestCertificates.aliceSubject,
+                                              allow: .init(call: ["switchboard/*"]))],
+                                anonymous: .init(allow: .init(call: ["switchboard/stats"], listen: [], send: [], register: [])))
+        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules)))
+        let server = try startTLSServer(clientCA: true, plugins: plugins)
+        let alice = try await connectTLS(server, certificate: "alice")
+        #expect(try await echo(alice).invokeMethod("echo", arguments: "alice") == "alice")
+        for certificate in [nil, "mallory"] {
+            do {
+                let client = try await connectTLS(server, certificate: certificate)
+                let _: ChannelValue = try await echo(client).invokeMethod("echo")
+                Issue.record("\(certificate ?? "no certificate") was let in")
+            } catch {}
+        }
+        let anonymous = try await connect(server)  // the plain port: no certificate, no rights
+        await #expect(throws: (any Error).self) { try await echo(anonymous).invokeMethod("echo") }
+        #expect(try await closeCounts(server)["tlsHandshakeFailed"] == 2)
+        await alice.close()
+        await anonymous.close()
+        await stop(server)
+    }
+
+    /// Records the identity every request comes with.
+    struct IdentityProbe: Plugin, InboundGate {
+        final class Seen: Sendable { let identities = Mutex<[String?]>([]) }
+        let name = "probe"
+        let seen = Seen()
+        var inbound: [any InboundProcessor] { [self] }
+        func judge(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> GateVerdict {
+            seen.identities.withLock { $0.append(connection.identity) }
+            return .admit
+        }
+    }
+
+    @Test("without an access plugin, a verified certificate's subject is the connection's identity from its first request")
+    func certificateIdentity() async throws {
+        let probe = IdentityProbe()
+        let server = try startTLSServer(clientCA: true, plugins: [probe])
+        let alice = try await connectTLS(server, certificate: "alice")
+        let _: ChannelValue = try await echo(alice).invokeMethod("echo")
+        #expect(probe.seen.identities.withLock { $0 }.last == TestCertificates.aliceSubject)
+        await alice.close()
+        await stop(server)
+    }
+}
