@@ -23,6 +23,8 @@ let package = Package(
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
         .package(url: "https://github.com/OpenCombine/OpenCombine.git", from: "0.14.0"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
     ],
     targets: [
         .systemLibrary(
@@ -37,12 +39,16 @@ let package = Package(
             pkgConfig: "openssl",
             providers: [.apt(["libssl-dev"])]
         ),
-        .target(name: "SwitchboardTransport", dependencies: ["CLibUV", "COpenSSL"]),
+        .systemLibrary(name: "CWslay", providers: [.apt(["libwslay-dev"])]),  // Debian ships no .pc file
+        .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),  // nor here
+        .target(name: "SwitchboardTransport", dependencies: ["CLibUV", "COpenSSL", "CWslay", "CHTTPParser"]),
         .target(
             name: "SwitchboardServer",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: safeSettings
         ),

@@ -50,6 +50,7 @@ final class Registration {
     /// The listeners of a held event channel, kept by the server.
     let events: EventEntry?
     var upstream = Upstream.idle
+    let counts = ChannelCounts()
     /// Events the holder sent before its answer to the first `listen` arrived (it may emit from onListen).
     var early: [OutboundEvent] = []
 
@@ -321,6 +322,7 @@ extension ServerCore {
     /// An event from the holder goes to every listener, encoded once per wire encoding.
     private func fanOut(_ registration: Registration, payload: [UInt8]?) {
         guard let events = registration.events else { return }
+        registration.counts.events += 1
         let event = OutboundEvent(channel: registration.name, content: payload.map(EventContent.encoded) ?? .end,
                                   codec: registration.methodCodec)
         if case .starting = registration.upstream, registration.early.count < events.queueLimit {

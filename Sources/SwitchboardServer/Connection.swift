@@ -27,12 +27,18 @@ enum CloseReason: String {
     case tlsHandshakeTimeout
     /// A TLS error after the handshake, or a peer that stopped in the middle of a record.
     case tlsError
+    /// A WebSocket protocol error, or a message over maxFrame (closed with 1002 or 1009).
+    case webSocketError
+    /// A WebSocket upgrade from an origin `--ws-origin` does not allow (closed with 1008).
+    case webSocketRefused
 
     init(_ failure: TransportFailure.Kind) {
         switch failure {
         case .tlsHandshakeFailed: self = .tlsHandshakeFailed
         case .tlsHandshakeTimeout: self = .tlsHandshakeTimeout
         case .tlsError: self = .tlsError
+        case .webSocketError: self = .webSocketError
+        case .webSocketRefused: self = .webSocketRefused
         }
     }
 }
@@ -155,6 +161,7 @@ final class Connection {
     var isOverOutboundLimit: Bool { pendingBytes >= core.config.outboundLimit }
     var openRequestCount: Int { binaryRequests.count + textRequests.count }
     var isText: Bool { mode == .text }
+    var hasChosenBinary: Bool { mode == .binary }
 
 
     // MARK: Input
@@ -165,6 +172,7 @@ final class Connection {
             guard !isClosing else { return }
             core.stats.bytesIn += bytes.count
             lastInbound = core.eventLoop.now
+            guard !bytes.isEmpty else { return }  // traffic without bytes (a WebSocket ping): the heartbeat's
             if hasPlugins, !hasIdentifiedPeer { identifyPeer() }
             processInput(bytes)
         case .closed where isClosing:
@@ -817,17 +825,22 @@ final class Connection {
         default: .protocolError
         }
         logger.debug("closing: \(error.code): \(error.message)")
-        closeAfterFlush(reason)
+        let intent: CloseIntent = switch error {
+        case .unauthorized, .slowConsumer: .policy
+        case .frameTooLarge: .tooLarge
+        default: .protocolError
+        }
+        closeAfterFlush(reason, intent: intent)
     }
 
     /// Stops reading, flushes what is queued, then closes.
-    func closeAfterFlush(_ reason: CloseReason) {
+    func closeAfterFlush(_ reason: CloseReason, intent: CloseIntent? = nil) {
         guard !isClosing else { return }
         isClosing = true
         closingSince = core.eventLoop.now
         releaseState(reason)
         flush()
-        transport.closeAfterWrites()
+        transport.closeAfterWrites(intent ?? (reason == .shutdown ? .goingAway : .normal))
         core.connectionClosed(self, reason: reason)
     }
 

@@ -138,6 +138,7 @@ final class EventStream {
     /// An event from this stream's own sink.
     func emit(_ content: EventContent) {
         guard isActive else { return }
+        entry.counts.events += 1
         deliver(OutboundEvent(channel: entry.name, content: content, codec: entry.codec))
     }
 

@@ -155,9 +155,16 @@ enum ChannelEntry {
     case message(MessageEntry)
 }
 
+/// A channel's traffic, for `/metrics`: requests routed to it, events published on it.
+final class ChannelCounts {
+    var requests = 0
+    var events = 0
+}
+
 final class MethodEntry {
     let codec: SharedMethodCodec
     let handler: @Sendable (MethodCall, MethodResult) -> Void
+    let counts = ChannelCounts()
     init(codec: any MethodCodec, handler: @escaping @Sendable (MethodCall, MethodResult) -> Void) {
         self.codec = SharedMethodCodec(codec)
         self.handler = handler
@@ -173,6 +180,7 @@ final class SharedMethodCodec {
 
 final class MessageEntry {
     let handle: (MessageInput, PendingRequest) -> Void
+    let counts = ChannelCounts()
     /// Encodes a reply value in the channel's codec (for a plugin's direct answer).
     let encode: @Sendable (ChannelValue) throws(CodecError) -> [UInt8]?
     init(encode: @escaping @Sendable (ChannelValue) throws(CodecError) -> [UInt8]?,
@@ -192,6 +200,7 @@ final class EventEntry {
     let queueLimit: Int
     /// Active streams (one per listening connection).
     var listeners = Listeners()
+    let counts = ChannelCounts()
 
     init(name: String, codec: any MethodCodec, handler: any StreamHandler, overflow: OverflowPolicy, queueLimit: Int) {
         self.name = name

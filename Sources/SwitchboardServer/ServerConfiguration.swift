@@ -26,6 +26,13 @@ public struct ServerConfiguration: Sendable {
     public var eventQueueLimit = 1024
     /// TLS on a port of its own, beside the plain port; nil = none.
     public var tls: TLSSettings?
+    /// Serve `GET /healthz` and `GET /metrics` on the ports (wire-v1 section 8); WebSocket upgrades are
+    /// served either way.
+    public var httpEndpoints = true
+    /// Browser origins allowed to open a WebSocket (`*` matches any run of characters); nil = any.
+    public var webSocketOrigins: [String]?
+    /// Where the counters go, and what `GET /metrics` serves: a Prometheus registry of the server's own.
+    public var metrics = MetricsSettings.prometheus()
 
     /// The defaults of wire-v1.
     public init() {}

@@ -81,7 +81,11 @@ final class ServerCore {
     private var lastTrim: UInt64 = 0
     private var shutdownTimer: Timer?
     private var signalWatchers: [SignalWatcher] = []
-    private let startedAt: UInt64
+    let startedAt: UInt64
+    /// Hands the counters to swift-metrics (``ServerConfiguration/metrics``).
+    private(set) lazy var metricsReporter = MetricsReporter(settings: config.metrics)
+    private var metricsTimer: Timer?
+    var connectionCount: Int { connections.count }
 
     init(config: ServerConfiguration, logger: Logger) throws(UVError) {
         self.config = config
@@ -95,7 +99,7 @@ final class ServerCore {
     /// Binds the listener and starts the per-turn work; returns the port.
     func bind() throws(UVError) -> Int {
         let listener = try TCPListener(loop: eventLoop, host: config.host, port: config.port) { [unowned self] transport in
-            accept(transport)
+            accept(web(transport))
         }
         listener.onAcceptError = { [unowned self] error in acceptFailed(error) }
         self.listener = listener
@@ -115,11 +119,19 @@ final class ServerCore {
 
     private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings) {
         do {
-            accept(try TLSTransport(over: transport, context: tls.context, loop: eventLoop, handshakeTimeoutMs: tls.handshakeTimeoutMs))
+            accept(web(try TLSTransport(over: transport, context: tls.context, loop: eventLoop, handshakeTimeoutMs: tls.handshakeTimeoutMs)))
         } catch {
             logger.warning("cannot start TLS: \(error)")
             transport.closeNow()
         }
+    }
+
+    /// `transport`, also answering HTTP and WebSocket upgrades (wire-v1 section 8).
+    private func web(_ transport: any Transport) -> HTTPUpgradeTransport {
+        let options = HTTPUpgradeTransport.Options(maxFrame: Int(config.maxFrame), allowedOrigins: config.webSocketOrigins) {
+            [unowned self] request in config.httpEndpoints ? respond(to: request) : nil
+        }
+        return HTTPUpgradeTransport(over: transport, options: options)
     }
 
     /// Starts the per-turn flush, the kick timer and the housekeeping timer.
@@ -130,6 +142,11 @@ final class ServerCore {
         let interval = max(10, min(100, config.slowConsumerGraceMs / 4, config.heartbeatMs == 0 ? 100 : config.heartbeatMs / 4))
         housekeeping.start(after: interval, repeat: interval) { [unowned self] in keepHouse() }
         self.housekeeping = housekeeping
+        let metricsTimer = try Timer(loop: eventLoop)
+        metricsTimer.start(after: config.metrics.intervalMs, repeat: config.metrics.intervalMs) { [unowned self] in
+            metricsReporter.report(self)
+        }
+        self.metricsTimer = metricsTimer
     }
 
     private func acceptFailed(_ error: UVError) {
@@ -158,7 +175,7 @@ final class ServerCore {
 
     /// Serves a new connection over `transport`.
     func accept(_ transport: any Transport) {
-        guard phase == .running else { return transport.closeNow() }
+        guard phase == .running || phase == .draining else { return transport.closeNow() }
         nextConnectionID += 1
         let connection = Connection(id: nextConnectionID, transport: transport, core: self)
         connections[connection.id] = connection
@@ -217,6 +234,7 @@ final class ServerCore {
         switch route(named: name, for: connection) {
         case .local(let local)?: entry = local
         case .held(let registration)?:
+            if registration.holder !== connection || origin != nil { registration.counts.requests += 1 }  // not its own events
             let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
             routeToHolder(registration, input: input, request: request, connection: connection)
             return request
@@ -232,9 +250,11 @@ final class ServerCore {
             if case .bytes(let payload) = input {
                 return invoke(method, payload: payload, request: request, connection: connection)
             }
+            method.counts.requests += 1
             guard let call = methodCall(input, codec: method.codec.codec, request: request) else { return request }
             method.handler(call, MethodResult(request: request, loop: handle))
         case .event(let event):
+            event.counts.requests += 1
             request = connection.makeRequest(origin, methodCodec: nil)
             guard let call = methodCall(input, codec: event.codec, request: request) else { return request }
             switch call.method {
@@ -249,6 +269,7 @@ final class ServerCore {
             default: request.answer(.notImplemented)
             }
         case .message(let message):
+            message.counts.requests += 1
             request = connection.makeRequest(origin, methodCodec: nil)
             switch input {
             case .bytes(let payload): message.handle(.bytes(payload.map(Array.init)), request)
@@ -264,6 +285,7 @@ final class ServerCore {
     @discardableResult @inline(__always)
     func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: PendingRequest,
                 connection: Connection) -> PendingRequest {
+        method.counts.requests += 1
         let call: MethodCall
         do throws(CodecError) {
             call = try connection.withMethodCallReuse { reuse throws(CodecError) in
@@ -315,6 +337,7 @@ final class ServerCore {
 
     func broadcast(on name: String, _ content: EventContent) {
         guard case .event(let entry)? = channels[name] else { return }
+        entry.counts.events += 1
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
     }
@@ -386,7 +409,9 @@ final class ServerCore {
             guard config.heartbeatMs > 0, !connection.isText, !connection.isInputPaused else { continue }
             if now - connection.lastInbound >= 2 * config.heartbeatMs {
                 connection.close(.heartbeatTimeout)
-            } else if now - connection.lastPing >= config.heartbeatMs {
+            } else if connection.hasChosenBinary, now - connection.lastPing >= config.heartbeatMs {
+                // Not before the client's first byte: a PING must not decide a WebSocket's framing, nor
+                // reach a client about to speak text mode.
                 connection.lastPing = now
                 connection.writeFrame(.ping, payload: nil)
             }
@@ -408,10 +433,8 @@ final class ServerCore {
         guard phase == .running else { return }
         phase = .draining
         logger.notice("shutting down: draining \(stats.repliesPending) in-flight requests")
-        listener?.cancel()
-        listener = nil
-        tlsListener?.cancel()
-        tlsListener = nil
+        // The ports stay open while draining, so that a health check can see it (`/healthz` answers 503);
+        // requests on connections made meanwhile get `going_away`.
         for connection in connections.values {
             if connection.isText {
                 TextMode.writeLine(.stringMap(["goaway": .stringMap(["reason": "server shutting down"])]), on: connection)
@@ -435,6 +458,10 @@ final class ServerCore {
     func finishShutdown() {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
+        listener?.cancel()
+        listener = nil
+        tlsListener?.cancel()
+        tlsListener = nil
         // Every open request is answered before any connection closes: a holder's leaving would
         // otherwise answer the requests forwarded to it with `handler_gone`.
         let open = Array(connections.values)
@@ -476,6 +503,7 @@ final class ServerCore {
         tlsListener = nil
         beforeSleep = nil
         housekeeping = nil
+        metricsTimer = nil
         kick = nil
         shutdownTimer = nil
         signalWatchers = []

@@ -16,3 +16,24 @@ public enum Digest {
         return String(decoding: digest.flatMap { [hex[Int($0 >> 4)], hex[Int($0 & 15)]] }, as: UTF8.self)
     }
 }
+
+extension Digest {
+    /// `Sec-WebSocket-Accept` for a `Sec-WebSocket-Key` (RFC 6455 section 4.2.2): the base64 of the
+    /// SHA-1 of the key and the protocol's GUID.
+    public static func webSocketAccept(key: String) -> String {
+        let input = Array((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").utf8)
+        var digest = [UInt8](repeating: 0, count: 20)
+        var length: UInt32 = 0
+        let ok = input.withUnsafeBytes { input in
+            digest.withUnsafeMutableBufferPointer { output in
+                EVP_Digest(input.baseAddress, input.count, output.baseAddress, &length, EVP_sha1(), nil)
+            }
+        }
+        precondition(ok == 1 && length == 20, "OpenSSL's SHA-1 failed")
+        var encoded = [UInt8](repeating: 0, count: 32)  // 4 × ceil(20 / 3) + NUL
+        let count = encoded.withUnsafeMutableBufferPointer { output in
+            digest.withUnsafeBufferPointer { EVP_EncodeBlock(output.baseAddress, $0.baseAddress, 20) }
+        }
+        return String(decoding: encoded.prefix(Int(count)), as: UTF8.self)
+    }
+}

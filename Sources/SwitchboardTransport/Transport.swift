@@ -19,6 +19,10 @@ public struct TransportFailure: Error, Sendable, Equatable, CustomStringConverti
         case tlsHandshakeTimeout
         /// A TLS error after the handshake, or a peer that stopped in the middle of a record.
         case tlsError
+        /// A WebSocket protocol error, or a message over the limit.
+        case webSocketError
+        /// A WebSocket from a browser origin that is not allowed.
+        case webSocketRefused
     }
 
     public let kind: Kind
@@ -59,10 +63,13 @@ public protocol Transport: AnyObject {
     /// until the peer closes too (so the kernel never answers with a reset that could destroy a final
     /// error frame), or until ``closeNow()``. Then one `.closed(nil)` is delivered.
     func closeAfterWrites()
+    /// The same, saying why, for transports that tell the peer (a WebSocket's close code).
+    func closeAfterWrites(_ intent: CloseIntent)
     /// Closes at once; queued bytes are dropped.
     func closeNow()
 }
 
 extension Transport {
     public var peerIdentity: String? { nil }
+    public func closeAfterWrites(_ intent: CloseIntent) { closeAfterWrites() }
 }

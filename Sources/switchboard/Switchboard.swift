@@ -67,6 +67,12 @@ struct Serve: ParsableCommand {
     @Option(help: "CA certificates (PEM): require client certificates signed by them (mutual TLS).") var tlsCa: String?
     @Option(help: "Port for TLS (0 = any free port).") var tlsPort = 7421
     @Option(help: "Milliseconds a client has to finish the TLS handshake.") var tlsHandshakeTimeout: UInt64 = 10_000
+    @Option(help: "on: serve GET /healthz and /metrics on the ports; off: 404 (WebSocket upgrades are served either way).")
+    var http: Switch = .on
+    @Option(help: "A browser origin allowed to open a WebSocket (repeatable; * matches any run of characters; default: any).")
+    var wsOrigin: [String] = []
+    @Option(help: "Channels with a label of their own in /metrics; the rest are summed as \"other\".")
+    var metricsChannels = 100
 
     func validate() throws {
         guard maxFrame >= 16, maxFrame <= 1 << 30 else { throw ValidationError("--max-frame must be 16 … 1073741824") }
@@ -94,6 +100,9 @@ struct Serve: ParsableCommand {
         config.heartbeatMs = heartbeat
         config.token = token ?? environment("SWITCHBOARD_TOKEN")
         config.drainTimeoutMs = drainTimeout
+        config.httpEndpoints = http == .on
+        config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
+        config.metrics = .prometheus(channelLimit: metricsChannels)
         if let tlsCert, let tlsKey {
             do {
                 let context = try TLSContext.server(certificateFile: tlsCert, keyFile: tlsKey, clientCAFile: tlsCa)
@@ -126,3 +135,6 @@ struct Serve: ParsableCommand {
 }
 
 extension Logger.Level: @retroactive ExpressibleByArgument {}
+
+/// `on` or `off`.
+enum Switch: String, ExpressibleByArgument, CaseIterable { case on, off }

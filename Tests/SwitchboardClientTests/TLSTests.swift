@@ -1,6 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Foundation
 import Logging
 import Synchronization
@@ -9,6 +6,7 @@ import SwitchboardClient
 import SwitchboardCodec
 import SwitchboardPlugins
 import SwitchboardServer
+import SwitchboardTesting
 import SwitchboardTransport
 
 /// Certificates made for this test run by `scripts/make-test-certs` (a CA, a server certificate for
@@ -58,30 +56,11 @@ func connectTLS(_ server: Server, certificate: String? = nil) async throws -> Cl
     return try await Client.connect(config)
 }
 
-/// Connects a plain TCP socket to `port`, sends `bytes`, and reads until the server closes: what came
-/// back and how long it took (nil if it stayed open for `limit` seconds).
-func rawExchange(port: Int, send bytes: [UInt8], limit: Double = 5) -> (received: [UInt8], seconds: Double)? {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_port = UInt16(port).bigEndian
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    let connected = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-    guard connected == 0 else { return nil }
-    var timeout = timeval(tv_sec: Int(limit), tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-    let start = Date()
-    if !bytes.isEmpty { _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } }
-    var received: [UInt8] = []
-    var buffer = [UInt8](repeating: 0, count: 4096)
-    while true {
-        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-        if n > 0 { received += buffer[0..<n]; continue }
-        return n == 0 ? (received, Date().timeIntervalSince(start)) : nil
-    }
+/// Connects a plain TCP socket to `port`, sends `bytes`, and reads until the server closes.
+func rawExchange(port: Int, send bytes: [UInt8]) -> (received: [UInt8], seconds: Double)? {
+    guard let socket = RawSocket(port: port) else { return nil }
+    if !bytes.isEmpty { socket.send(bytes) }
+    return socket.readUntilClosed().map { ($0.bytes, $0.seconds) }
 }
 
 /// The server's close counts, read over the plain port.

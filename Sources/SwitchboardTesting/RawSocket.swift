@@ -1,0 +1,63 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+
+/// A blocking TCP socket on loopback, for tests that speak raw bytes to a live server's port.
+public final class RawSocket {
+    private let fd: Int32
+
+    /// Connects to `127.0.0.1:port`; reads give up after `timeout` seconds. Nil if the connection fails.
+    public init?(port: Int, timeout: Double = 5) {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(port).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard connected == 0 else { close(fd); return nil }
+        var limit = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - timeout.rounded(.down)) * 1_000_000))
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    deinit { close(fd) }
+
+    public func send(_ bytes: [UInt8]) {
+        _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+    }
+
+    public func send(_ text: String) { send(Array(text.utf8)) }
+
+    /// Up to `count` bytes, waiting for at least one; empty once the server has closed or the wait ran out.
+    public func read(upTo count: Int = 65_536) -> [UInt8] {
+        var buffer = [UInt8](repeating: 0, count: count)
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        return n > 0 ? Array(buffer[0..<n]) : []
+    }
+
+    /// Exactly `count` bytes, or fewer if the server closes or the wait runs out.
+    public func read(exactly count: Int) -> [UInt8] {
+        var out: [UInt8] = []
+        while out.count < count {
+            let more = read(upTo: count - out.count)
+            if more.isEmpty { break }
+            out += more
+        }
+        return out
+    }
+
+    /// Everything until the server closes: the bytes and the seconds it took; nil if it did not close
+    /// before the wait ran out.
+    public func readUntilClosed() -> (bytes: [UInt8], seconds: Double)? {
+        let start = Date()
+        var out: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n > 0 { out += buffer[0..<n]; continue }
+            return n == 0 ? (out, Date().timeIntervalSince(start)) : nil
+        }
+    }
+}

@@ -1,0 +1,181 @@
+import Foundation
+import Synchronization
+import Testing
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardTesting
+import SwitchboardWire
+
+/// A WebSocket client made of raw bytes (RFC 6455): masked frames out, the server's frames in.
+final class RawWebSocket {
+    let socket: RawSocket
+    /// The server's answer to the upgrade request.
+    private(set) var handshake = ""
+
+    /// Upgrades a connection to `port`, with `origin` if given.
+    init?(port: Int, origin: String? = nil) {
+        guard let socket = RawSocket(port: port) else { return nil }
+        self.socket = socket
+        socket.send("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            + (origin.map { "Origin: \($0)\r\n" } ?? "") + "\r\n")
+        var head: [UInt8] = []
+        while !head.ends(with: [13, 10, 13, 10]) {
+            let byte = socket.read(exactly: 1)
+            guard !byte.isEmpty else { return nil }
+            head += byte
+        }
+        handshake = String(decoding: head, as: UTF8.self)
+    }
+
+    /// Sends one message (opcode 1 text, 2 binary, 8 close, 9 ping), masked as a client must.
+    func send(opcode: UInt8, _ payload: [UInt8]) {
+        var frame: [UInt8] = [0x80 | opcode]
+        if payload.count < 126 {
+            frame.append(0x80 | UInt8(payload.count))
+        } else {
+            frame += [0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
+        }
+        let mask: [UInt8] = [0x12, 0x34, 0x56, 0x78]
+        frame += mask
+        frame += payload.enumerated().map { $0.element ^ mask[$0.offset % 4] }
+        socket.send(frame)
+    }
+
+    /// The next frame from the server: opcode and payload; nil when the connection ends.
+    func receive() -> (opcode: UInt8, payload: [UInt8])? {
+        let header = socket.read(exactly: 2)
+        guard header.count == 2 else { return nil }
+        var length = Int(header[1] & 0x7F)
+        if length == 126 {
+            length = socket.read(exactly: 2).reduce(0) { $0 << 8 | Int($1) }
+        } else if length == 127 {
+            length = socket.read(exactly: 8).reduce(0) { $0 << 8 | Int($1) }
+        }
+        return (header[0] & 0x0F, socket.read(exactly: length))
+    }
+
+    /// The close code of a close frame's payload.
+    static func closeCode(_ payload: [UInt8]) -> Int? {
+        payload.count >= 2 ? Int(payload[0]) << 8 | Int(payload[1]) : nil
+    }
+}
+
+extension Array where Element == UInt8 {
+    func ends(with suffix: [UInt8]) -> Bool { count >= suffix.count && Array(self[(count - suffix.count)...]) == suffix }
+}
+
+/// An HTTP GET over a raw socket: the status code and the body.
+func httpGet(_ path: String, port: Int) -> (status: Int, body: String)? {
+    guard let socket = RawSocket(port: port) else { return nil }
+    socket.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    guard let reply = socket.readUntilClosed() else { return nil }
+    let text = String(decoding: reply.bytes, as: UTF8.self)
+    guard let status = text.split(separator: " ").dropFirst().first.flatMap({ Int($0) }),
+          let bodyStart = text.range(of: "\r\n\r\n") else { return nil }
+    return (status, String(text[bodyStart.upperBound...]))
+}
+
+@Suite("HTTP and WebSocket on the server's port")
+struct WebTests {
+    @Test("healthz 200 while serving, 503 while draining; 404; a malformed request gets 400 and a close")
+    func httpEndpoints() async throws {
+        let held = Mutex<[MethodResult]>([])
+        try await withServer({ $0.drainTimeoutMs = 2000 }, setUp: { server in
+            MethodChannel(name: "test/hang", server: server).setMethodCallHandler { _, result in held.withLock { $0.append(result) } }
+        }) { server, port in
+            let health = try #require(httpGet("/healthz", port: port))
+            #expect(health.status == 200 && health.body.contains(#""status":"serving""#))
+            #expect(httpGet("/nope", port: port)?.status == 404)
+            let garbage = try #require(RawSocket(port: port))
+            garbage.send("BOGUS \u{1}\r\n\r\n")
+            let answer = garbage.readUntilClosed()?.bytes ?? []
+            #expect(String(decoding: answer, as: UTF8.self).hasPrefix("HTTP/1.1 400 "))
+            let caller = try #require(RawSocket(port: port))
+            caller.send(try Frame.call(1, "test/hang", "wait").bytes)
+            while held.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) }
+            server.shutdown()
+            try await Task.sleep(for: .milliseconds(100))
+            let draining = try #require(httpGet("/healthz", port: port))
+            #expect(draining.status == 503 && draining.body.contains(#""status":"draining""#))
+            held.withLock { $0.first?.success(.null) }
+        }
+    }
+
+    @Test("metrics: every counter in Prometheus text, per-channel counters past the channel limit summed as other")
+    func metrics() async throws {
+        try await withServer({ $0.metrics = .prometheus(channelLimit: 3) }) { _, port in
+            let caller = try #require(RawSocket(port: port))
+            for id: UInt32 in 1...3 { caller.send(try Frame.call(id, "switchboard/echo", "echo", .int(Int(id))).bytes) }
+            _ = caller.read(exactly: 3 * 18)  // three replies: a 12-byte header and a 6-byte envelope each
+            let text = try #require(httpGet("/metrics", port: port)).body
+            let samples = Dictionary(text.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap { line -> (String, Double)? in
+                guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { return nil }
+                return (String(line[..<space]), value)
+            }, uniquingKeysWith: { first, _ in first })
+            #expect(samples["switchboard_frames_in_total"] == 3)
+            #expect(samples["switchboard_connections"] == 2)  // the caller and this request
+            let channelLabels = samples.keys.filter { $0.hasPrefix("switchboard_channel_requests_total{") }
+            #expect(channelLabels.count == 4)  // three channels of their own, and other
+            #expect(samples[#"switchboard_channel_requests_total{channel="other"}"#] != nil)
+            let echo = samples[#"switchboard_channel_requests_total{channel="switchboard/echo"}"#]
+            #expect(echo == 3 || samples[#"switchboard_channel_requests_total{channel="other"}"#] ?? 0 >= 3)
+        }
+    }
+
+    @Test("WebSocket: one binary frame per binary message, one text line per text message, the accept key, a clean close")
+    func webSocketFraming() async throws {
+        try await withServer { _, port in
+            let binary = try #require(RawWebSocket(port: port))
+            #expect(binary.handshake.hasPrefix("HTTP/1.1 101 "))
+            #expect(binary.handshake.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"))  // RFC 6455's example
+            binary.send(opcode: 2, try Frame.call(7, "switchboard/echo", "echo", "hi").bytes + [])
+            let reply = try #require(binary.receive())
+            #expect(reply.opcode == 2)
+            var buffer = InboundBuffer()
+            buffer.append(reply.payload)
+            var decoder = FrameDecoder(maxFrame: 1 << 20)
+            guard case .frame(let frame)? = try decoder.next(from: &buffer) else { Issue.record("no frame"); return }
+            #expect(frame.id == 7 && buffer.readableBytes == 0)  // exactly one frame in the message
+            #expect(try frame.envelope() == .success("hi"))
+            binary.send(opcode: 8, [0x03, 0xE8])  // close, 1000
+            let close = try #require(binary.receive())
+            #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1000)
+
+            let text = try #require(RawWebSocket(port: port))
+            text.send(opcode: 1, Array(#"{"id":1,"call":"switchboard/echo","method":"echo","args":[1,"two"]}"#.utf8))
+            text.send(opcode: 9, Array("ping".utf8))
+            let line = try #require(text.receive())
+            #expect(line.opcode == 1 && String(decoding: line.payload, as: UTF8.self) == #"{"id":1,"result":[1,"two"]}"#)
+            let pong = try #require(text.receive())
+            #expect(pong.opcode == 10 && pong.payload == Array("ping".utf8))
+        }
+    }
+
+    @Test("WebSocket close codes: 1009 over maxFrame, 1008 for a refused origin, GOAWAY then 1001 on shutdown")
+    func webSocketCloseCodes() async throws {
+        try await withServer({ $0.maxFrame = 256; $0.webSocketOrigins = ["https://*.good.example"] }) { server, port in
+            let big = try #require(RawWebSocket(port: port))
+            big.send(opcode: 2, [UInt8](repeating: 0, count: 1000))
+            var close = try #require(big.receive())
+            #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1009)
+
+            let evil = try #require(RawWebSocket(port: port, origin: "https://evil.example"))
+            close = try #require(evil.receive())
+            #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1008)
+            let good = try #require(RawWebSocket(port: port, origin: "https://app.good.example"))
+            good.send(opcode: 2, try Frame.call(1, "switchboard/echo", "echo", 1).bytes)
+            #expect(good.receive()?.opcode == 2)
+
+            server.shutdown()
+            let goAway = try #require(good.receive())
+            var buffer = InboundBuffer()
+            buffer.append(goAway.payload)
+            var decoder = FrameDecoder(maxFrame: 1 << 20)
+            guard case .frame(let frame)? = try decoder.next(from: &buffer) else { Issue.record("no GOAWAY"); return }
+            #expect(goAway.opcode == 2 && frame.kind == .goAway)
+            close = try #require(good.receive())
+            #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1001)
+        }
+    }
+}
