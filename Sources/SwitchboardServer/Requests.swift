@@ -155,7 +155,8 @@ enum ChannelEntry {
     case message(MessageEntry)
 }
 
-/// A channel's traffic, for `/metrics`: requests routed to it, events published on it.
+/// A channel's traffic, for `/metrics`: requests routed to it, events published on it. Plain integers
+/// updated by a lone `+= 1` that calls nothing out, so the compiler checks no access at run time.
 final class ChannelCounts {
     var requests = 0
     var events = 0

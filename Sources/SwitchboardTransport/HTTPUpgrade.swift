@@ -41,7 +41,10 @@ public final class HTTPUpgradeTransport: Transport {
     private var mode = Mode.sniffing
     private var framing = Framing.undecided
     /// Outgoing bytes that do not yet make a whole frame or line.
-    private var carry: [UInt8] = []
+    private var carry: [UInt8] = [] { didSet { carryCount = carry.count } }
+    /// `carry.count`, read per request by the owner's outbound check. Unchecked: a plain integer set
+    /// only by `carry`'s observer, on the loop thread, by code that calls nothing out meanwhile.
+    @exclusivity(unchecked) private var carryCount = 0
     private var isFinished = false
 
     public init(over inner: any Transport, options: Options) {
@@ -49,7 +52,7 @@ public final class HTTPUpgradeTransport: Transport {
         self.options = options
     }
 
-    public var queuedBytes: Int { inner.queuedBytes + carry.count }
+    public var queuedBytes: Int { inner.queuedBytes + carryCount }
     public var isOpen: Bool { !isFinished && inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
     public var peerIdentity: String? { inner.peerIdentity }
@@ -58,7 +61,7 @@ public final class HTTPUpgradeTransport: Transport {
 
     public func start(_ handler: @escaping (TransportEvent) -> Void) {
         self.handler = handler
-        inner.start { [weak self] event in self?.handleInner(event) }
+        inner.start { event in self.handleInner(event) }  // the inner transport lets go when it closes
     }
 
     public func write(_ bytes: inout [UInt8]) {
