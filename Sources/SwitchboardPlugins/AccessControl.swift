@@ -115,8 +115,8 @@ public struct AccessRules: Codable, Sendable, Equatable {
 /// a refusal is ERROR `forbidden` and the connection stays open. Deny wins over allow. A `cancel` is
 /// always allowed (it only stops the client's own stream).
 ///
-/// Rights are looked up once per connection and configuration generation; as a gate, its verdict on a
-/// channel is kept per connection until a HELLO or a reload, so a repeated call costs no check at all.
+/// Rights are looked up once per connection and configuration generation, and its last verdict is kept
+/// per connection: a client that keeps calling one channel costs no pattern match.
 public struct AccessControl: Plugin {
     public let name = "access"
     let settings: LiveSettings
@@ -185,18 +185,21 @@ public struct AccessControl: Plugin {
         }
     }
 
-    /// One connection's rights, for one HELLO and configuration generation.
+    /// One connection's rights, for one HELLO and configuration generation, and its last verdict.
+    /// Immutable: replaced whole when any of that changes.
     final class ConnectionState {
         let generation: Int
         /// The connection's ``ConnectionContext/helloCount`` the rights were looked up for.
         let helloCount: Int
         /// nil: the section was removed by a reload (everything passes).
         let rights: Compiled?
+        let last: LastVerdict?
 
-        init(generation: Int, helloCount: Int, rights: Compiled?) {
+        init(generation: Int, helloCount: Int, rights: Compiled?, last: LastVerdict? = nil) {
             self.generation = generation
             self.helloCount = helloCount
             self.rights = rights
+            self.last = last
         }
     }
 
@@ -212,8 +215,17 @@ public struct AccessControl: Plugin {
                 state = ConnectionState(generation: generation, helloCount: context.helloCount, rights: rights(of: context))
                 state.map(context.keep)
             }
-            guard let rights = state?.rights, !rights.permits(kind, channel) else { return .admit }
-            let who = context.identity.map { "user \($0)" } ?? "anonymous connections"
+            guard let state else { return .admit }
+            if let verdict = state.last?.verdict(for: channel, kind) { return verdict }
+            let verdict = verdict(on: channel, kind, rights: state.rights, identity: context.identity)
+            context.keep(ConnectionState(generation: state.generation, helloCount: state.helloCount, rights: state.rights,
+                                         last: LastVerdict(channel: channel, kind: kind, verdict: verdict)))
+            return verdict
+        }
+
+        private func verdict(on channel: String, _ kind: InboundKind, rights: Compiled?, identity: String?) -> GateVerdict {
+            guard let rights, !rights.permits(kind, channel) else { return .admit }
+            let who = identity.map { "user \($0)" } ?? "anonymous connections"
             let right = kind == .message ? "send" : kind.rawValue
             return .refuse(.forbidden("\(who) may not \(right) on \(channel)"))
         }

@@ -159,6 +159,19 @@ private struct AnyKey: CodingKey {
     init?(intValue: Int) { nil }
 }
 
+/// A gate's last verdict on a connection, for the requests the pipeline judges afresh each time (text
+/// mode, listens, pipelines with stages that are not gates): most connections keep using one channel.
+struct LastVerdict {
+    let channel: String
+    let kind: InboundKind
+    let verdict: GateVerdict
+
+    /// The verdict, if it was about this channel and kind.
+    func verdict(for channel: String, _ kind: InboundKind) -> GateVerdict? {
+        kind == self.kind && channel == self.channel ? verdict : nil
+    }
+}
+
 /// A value made from the settings of one generation, made again when they change: plugins read their
 /// settings through it, so a request costs an atomic load and a lock, not a copy of the configuration.
 final class GenerationCache<Value: Sendable>: Sendable {

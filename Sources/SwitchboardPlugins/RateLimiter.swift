@@ -162,7 +162,8 @@ public struct RateLimiter: Plugin {
         }
     }
 
-    /// A rule's bucket for one connection, when the rule has no per-user limit or the connection no user.
+    /// A rule's bucket for one connection (alone when the rule has no per-user limit or the connection no
+    /// user; else inside a ``UserMeter``).
     final class ConnectionMeter: GateMeter {
         let limit: RateLimitRule.Limit
         let bucket: TokenBucket
@@ -210,13 +211,16 @@ public struct RateLimiter: Plugin {
         let buckets: [ConnectionMeter?]
         /// Per rule: nil when the rule limits nothing this connection does.
         let meters: [(any GateMeter)?]
+        let last: LastVerdict?
 
-        init(generation: Int, helloCount: Int, rules: [Rule], buckets: [ConnectionMeter?], meters: [(any GateMeter)?]) {
+        init(generation: Int, helloCount: Int, rules: [Rule], buckets: [ConnectionMeter?], meters: [(any GateMeter)?],
+             last: LastVerdict? = nil) {
             self.generation = generation
             self.helloCount = helloCount
             self.rules = rules
             self.buckets = buckets
             self.meters = meters
+            self.last = last
         }
     }
 
@@ -229,9 +233,15 @@ public struct RateLimiter: Plugin {
 
         func judge(_ context: ConnectionContext, channel: String, kind: InboundKind) -> GateVerdict {
             let state = self.state(of: context)
-            guard let index = state.rules.firstIndex(where: { $0.matches(channel, kind) }),
-                  let meter = state.meters[index] else { return .admit }
-            return .meter(meter)
+            if let verdict = state.last?.verdict(for: channel, kind) { return verdict }
+            var verdict = GateVerdict.admit
+            if let index = state.rules.firstIndex(where: { $0.matches(channel, kind) }), let meter = state.meters[index] {
+                verdict = .meter(meter)
+            }
+            context.keep(ConnectionState(generation: state.generation, helloCount: state.helloCount, rules: state.rules,
+                                         buckets: state.buckets, meters: state.meters,
+                                         last: LastVerdict(channel: channel, kind: kind, verdict: verdict)))
+            return verdict
         }
 
         /// The connection's buckets and meters for the settings and HELLO in force.

@@ -163,7 +163,6 @@ final class Connection {
     var isText: Bool { mode == .text }
     var hasChosenBinary: Bool { mode == .binary }
 
-
     // MARK: Input
 
     func handle(_ event: TransportEvent) {
@@ -477,7 +476,6 @@ final class Connection {
         case .local(.event)?, nil: nil
         }
     }
-
 
     /// A holder's event on its own event channel (a MESSAGE with id 0): an event, not a request.
     private func isHolderEvent(_ frame: FrameDecoder.View) -> Bool {

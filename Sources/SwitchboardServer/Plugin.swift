@@ -437,11 +437,19 @@ extension InboundProcessor {
 /// and settings whose changes its ``epoch`` marks: it admits or refuses, and never rewrites, answers or
 /// waits. Access control and rate limits are gates.
 ///
-/// A gate is judged once per connection, channel and kind: the pipeline keeps the verdict until a HELLO
-/// or the epoch changes it. What must still be decided per request (taking a token from a bucket) is
-/// the ``GateMeter`` a verdict names. When every inbound stage is a gate and no outbound stage sees
-/// answers, binary calls and sends, the common requests, are judged this way without building an
-/// ``InboundRequest``; other requests are judged afresh each time. The pipeline never calls `process`.
+/// When every inbound stage is a gate and no outbound stage sees replies or errors, a binary call or
+/// send is judged without building an ``InboundRequest``, and the verdicts on the connection's last
+/// channel and kind are kept until a HELLO, a new channel or kind, or an advance of the epoch: a
+/// repeated request asks only the meters. Other requests are judged afresh each time. So:
+/// - what must be decided per request (taking a token from a bucket) is the ``GateMeter`` a verdict
+///   names, and a meter's state must outlive the verdict: keep it in the connection's state
+///   (``ConnectionContext/keep(_:)``) and hand out the same meter when judged again, or a client could
+///   reset it by switching channels;
+/// - ``epoch`` must be the same object every time (the pipeline reads it once, at load);
+/// - the meters of gates loaded before a refusing gate have already counted the request: load rate
+///   limits after access control (as `PluginConfiguration.plugins(reading:)` does).
+///
+/// The pipeline never calls `process`.
 public protocol InboundGate: InboundProcessor {
     /// Advances whenever something the verdicts depend on changes, other than the identity; nil when
     /// nothing does.

@@ -348,6 +348,8 @@ struct GateTests {
         final class Counts: Sendable {
             let judged = Atomic<Int>(0)
         }
+        /// Two calls per connection, kept in the connection's state as a gate must (the same meter
+        /// however often it is judged).
         final class Quota: GateMeter {
             var left = 2
             func admit(now: UInt64) -> Rejection? {
@@ -361,7 +363,10 @@ struct GateTests {
         func judge(_ connection: ConnectionContext, channel: String, kind: InboundKind) -> GateVerdict {
             counts.judged.add(1, ordering: .relaxed)
             switch channel {
-            case "switchboard/echo": return .meter(Quota())
+            case "switchboard/echo":
+                let quota = connection.state(Quota.self) ?? Quota()
+                connection.keep(quota)
+                return .meter(quota)
             case "switchboard/stats": return .refuse(.forbidden("no stats"))
             default: return .admit
             }
@@ -388,22 +393,47 @@ struct GateTests {
         #expect(counts.judged.load(ordering: .relaxed) == 1)
         #expect(try calls("switchboard/stats", 4...5) == ["forbidden", "forbidden"])
         #expect(counts.judged.load(ordering: .relaxed) == 2)
-        #expect(try calls("switchboard/echo", 6...7) == [nil, nil])  // judged again: a new meter
+        #expect(try calls("switchboard/echo", 6...7) == ["quota", "quota"])  // judged again: the same meter
         #expect(counts.judged.load(ordering: .relaxed) == 3)
         epoch.advance()  // a reload
-        #expect(try calls("switchboard/echo", 8...9) == [nil, nil])
+        #expect(try calls("switchboard/echo", 8...8) == ["quota"])
         #expect(counts.judged.load(ordering: .relaxed) == 4)
         client.send(Frame(.hello, id: 10, payload: Array(#"{"version":1}"#.utf8)))
         embedded.run()
         _ = try client.frames()
-        #expect(try calls("switchboard/echo", 11...11) == [nil])
+        #expect(try calls("switchboard/echo", 11...11) == ["quota"])
         #expect(counts.judged.load(ordering: .relaxed) == 5)
         let text = embedded.connect()  // text mode takes the whole pipeline: judged per request
-        text.send(line: #"{"id":1,"call":"switchboard/echo","method":"echo","args":1}"#)
-        text.send(line: #"{"id":2,"call":"switchboard/echo","method":"echo","args":1}"#)
+        for id in 1...3 { text.send(line: #"{"id":\#(id),"call":"switchboard/echo","method":"echo","args":1}"#) }
         embedded.run()
-        #expect(try text.lines().map { $0["result"] } == [1, 1])
-        #expect(counts.judged.load(ordering: .relaxed) == 7)
+        #expect(try text.lines().map { $0["error"]?["code"]?.stringValue } == [nil, nil, "quota"])
+        #expect(counts.judged.load(ordering: .relaxed) == 8)
+    }
+
+    @Test("a rate limit's bucket outlives a new HELLO and other channels; only a reload refills it")
+    func bucketsOutliveReJudging() throws {
+        let settings = LiveSettings(PluginConfiguration(rateLimits: [
+            RateLimitRule(channels: ["switchboard/echo"], perConnection: .init(rate: 0.001, burst: 3)),
+        ]))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+        let client = embedded.connect()
+        var id: UInt32 = 0
+        func call(_ channel: String) throws -> String? {
+            id += 1
+            client.send(try .call(id, channel, "echo", 1))
+            embedded.run()
+            return try client.frames().last?.errorCode
+        }
+        #expect(try call("switchboard/echo") == nil)
+        #expect(try call("switchboard/stats") == nil)  // another channel, no rule: judged again
+        #expect(try call("switchboard/echo") == nil)
+        client.send(Frame(.hello, id: 99, payload: Array(#"{"version":1}"#.utf8)))
+        embedded.run()
+        _ = try client.frames()
+        #expect(try call("switchboard/echo") == nil)  // the third token, after the HELLO
+        #expect(try call("switchboard/echo") == "rate_limited")
+        settings.replace(with: settings.current)  // a reload: new buckets
+        #expect(try call("switchboard/echo") == nil)
     }
 }
 
