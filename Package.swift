@@ -9,6 +9,7 @@ let package = Package(
     products: [
         .library(name: "SwitchboardCodec", targets: ["SwitchboardCodec"]),
         .library(name: "SwitchboardWire", targets: ["SwitchboardWire"]),
+        .library(name: "SwitchboardTransport", targets: ["SwitchboardTransport"]),
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .library(name: "SwitchboardPlugins", targets: ["SwitchboardPlugins"]),

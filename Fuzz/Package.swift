@@ -42,5 +42,15 @@ let package = Package(
             ],
             path: "Sources/FuzzConnection"
         ),
+        .executableTarget(
+            name: "fuzz-web",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SwitchboardTesting", package: "main"),
+                .product(name: "SwitchboardServer", package: "main"),
+                .product(name: "SwitchboardTransport", package: "main"),
+            ],
+            path: "Sources/FuzzWeb"
+        ),
     ]
 )

@@ -33,11 +33,12 @@ public final class EmbeddedServer {
 
     deinit { finish() }
 
-    /// A new connection; the test is its peer.
-    public func connect(name: String = "memory") -> InMemoryTransport {
+    /// A new connection; the test is its peer. `layer` puts a transport between the two (TLS, HTTP and
+    /// WebSocket), as the server's listeners do.
+    public func connect(name: String = "memory", through layer: (InMemoryTransport) -> any Transport = { $0 }) -> InMemoryTransport {
         let transport = InMemoryTransport(name: name)
         transports.append(transport)
-        server.accept(transport)
+        server.accept(layer(transport))
         return transport
     }
 
