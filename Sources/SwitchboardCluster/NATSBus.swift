@@ -115,7 +115,8 @@ public final class NATSBus: ClusterBus {
         connect()
     }
 
-    /// Disconnects for good: open requests complete with `.disconnected`.
+    /// Disconnects for good: open requests complete with `.disconnected`, and every handler is let go
+    /// (one that captures the bus would otherwise keep it alive).
     public func close() {
         phase = .closed
         retryTimer.cancel()
@@ -124,6 +125,9 @@ public final class NATSBus: ClusterBus {
         flusher = nil
         dropConnection()
         failRequests()
+        subscriptions = [:]
+        inboxSubscription = nil
+        onConnectionChange = nil
     }
 
     // MARK: ClusterBus

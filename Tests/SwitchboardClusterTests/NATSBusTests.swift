@@ -68,6 +68,7 @@ final class NATSServerProcess {
 /// One loop, driven by the test's thread, with buses on it.
 final class BusHarness {
     let loop: EventLoop
+    private var buses: [NATSBus] = []
 
     init() throws { loop = try EventLoop() }
 
@@ -76,6 +77,7 @@ final class BusHarness {
         options.pingIntervalMs = 200
         let bus = try NATSBus(loop: loop, options: options, logger: Logger(label: "test"))
         bus.start()
+        buses.append(bus)
         return bus
     }
 
@@ -96,7 +98,10 @@ final class BusHarness {
         while Date() < deadline { loop.runOnce(); usleep(500) }
     }
 
-    deinit { loop.finishDriving() }
+    deinit {
+        for bus in buses { bus.close() }
+        loop.finishDriving()
+    }
 }
 
 @Suite("NATS bus against nats-server", .enabled(if: NATSServerProcess.path != nil,
