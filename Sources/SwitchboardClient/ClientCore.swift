@@ -98,7 +98,7 @@ final class ClientCore {
             case .failure(let error): connectionEnded("cannot connect to \(config.host):\(config.port): \(error)")
             case .success(let connection):
                 guard !isClosing else { return connection.closeNow() }
-                let transport: any Transport
+                var transport: any Transport
                 if let tls = config.tls {
                     do {
                         transport = try TLSTransport(over: connection, context: tls, serverName: config.serverName ?? config.host, loop: loop)
@@ -109,6 +109,7 @@ final class ClientCore {
                 } else {
                     transport = connection
                 }
+                if config.webSocket { transport = WebSocketClientTransport(over: transport, host: config.serverName ?? config.host) }
                 self.transport = transport
                 serverIsGoingAway = false
                 inbound.clear()

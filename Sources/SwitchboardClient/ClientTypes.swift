@@ -20,6 +20,8 @@ public struct ClientConfiguration: Sendable {
     /// The name the server's certificate must carry (and SNI): a DNS name or an IP address; the host
     /// when nil.
     public var serverName: String?
+    /// Speak through a WebSocket (the server's HTTP upgrade on the same port), as a browser must.
+    public var webSocket = false
 
     /// The defaults: 127.0.0.1:7420, 30 s calls, reconnecting.
     public init(host: String = "127.0.0.1", port: Int = 7420, token: String? = nil) {

@@ -30,9 +30,14 @@ extension Digest {
             }
         }
         precondition(ok == 1 && length == 20, "OpenSSL's SHA-1 failed")
-        var encoded = [UInt8](repeating: 0, count: 32)  // 4 × ceil(20 / 3) + NUL
+        return base64(digest)
+    }
+
+    /// `bytes` in base64 (RFC 4648, with padding).
+    static func base64(_ bytes: [UInt8]) -> String {
+        var encoded = [UInt8](repeating: 0, count: 4 * ((bytes.count + 2) / 3) + 1)  // and a NUL
         let count = encoded.withUnsafeMutableBufferPointer { output in
-            digest.withUnsafeBufferPointer { EVP_EncodeBlock(output.baseAddress, $0.baseAddress, 20) }
+            bytes.withUnsafeBufferPointer { EVP_EncodeBlock(output.baseAddress, $0.baseAddress, Int32($0.count)) }
         }
         return String(decoding: encoded.prefix(Int(count)), as: UTF8.self)
     }

@@ -32,19 +32,16 @@ public final class HTTPUpgradeTransport: Transport {
         case answered
     }
 
-    /// What the WebSocket's messages carry, decided by the first message either way.
-    private enum Framing { case undecided, binary, text }
 
     private let inner: any Transport
     private let options: Options
     private var handler: ((TransportEvent) -> Void)?
     private var mode = Mode.sniffing
-    private var framing = Framing.undecided
-    /// Outgoing bytes that do not yet make a whole frame or line.
-    private var carry: [UInt8] = [] { didSet { carryCount = carry.count } }
-    /// `carry.count`, read per request by the owner's outbound check. Unchecked: a plain integer set
-    /// only by `carry`'s observer, on the loop thread, by code that calls nothing out meanwhile.
-    @exclusivity(unchecked) private var carryCount = 0
+    /// Cuts what the owner writes into messages, once a WebSocket.
+    private var cutter = MessageCutter() { didSet { pendingCount = cutter.pendingCount } }
+    /// `cutter.pendingCount`, read per request by the owner's outbound check. Unchecked: a plain integer
+    /// set only by `cutter`'s observer, on the loop thread, by code that calls nothing out meanwhile.
+    @exclusivity(unchecked) private var pendingCount = 0
     private var isFinished = false
 
     public init(over inner: any Transport, options: Options) {
@@ -52,7 +49,7 @@ public final class HTTPUpgradeTransport: Transport {
         self.options = options
     }
 
-    public var queuedBytes: Int { inner.queuedBytes + carryCount }
+    public var queuedBytes: Int { inner.queuedBytes + pendingCount }
     public var isOpen: Bool { !isFinished && inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
     public var peerIdentity: String? { inner.peerIdentity }
@@ -68,9 +65,10 @@ public final class HTTPUpgradeTransport: Transport {
         switch mode {
         case .sniffing, .passThrough: return inner.write(&bytes)
         case .webSocket(let session):
-            carry += bytes
+            cutter.append(bytes)
             bytes.removeAll(keepingCapacity: bytes.capacity <= 1 << 20)
-            sendMessages(session)
+            for (opcode, message) in cutter.messages() { _ = session.queue(opcode, message) }
+            flush(session)
         case .http, .answered:
             bytes.removeAll(keepingCapacity: true)
         }
@@ -177,7 +175,7 @@ public final class HTTPUpgradeTransport: Transport {
 
     private func deliverMessage(_ opcode: WebSocketSession.Opcode, _ message: [UInt8]) {
         guard !isFinished else { return }
-        if framing == .undecided { framing = opcode == .text ? .text : .binary }
+        cutter.decide(by: opcode)
         if opcode == .text {
             // One text-mode line per message: a newline in it can only be JSON whitespace.
             deliver(.data(message.map { $0 == 10 || $0 == 13 ? 32 : $0 } + [10]))
@@ -187,30 +185,6 @@ public final class HTTPUpgradeTransport: Transport {
     }
 
     // MARK: Output
-
-    /// Cuts what the connection wrote into messages: whole binary frames (by their length field) or
-    /// whole lines.
-    private func sendMessages(_ session: WebSocketSession) {
-        if framing == .undecided, let first = carry.first { framing = first == UInt8(ascii: "{") ? .text : .binary }
-        var start = 0
-        switch framing {
-        case .undecided: return
-        case .binary:
-            while carry.count - start >= 4 {
-                let length = carry[start..<start + 4].reduce(0) { $0 << 8 | Int($1) }
-                guard carry.count - start >= 4 + length else { break }
-                _ = session.queue(.binary, Array(carry[start..<start + 4 + length]))
-                start += 4 + length
-            }
-        case .text:
-            while let newline = carry[start...].firstIndex(of: 10) {
-                _ = session.queue(.text, Array(carry[start..<newline]))
-                start = newline + 1
-            }
-        }
-        carry.removeFirst(start)
-        flush(session)
-    }
 
     private func flush(_ session: WebSocketSession) {
         var bytes = session.takeOutput()

@@ -1,10 +1,11 @@
 import CWslay
 
-/// The server side of one WebSocket connection (RFC 6455), framed by wslay: bytes in, messages out;
-/// messages in, bytes out. wslay answers pings, checks masking and control frames, reassembles
-/// fragments and enforces the message size limit (closing with 1009).
+/// One side of a WebSocket connection (RFC 6455), framed by wslay: bytes in, messages out; messages in,
+/// bytes out. wslay answers pings, masks a client's frames and checks a server's, checks control
+/// frames, reassembles fragments and enforces the message size limit (closing with 1009).
 final class WebSocketSession {
     enum Opcode: UInt8 { case text = 1, binary = 2 }
+    enum Role { case server, client }
 
     private var context: wslay_event_context_ptr?
     private var input: [UInt8] = []
@@ -15,7 +16,7 @@ final class WebSocketSession {
     /// Any frame's start, control frames included: traffic, for the heartbeat.
     var onFrame: () -> Void = {}
 
-    init(maxMessage: Int) {
+    init(role: Role = .server, maxMessage: Int) {
         var callbacks = wslay_event_callbacks()
         callbacks.recv_callback = { context, buffer, length, _, user in
             guard let session = WebSocketSession.owner(user), let buffer else { return -1 }
@@ -43,7 +44,17 @@ final class WebSocketSession {
             let message = argument.pointee.msg.map { Array(UnsafeBufferPointer(start: $0, count: argument.pointee.msg_length)) } ?? []
             session.onMessage(opcode, message)
         }
-        wslay_event_context_server_init(&context, &callbacks, Unmanaged.passUnretained(self).toOpaque())
+        let user = Unmanaged.passUnretained(self).toOpaque()
+        switch role {
+        case .server: wslay_event_context_server_init(&context, &callbacks, user)
+        case .client:
+            callbacks.genmask_callback = { _, buffer, length, _ in
+                guard let buffer else { return -1 }
+                for index in 0..<length { buffer[index] = UInt8.random(in: 0...255) }
+                return 0
+            }
+            wslay_event_context_client_init(&context, &callbacks, user)
+        }
         wslay_event_config_set_max_recv_msg_length(context, UInt64(maxMessage))
     }
 
@@ -85,6 +96,8 @@ final class WebSocketSession {
 
     /// The peer's close frame arrived.
     var closeReceived: Bool { wslay_event_get_close_received(context) != 0 }
+    /// The status code the peer closed with (0 if it has not, or gave none).
+    var closeCodeReceived: UInt16 { closeReceived ? wslay_event_get_status_code_received(context) : 0 }
     /// The status code this side closed with (0 if it has not).
     var closeCodeSent: UInt16 { wslay_event_get_close_sent(context) != 0 ? wslay_event_get_status_code_sent(context) : 0 }
 

@@ -22,6 +22,7 @@ struct ConnectionOptions: ParsableArguments {
     @Option(help: "Client certificate (PEM) for mutual TLS.") var cert: String?
     @Option(help: "Client key (PEM) for mutual TLS (default: the --cert file).") var key: String?
     @Option(help: "The name the server's certificate must carry (default: the host).") var serverName: String?
+    @Flag(help: "Speak through a WebSocket (ws://, or wss:// with --tls).") var ws = false
 
     func configuration() throws -> ClientConfiguration {
         let defaultPort = tls ? 7421 : 7420
@@ -38,6 +39,7 @@ struct ConnectionOptions: ParsableArguments {
             }
             config.serverName = serverName
         }
+        config.webSocket = ws
         return config
     }
 

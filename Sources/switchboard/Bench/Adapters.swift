@@ -352,3 +352,12 @@ extension Frame {
               payload: try StandardMethodCodec().encodeMethodCall(MethodCall(method: method, arguments: arguments))).bytes
     }
 }
+
+/// A handshake that proves the server has set a connection up (a PING answered, or HELLO/CONNECT).
+func greeting(_ target: BenchTarget, index: Int) -> any RPCAdapter {
+    switch target {
+    case .switchboard: (try? SwitchboardRPC(size: 0, relayChannel: nil))!
+    case .redis: RedisRPC(size: 0)
+    case .nats: NATSRPC(size: 0, inbox: "_INBOX.greeting.\(index)")
+    }
+}

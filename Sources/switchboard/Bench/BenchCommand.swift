@@ -4,7 +4,7 @@ import SwitchboardTransport
 
 struct Bench: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Measure a running server (Switchboard, Redis or NATS): rpc, relay, fanout or idle.",
+        abstract: "Measure a running server (Switchboard, Redis or NATS): rpc, relay, fanout, idle or handshakes.",
         discussion: """
             Examples:
               switchboard bench rpc -c 50 -d 16 -s 32 --duration 5
@@ -12,18 +12,22 @@ struct Bench: ParsableCommand {
               switchboard bench idle -n 1000 --server-pid $(pgrep -f 'switchboard serve')
               switchboard bench rpc --target redis --port 6379
               switchboard bench relay -c 50 -d 16     (caller → server → holder → server → caller)
+              switchboard bench rpc --tls --ca ca.pem --port 7421     (Redis too: --target redis)
+              switchboard bench fanout --ws                           (WebSocket, Switchboard only)
+              switchboard bench handshakes -c 8 --tls --ca ca.pem --port 7421
             relay on NATS is request/reply through a responder connection (the same two hops).
             Run with a release build; quote results as ratios measured side by side in one run.
             """
     )
 
-    enum Workload: String, ExpressibleByArgument, CaseIterable { case rpc, relay, fanout, idle }
+    enum Workload: String, ExpressibleByArgument, CaseIterable { case rpc, relay, fanout, idle, handshakes }
 
-    @Argument(help: "rpc, relay, fanout or idle.") var workload: Workload
+    @Argument(help: "rpc, relay, fanout, idle or handshakes.") var workload: Workload
     @Option(help: "switchboard, redis or nats.") var target: BenchTarget = .switchboard
     @Option(help: "Server address.") var host = "127.0.0.1"
     @Option(help: "Server port.") var port = 7420
-    @Option(name: [.customShort("c"), .long], help: "rpc: connections.") var connections = 50
+    @Option(name: [.customShort("c"), .long], help: "rpc: connections; handshakes: connections opened at a time.")
+    var connections = 50
     @Option(name: [.customShort("d"), .long], help: "rpc: requests in flight per connection; fanout: posts unanswered.")
     var depth = 16
     @Option(name: [.customShort("s"), .long], help: "Payload bytes.") var size = 32
@@ -37,16 +41,25 @@ struct Bench: ParsableCommand {
     var operations: Int?
     @Option(help: "idle: pid of the server, to read its resident memory.") var serverPID: Int32?
     @Flag(help: "Print the result as JSON.") var json = false
+    @Flag(help: "Connect with TLS (switchboard and redis; NATS negotiates TLS after INFO, which the bench does not).")
+    var tls = false
+    @Option(help: "CA certificates (PEM) to trust with --tls (default: the system's).") var ca: String?
+    @Option(help: "The name the server's certificate must carry (default: the host).") var serverName: String?
+    @Flag(help: "Speak through a WebSocket (switchboard only).") var ws = false
 
     func validate() throws {
         guard connections > 0, depth > 0, count > 0, size >= 0, duration > 0, warmup >= 0, operations ?? 1 > 0 else {
             throw ValidationError("counts and durations must be positive")
         }
+        if tls, target == .nats { throw ValidationError("--tls: NATS negotiates TLS after INFO, which the bench does not do") }
+        if ws, target != .switchboard { throw ValidationError("--ws is for Switchboard") }
     }
 
     func run() throws {
         MallocTuning.keepLargeBlocks()  // the client moves the same large buffers as the server
         let loop = try EventLoop()
+        let dialer = Dialer(loop: loop, host: host, port: port, tls: try tls ? TLSContext.client(caFile: ca) : nil,
+                            serverName: serverName, webSocket: ws)
         var outcome: BenchResult?
         let done: (BenchResult) -> Void = { result in
             outcome = result
@@ -62,16 +75,20 @@ struct Bench: ParsableCommand {
             let rpc = RPCWorkload(loop: loop, target: target, connections: connections, depth: depth, size: size,
                                   relay: workload == .relay || target == .nats, limit: operations)
             workloads.append(rpc)
-            try rpc.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
+            try rpc.run(dialer: dialer, warmup: warmup, duration: duration, completion: done)
         case .fanout:
             let fanout = FanoutWorkload(loop: loop, target: target, listeners: count, size: size, window: depth,
                                         posts: operations)
             workloads.append(fanout)
-            fanout.run(host: host, port: port, warmup: warmup, duration: duration, completion: done)
+            fanout.run(dialer: dialer, warmup: warmup, duration: duration, completion: done)
         case .idle:
             let idle = IdleWorkload(loop: loop, target: target, count: count)
             workloads.append(idle)
-            idle.run(host: host, port: port, hold: duration, serverPID: serverPID, completion: done)
+            idle.run(dialer: dialer, hold: duration, serverPID: serverPID, completion: done)
+        case .handshakes:
+            let handshakes = HandshakeWorkload(loop: loop, target: target, concurrency: connections)
+            workloads.append(handshakes)
+            handshakes.run(dialer: dialer, warmup: warmup, duration: duration, completion: done)
         }
         loop.run()
         withExtendedLifetime(workloads) {}

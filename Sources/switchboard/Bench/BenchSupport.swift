@@ -158,6 +158,34 @@ func residentKiB(pid: Int32) -> Int? {
     return nil
 }
 
+/// How the bench reaches a server: TCP, inside TLS with `--tls`, in WebSocket messages with `--ws`.
+struct Dialer {
+    let loop: EventLoop
+    let host: String, port: Int
+    let tls: TLSContext?
+    let serverName: String?
+    let webSocket: Bool
+
+    /// Opens a connection (its TLS handshake and WebSocket upgrade go on as it is used); aborts the
+    /// bench if it cannot.
+    func dial(_ completion: @escaping (any Transport) -> Void) {
+        TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
+            guard case .success(let tcp) = result else { abortBench("cannot connect to \(host):\(port): \(result)") }
+            var transport: any Transport = tcp
+            if let tls {
+                do { transport = try TLSTransport(over: tcp, context: tls, serverName: serverName ?? host, loop: loop) } catch {
+                    abortBench("cannot start TLS: \(error)")
+                }
+            }
+            if webSocket { transport = WebSocketClientTransport(over: transport, host: serverName ?? host) }
+            completion(transport)
+        }
+    }
+
+    /// How it connects, for the parameters line: tcp, tls, ws or wss.
+    var scheme: String { webSocket ? (tls == nil ? "ws" : "wss") : (tls == nil ? "tcp" : "tls") }
+}
+
 /// Ends the process with a message when a workload cannot go on.
 func abortBench(_ message: String) -> Never {
     printError("bench: \(message)\n")

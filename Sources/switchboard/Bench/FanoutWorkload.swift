@@ -32,7 +32,7 @@ final class FanoutWorkload {
 
     final class Listener {
         let adapter = Box()
-        var transport: TCPConnection?
+        var transport: (any Transport)?
         var inbound = InboundBuffer()
         var outbound: [UInt8] = []
         var expected: UInt64?
@@ -40,23 +40,22 @@ final class FanoutWorkload {
         final class Box { var value: (any FanoutAdapter)? }
     }
 
-    func run(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
+    func run(dialer: Dialer, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         var ready = 0
         for _ in 0..<listenerCount {
             let listener = Listener()
             listener.adapter.value = makeFanoutAdapter(target)
             listeners.append(listener)
-            open(listener, host: host, port: port, handshake: listener.adapter.value!.listenHandshake) { [unowned self] in
+            open(listener, dialer: dialer, handshake: listener.adapter.value!.listenHandshake) { [unowned self] in
                 ready += 1
-                if ready == listenerCount { startPublisher(host: host, port: port, warmup: warmup, duration: duration, completion: completion) }
+                if ready == listenerCount { startPublisher(dialer: dialer, warmup: warmup, duration: duration, completion: completion) }
             } onData: { [unowned self] in receive(listener) }
         }
     }
 
-    private func open(_ connection: Listener, host: String, port: Int, handshake: [UInt8],
+    private func open(_ connection: Listener, dialer: Dialer, handshake: [UInt8],
                       onReady: @escaping () -> Void, onData: @escaping () -> Void) {
-        TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
-            guard case .success(let transport) = result else { abortBench("cannot connect to \(host):\(port)") }
+        dialer.dial { [self] transport in
             connection.transport = transport
             transport.start { [unowned self, unowned connection] event in
                 guard case .data(let bytes) = event else {
@@ -76,11 +75,11 @@ final class FanoutWorkload {
         }
     }
 
-    private func startPublisher(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
+    private func startPublisher(dialer: Dialer, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         let publisher = Listener()
         publisher.adapter.value = makeFanoutAdapter(target)
         self.publisher = publisher
-        open(publisher, host: host, port: port, handshake: publisher.adapter.value!.publisherHandshake) { [unowned self] in
+        open(publisher, dialer: dialer, handshake: publisher.adapter.value!.publisherHandshake) { [unowned self] in
             while unacknowledged < window, mayStillPost { post() }
             publisher.transport?.write(&publisher.outbound)
             clock.start(warmup: warmup, duration: duration, label: "fanout", count: { [unowned self] in totalDelivered },

@@ -8,7 +8,7 @@ final class IdleWorkload {
     let loop: EventLoop
     let target: BenchTarget
     let count: Int
-    private var connections: [TCPConnection] = []
+    private var connections: [any Transport] = []
     private var answered = 0
     private var started = 0
 
@@ -18,24 +18,15 @@ final class IdleWorkload {
         self.count = count
     }
 
-    /// A handshake that proves the server has set the connection up (a PING answered, or HELLO/CONNECT).
-    private func adapter(_ index: Int) -> any RPCAdapter {
-        switch target {
-        case .switchboard: (try? SwitchboardRPC(size: 0, relayChannel: nil))!
-        case .redis: RedisRPC(size: 0)
-        case .nats: NATSRPC(size: 0, inbox: "_INBOX.idle.\(index)")
-        }
-    }
 
-    func run(host: String, port: Int, hold: Double, serverPID: Int32?, completion: @escaping (BenchResult) -> Void) {
+    func run(dialer: Dialer, hold: Double, serverPID: Int32?, completion: @escaping (BenchResult) -> Void) {
         let before = serverPID.flatMap(residentKiB)
         let begin = EventLoop.nanoseconds()
         func connectMore() {
             while started < count, started - answered < 256 {  // at most 256 handshakes under way
                 started += 1
-                let adapter = adapter(started)
-                TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
-                    guard case .success(let transport) = result else { abortBench("cannot connect (\(started) opened): \(result)") }
+                let adapter = greeting(target, index: started)
+                dialer.dial { [self] transport in
                     connections.append(transport)
                     var buffer = InboundBuffer()
                     var isReady = false

@@ -29,7 +29,7 @@ final class RPCWorkload {
 
     final class Client {
         let adapter: any RPCAdapter
-        var transport: TCPConnection?
+        var transport: (any Transport)?
         var inbound = InboundBuffer()
         var outbound: [UInt8] = []
         /// Send times of the requests in flight, oldest first (a ring of `depth` entries).
@@ -44,25 +44,26 @@ final class RPCWorkload {
 
     /// The in-tool answering side of two-hop request/reply.
     final class Responder {
-        let transport: TCPConnection
+        let transport: any Transport
         var inbound = InboundBuffer()
         var outbound: [UInt8] = []
         let respond: (inout InboundBuffer, inout [UInt8]) -> Bool
-        init(transport: TCPConnection, respond: @escaping (inout InboundBuffer, inout [UInt8]) -> Bool) {
+        init(transport: any Transport, respond: @escaping (inout InboundBuffer, inout [UInt8]) -> Bool) {
             self.transport = transport
             self.respond = respond
         }
     }
 
-    func run(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) throws {
-        let start = { [self] in connectClients(host: host, port: port, warmup: warmup, duration: duration, completion: completion) }
+    func run(dialer: Dialer, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) throws {
+        self.scheme = dialer.scheme
+        let start = { [self] in connectClients(dialer: dialer, warmup: warmup, duration: duration, completion: completion) }
         switch (target, relay) {
         case (.nats, _):
             let nats = NATSResponder()
-            connectResponder(host: host, port: port, handshake: nats.handshake, respond: nats.respond, then: start)
+            connectResponder(dialer: dialer, handshake: nats.handshake, respond: nats.respond, then: start)
         case (.switchboard, true):
             let holder = SwitchboardHolder(channel: "bench/relay")
-            connectResponder(host: host, port: port, handshake: holder.handshake, respond: holder.respond, then: start)
+            connectResponder(dialer: dialer, handshake: holder.handshake, respond: holder.respond, then: start)
         case (.redis, true):
             abortBench("relay has no Redis equivalent")
         default:
@@ -70,10 +71,9 @@ final class RPCWorkload {
         }
     }
 
-    private func connectResponder(host: String, port: Int, handshake: [UInt8],
+    private func connectResponder(dialer: Dialer, handshake: [UInt8],
                                   respond: @escaping (inout InboundBuffer, inout [UInt8]) -> Bool, then: @escaping () -> Void) {
-        TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
-            guard case .success(let transport) = result else { abortBench("cannot connect to \(host):\(port)") }
+        dialer.dial { [self] transport in
             let responder = Responder(transport: transport, respond: respond)
             self.responder = responder
             var started = false
@@ -100,13 +100,12 @@ final class RPCWorkload {
         }
     }
 
-    private func connectClients(host: String, port: Int, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
+    private func connectClients(dialer: Dialer, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         var waiting = connections
         for index in 0..<connections {
             let client = Client(adapter: try! makeAdapter(index: index), depth: depth)
             clients.append(client)
-            TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
-                guard case .success(let transport) = result else { abortBench("cannot connect to \(host):\(port)") }
+            dialer.dial { [self] transport in
                 client.transport = transport
                 transport.start { [unowned self, unowned client] event in
                     handle(event, client) {
@@ -120,7 +119,8 @@ final class RPCWorkload {
         }
     }
 
-    private var parameters: String { "\(target.rawValue) \(connections)×\(depth)×\(size) B" }
+    private var scheme = "tcp"
+    private var parameters: String { "\(target.rawValue) \(connections)×\(depth)×\(size) B" + (scheme == "tcp" ? "" : " over \(scheme)") }
 
     private func startLoad(warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         for client in clients {
