@@ -67,13 +67,23 @@ final class MetricsReporter {
             for (code, total) in codes { count("switchboard_plugin_rejections_total", ["plugin": plugin, "code": code], total: total) }
         }
         for (plugin, total) in tallies.pluginFailures { count("switchboard_plugin_failures_total", ["plugin": plugin], total: total) }
-        for (name, counts, isEvent) in core.channelCounts() {
+        let channels = core.channelCounts()
+        // Channels gone since: forget their totals (one that comes back starts again from 0).
+        let present = Set(channels.map(\.name))
+        reported = reported.filter { key, _ in
+            guard key.hasPrefix(Self.channelKey) else { return true }
+            return present.contains(String(key.drop { $0 != " " }.dropFirst()))
+        }
+        for (name, counts, isEvent) in channels {
             let label = channelLabel(name)
             // Per channel, then added into its label's counter: channels summed as `other` may come and go.
-            add("switchboard_channel_requests_total", ["channel": label], key: "requests " + name, total: counts.requests)
-            if isEvent { add("switchboard_channel_events_total", ["channel": label], key: "events " + name, total: counts.events) }
+            add("switchboard_channel_requests_total", ["channel": label], key: Self.channelKey + "requests " + name, total: counts.requests)
+            if isEvent { add("switchboard_channel_events_total", ["channel": label], key: Self.channelKey + "events " + name, total: counts.events) }
         }
     }
+
+    /// Marks the keys of per-channel totals in `reported` (no counter's name starts with it).
+    private static let channelKey = "\u{0}"
 
     private func channelLabel(_ name: String) -> String {
         if labeledChannels.contains(name) { return name }

@@ -438,9 +438,11 @@ final class ServerCore {
         for connection in connections.values {
             if connection.isText {
                 TextMode.writeLine(.stringMap(["goaway": .stringMap(["reason": "server shutting down"])]), on: connection)
-            } else {
+            } else if connection.hasChosenBinary {
                 connection.writeFrame(.goAway, payload: try? JSONText.serialize(.stringMap(["reason": "server shutting down"])))
             }
+            // A connection that has sent nothing has no mode yet (nor a finished TLS or WebSocket
+            // handshake): a frame now could only garble what it is about to say. It is closed at the end.
         }
         let timer = try? Timer(loop: eventLoop)
         shutdownTimer = timer

@@ -37,6 +37,14 @@ public final class HTTPUpgradeTransport: Transport {
     private let options: Options
     private var handler: ((TransportEvent) -> Void)?
     private var mode = Mode.sniffing
+    /// Reading stopped by the owner (backpressure), and by this layer (pongs piling up).
+    private var isPausedByOwner = false, isPausedForPongs = false
+    /// The owner began a graceful close: what follows is its doing, not a failure.
+    private var isClosingByOwner = false
+    /// Messages read from the peer and not yet delivered (see ``receive(_:_:)``).
+    private var received: [UInt8] = []
+    /// Server-to-client WebSocket frames, built in place and reused write after write.
+    private var framed: [UInt8] = []
     /// Cuts what the owner writes into messages, once a WebSocket.
     private var cutter = MessageCutter() { didSet { pendingCount = cutter.pendingCount } }
     /// `cutter.pendingCount`, read per request by the owner's outbound check. Unchecked: a plain integer
@@ -50,7 +58,9 @@ public final class HTTPUpgradeTransport: Transport {
     }
 
     public var queuedBytes: Int { inner.queuedBytes + pendingCount }
-    public var isOpen: Bool { !isFinished && inner.isOpen }
+    /// The transport below's: a connection whose WebSocket closed still lingers in TCP until the owner's
+    /// close (bounded by its sweep of closing connections).
+    public var isOpen: Bool { inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
     public var peerIdentity: String? { inner.peerIdentity }
     /// Whether the connection became a WebSocket.
@@ -65,22 +75,30 @@ public final class HTTPUpgradeTransport: Transport {
         switch mode {
         case .sniffing, .passThrough: return inner.write(&bytes)
         case .webSocket(let session):
-            cutter.append(bytes)
-            bytes.removeAll(keepingCapacity: bytes.capacity <= 1 << 20)
-            for (opcode, message) in cutter.messages() { _ = session.queue(opcode, message) }
-            flush(session)
+            guard session.closeCodeSent == 0 else { return bytes.removeAll(keepingCapacity: true) }  // the close went out
+            flush(session)  // wslay's own frames (pongs) first: then nothing of its is half written
+            cutter.frame(&bytes, into: &framed)
+            if !framed.isEmpty { inner.write(&framed) }
         case .http, .answered:
             bytes.removeAll(keepingCapacity: true)
         }
     }
 
-    public func pauseReading() { inner.pauseReading() }
-    public func resumeReading() { inner.resumeReading() }
+    public func pauseReading() {
+        isPausedByOwner = true
+        inner.pauseReading()
+    }
+
+    public func resumeReading() {
+        isPausedByOwner = false
+        if !isPausedForPongs { inner.resumeReading() }
+    }
 
     public func closeAfterWrites() { closeAfterWrites(.normal) }
 
     public func closeAfterWrites(_ intent: CloseIntent) {
-        if case .webSocket(let session) = mode, !isFinished {
+        isClosingByOwner = true
+        if case .webSocket(let session) = mode, session.closeCodeSent == 0 {
             session.queueClose(intent.webSocketCode, reason: intent.webSocketReason)
             flush(session)
         }
@@ -97,9 +115,15 @@ public final class HTTPUpgradeTransport: Transport {
 
     private func handleInner(_ event: TransportEvent) {
         guard !isFinished else { return }
+        if case .drained = event, isPausedForPongs {
+            isPausedForPongs = false
+            if !isPausedByOwner { inner.resumeReading() }
+        }
         guard case .data(let bytes) = event else { return deliver(event) }
         switch mode {
         case .sniffing:
+            // A binary frame starts with a length byte of at most 0x40 and text mode with `{`: an
+            // uppercase letter can only begin an HTTP method.
             guard let first = bytes.first, (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(first) else {
                 mode = .passThrough
                 return deliver(event)
@@ -122,8 +146,8 @@ public final class HTTPUpgradeTransport: Transport {
         case .complete(let head, let rest):
             if head.isUpgrade, head.header("Upgrade")?.lowercased() == "websocket" {
                 upgrade(head, rest: rest)
-            } else if head.method != "GET" && head.method != "HEAD" {
-                answer(HTTPResponse(status: 405, text: "only GET\n"))
+            } else if head.method != "GET" {
+                answer(HTTPResponse(status: 404, text: "not found\n"))  // wire-v1: anything else is 404
             } else {
                 answer(options.respond(head) ?? HTTPResponse(status: 404, text: "not found\n"))
             }
@@ -144,7 +168,8 @@ public final class HTTPUpgradeTransport: Transport {
             return answer(HTTPResponse(status: 400, text: "a WebSocket upgrade needs GET, Sec-WebSocket-Version: 13 and a key\n"))
         }
         let session = WebSocketSession(maxMessage: options.maxFrame + 4)
-        session.onMessage = { [unowned self] opcode, message in deliverMessage(opcode, message) }
+        session.onData = { [unowned self] opcode, bytes in collect(opcode, bytes) }
+        session.onMessageEnd = { [unowned self] opcode in if opcode == .text { received.append(10) } }
         session.onFrame = { [unowned self] in handler?(.data([])) }  // traffic, for the heartbeat
         mode = .webSocket(session)
         var response = Array(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -159,28 +184,48 @@ public final class HTTPUpgradeTransport: Transport {
         if !rest.isEmpty { receive(rest, session) }
     }
 
+    /// Reads `bytes`, then hands the owner every message they completed as one event (as one read
+    /// does over TCP), after wslay has returned.
     private func receive(_ bytes: [UInt8], _ session: WebSocketSession) {
+        let wasClosing = session.closeCodeSent != 0
         let ok = session.receive(bytes)
-        flush(session)  // pongs, and wslay's own close (1002 for a bad frame, 1009 for a message too large)
+        flush(session)  // pongs, and wslay's close (a close counts as sent once written)
+        // What wslay itself did on this input, before the owner hears anything (the owner may close too).
+        let peerClosed = session.closeReceived
+        let wslayClosed = wasClosing || peerClosed ? 0 : session.closeCodeSent  // 1002 a bad frame, 1009 too large
+        if inner.queuedBytes > Self.pongLimit, !isPausedForPongs {
+            // A peer that pings without reading: stop reading it until its pongs have gone out.
+            isPausedForPongs = true
+            inner.pauseReading()
+        }
+        if !received.isEmpty {
+            var messages: [UInt8] = []
+            swap(&messages, &received)
+            deliver(.data(messages))
+        }
         guard !isFinished else { return }
-        if session.closeCodeSent == 1009 {
+        if wslayClosed == 1009 {
             fail(.webSocketError, "a WebSocket message over maxFrame (\(options.maxFrame) bytes)")
-        } else if !ok || session.closeCodeSent != 0 && !session.closeReceived {
-            fail(.webSocketError, "WebSocket protocol error (close code \(session.closeCodeSent))")
-        } else if session.closeReceived {
-            inner.closeAfterWrites()
+        } else if !ok || wslayClosed != 0 {
+            fail(.webSocketError, "WebSocket protocol error (close code \(wslayClosed))")
+        } else if peerClosed, !isClosingByOwner {
+            inner.closeAfterWrites()  // the server closes TCP first (RFC 6455 section 7.1.1)
             deliver(.closed(nil))
         }
     }
 
-    private func deliverMessage(_ opcode: WebSocketSession.Opcode, _ message: [UInt8]) {
-        guard !isFinished else { return }
-        cutter.decide(by: opcode)
+    /// Pong bytes a peer may leave unread before the server stops reading its pings.
+    static let pongLimit = 64 * 1024
+
+    /// Message bytes from the peer, kept for ``receive(_:_:)`` to deliver; a text message's end adds its
+    /// newline.
+    private func collect(_ opcode: WebSocketSession.Opcode, _ bytes: UnsafeBufferPointer<UInt8>) {
+        if received.isEmpty, let first = bytes.first { cutter.decide(byFirstByte: first) }
         if opcode == .text {
             // One text-mode line per message: a newline in it can only be JSON whitespace.
-            deliver(.data(message.map { $0 == 10 || $0 == 13 ? 32 : $0 } + [10]))
+            received.append(contentsOf: bytes.lazy.map { $0 == 10 || $0 == 13 ? 32 : $0 })
         } else {
-            deliver(.data(message))
+            received.append(contentsOf: bytes)
         }
     }
 
@@ -210,18 +255,29 @@ public final class HTTPUpgradeTransport: Transport {
         }
     }
 
-    /// Whether `origin` matches `pattern`, where `*` matches any run of characters.
+    /// Whether `origin` matches `pattern`, where `*` matches any run of characters. Greedy with one
+    /// backtrack point: linear in practice, never exponential, whatever the header holds.
     static func matches(_ origin: String, pattern: String) -> Bool {
-        glob(Array(origin.utf8)[...], Array(pattern.utf8)[...])
-    }
-
-    private static func glob(_ text: ArraySlice<UInt8>, _ pattern: ArraySlice<UInt8>) -> Bool {
-        guard let first = pattern.first else { return text.isEmpty }
-        if first == UInt8(ascii: "*") {
-            let rest = pattern.dropFirst()
-            return text.indices.contains { glob(text[$0...], rest) } || glob(text[text.endIndex...], rest)
+        let text = Array(origin.utf8), pattern = Array(pattern.utf8)
+        var t = 0, p = 0, starAt = -1, resumeAt = 0
+        while t < text.count {
+            if p < pattern.count, pattern[p] == UInt8(ascii: "*") {
+                starAt = p
+                resumeAt = t
+                p += 1
+            } else if p < pattern.count, pattern[p] == text[t] {
+                p += 1
+                t += 1
+            } else if starAt >= 0 {
+                p = starAt + 1
+                resumeAt += 1
+                t = resumeAt
+            } else {
+                return false
+            }
         }
-        return text.first == first && glob(text.dropFirst(), pattern.dropFirst())
+        while p < pattern.count, pattern[p] == UInt8(ascii: "*") { p += 1 }
+        return p == pattern.count
     }
 }
 

@@ -101,9 +101,15 @@ public final class TLSTransport: Transport {
     private var isEstablished = false
     /// Written by the owner before the handshake finished.
     private var pendingPlaintext: [UInt8] = []
+    /// What goes to the transport below, reused write after write.
+    private var ciphertext: [UInt8] = []
     private var isPaused = false
     /// A failure or the end was delivered: nothing more goes up.
     private var isFinished = false
+    /// The connection failed, or the owner closed it: nothing more goes down.
+    private var isBroken = false
+    /// The owner began a graceful close: an end before the handshake finished is its doing.
+    private var isClosingByOwner = false
     private var timer: Timer?
     /// The subject of the certificate the peer presented and this side verified (mutual TLS), as
     /// RFC 2253 text such as `CN=alice,O=Example`.
@@ -129,15 +135,18 @@ public final class TLSTransport: Transport {
         self.handshakeTimeoutMs = handshakeTimeoutMs
         if context.isServer {
             SSL_set_accept_state(ssl)
-        } else {
-            SSL_set_connect_state(ssl)
-            if let serverName {
-                if serverName.contains(where: { $0.isLetter }) && !serverName.contains(":") {
-                    _ = switchboard_SSL_set_server_name(ssl, serverName)
-                    SSL_set1_host(ssl, serverName)
-                } else {
-                    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName)
-                }
+            return
+        }
+        SSL_set_connect_state(ssl)
+        // A client always checks the name: an IP address against the certificate's IP entries, anything
+        // else as a DNS name (and sent for SNI). No name, or one OpenSSL refuses, is an error, not a
+        // connection that trusts any certificate its CAs signed.
+        guard let serverName, !serverName.isEmpty else { SSL_free(ssl); throw TLSError(description: "a TLS client needs the server's name") }
+        if X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName) != 1 {
+            ERR_clear_error()
+            guard SSL_set1_host(ssl, serverName) == 1, switchboard_SSL_set_server_name(ssl, serverName) == 1 else {
+                SSL_free(ssl)
+                throw .drainingQueue("cannot check the server's name \(serverName)")
             }
         }
     }
@@ -148,7 +157,7 @@ public final class TLSTransport: Transport {
     }
 
     public var queuedBytes: Int { inner.queuedBytes + pendingPlaintext.count }
-    public var isOpen: Bool { !isFinished && inner.isOpen }
+    public var isOpen: Bool { !isBroken && inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
     public var peerIdentity: String? { peerSubject }
 
@@ -167,7 +176,7 @@ public final class TLSTransport: Transport {
 
     public func write(_ bytes: inout [UInt8]) {
         defer { bytes.removeAll(keepingCapacity: bytes.capacity <= 1 << 20) }
-        guard !isFinished, !bytes.isEmpty else { return }
+        guard !isBroken, !bytes.isEmpty else { return }  // after the peer's close_notify, writes go on (half-close)
         guard isEstablished else { pendingPlaintext += bytes; return }
         encrypt(bytes)
     }
@@ -188,7 +197,8 @@ public final class TLSTransport: Transport {
     }
 
     public func closeAfterWrites() {
-        guard !isFinished else { return inner.closeNow() }  // the owner heard its last event already
+        guard !isBroken else { return inner.closeNow() }  // it failed: nothing is left to send
+        isClosingByOwner = true
         if isEstablished {
             SSL_shutdown(ssl)  // close_notify
             flushOutgoing()
@@ -198,6 +208,7 @@ public final class TLSTransport: Transport {
 
     public func closeNow() {
         isFinished = true
+        isBroken = true
         timer?.cancel()
         timer = nil
         handler = nil
@@ -215,7 +226,9 @@ public final class TLSTransport: Transport {
             if !isEstablished { handshake() }
             if isEstablished, !isPaused { decrypt() }
         case .closed(let error):
-            if error == nil, !isEstablished {
+            if error == nil, isClosingByOwner {
+                finish(.closed(nil))
+            } else if error == nil, !isEstablished {
                 fail(.tlsHandshakeFailed, "the peer closed during the TLS handshake")
             } else if error == nil, BIO_ctrl_pending(incoming) > 0 || SSL_has_pending(ssl) == 1 {
                 fail(.tlsError, "the peer stopped in the middle of a TLS record")
@@ -252,16 +265,17 @@ public final class TLSTransport: Transport {
         }
     }
 
-    /// Delivers every plaintext byte OpenSSL can give now, in one event.
+    /// Delivers every plaintext byte OpenSSL can give now, in one event. It decrypts into the loop's
+    /// read buffer, free while this runs: the transport below copied its bytes out before calling up.
     private func decrypt() {
         guard !isFinished, !isPaused else { return }
         var plaintext: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        let scratch = loop.readBuffer
         var ended = false
         reading: while true {
-            let n = chunk.withUnsafeMutableBytes { SSL_read(ssl, $0.baseAddress, Int32($0.count)) }
+            let n = SSL_read(ssl, scratch, Int32(EventLoop.readBufferSize))
             if n > 0 {
-                plaintext += chunk[0..<Int(n)]
+                plaintext.append(contentsOf: UnsafeRawBufferPointer(start: scratch, count: Int(n)))
                 continue
             }
             switch SSL_get_error(ssl, n) {
@@ -280,20 +294,24 @@ public final class TLSTransport: Transport {
     private func encrypt(_ plaintext: [UInt8]) {
         let written = plaintext.withUnsafeBytes { SSL_write(ssl, $0.baseAddress, Int32($0.count)) }
         guard written == Int32(plaintext.count) else {
-            return fail(.tlsError, TLSError.drainingQueue("TLS write failed").description)
+            // Inside the owner's write: the failure reaches it on the next turn, not from inside its call.
+            let failure = TLSError.drainingQueue("TLS write failed").description
+            isBroken = true
+            timer?.start(after: 0) { [weak self] in self?.fail(.tlsError, failure) }
+            return
         }
         flushOutgoing()
     }
 
-    /// Hands what OpenSSL has to send to the transport below.
+    /// Hands what OpenSSL has to send to the transport below, through one buffer kept for it (the
+    /// transport below empties it and keeps its capacity).
     private func flushOutgoing() {
         let pending = Int(BIO_ctrl_pending(outgoing))
         guard pending > 0 else { return }
-        var ciphertext = [UInt8](repeating: 0, count: pending)
+        ciphertext.append(contentsOf: repeatElement(0, count: pending))
         let n = ciphertext.withUnsafeMutableBytes { BIO_read(outgoing, $0.baseAddress, Int32(pending)) }
-        guard n > 0 else { return }
-        if Int(n) < pending { ciphertext.removeLast(pending - Int(n)) }
-        inner.write(&ciphertext)
+        ciphertext.removeLast(pending - max(0, Int(n)))
+        if !ciphertext.isEmpty { inner.write(&ciphertext) }
     }
 
     private func readPeerSubject() -> String? {
@@ -310,6 +328,7 @@ public final class TLSTransport: Transport {
 
     private func fail(_ kind: TransportFailure.Kind, _ message: String) {
         ERR_clear_error()
+        isBroken = true
         finish(.failed(TransportFailure(kind: kind, message: message)))
     }
 

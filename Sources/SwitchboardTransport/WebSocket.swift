@@ -11,8 +11,14 @@ final class WebSocketSession {
     private var input: [UInt8] = []
     private var inputOffset = 0
     private var output: [UInt8] = []
-    /// Each complete text or binary message, in order.
-    var onMessage: (Opcode, [UInt8]) -> Void = { _, _ in }
+    /// The bytes of text and binary messages as they arrive (a message may come in several calls),
+    /// valid during the call, which must not call back into the session. wslay buffers no message:
+    /// a message costs no copy of its own.
+    var onData: (Opcode, UnsafeBufferPointer<UInt8>) -> Void = { _, _ in }
+    /// The end of a text or binary message.
+    var onMessageEnd: (Opcode) -> Void = { _ in }
+    /// The opcode of the message being received (from its first frame; continuations carry 0).
+    private var receiving: Opcode?
     /// Any frame's start, control frames included: traffic, for the heartbeat.
     var onFrame: () -> Void = {}
 
@@ -37,12 +43,20 @@ final class WebSocketSession {
             session.output.append(contentsOf: UnsafeBufferPointer(start: data, count: length))
             return length
         }
-        callbacks.on_frame_recv_start_callback = { _, _, user in WebSocketSession.owner(user)?.onFrame() }
+        callbacks.on_frame_recv_start_callback = { _, argument, user in
+            guard let session = WebSocketSession.owner(user), let argument else { return }
+            if let opcode = Opcode(rawValue: argument.pointee.opcode) { session.receiving = opcode }
+            session.onFrame()
+        }
+        callbacks.on_frame_recv_chunk_callback = { _, argument, user in
+            guard let session = WebSocketSession.owner(user), let argument, let opcode = session.receiving else { return }
+            session.onData(opcode, UnsafeBufferPointer(start: argument.pointee.data, count: argument.pointee.data_length))
+        }
         callbacks.on_msg_recv_callback = { _, argument, user in
             guard let session = WebSocketSession.owner(user), let argument,
-                  let opcode = Opcode(rawValue: argument.pointee.opcode) else { return }
-            let message = argument.pointee.msg.map { Array(UnsafeBufferPointer(start: $0, count: argument.pointee.msg_length)) } ?? []
-            session.onMessage(opcode, message)
+                  let opcode = Opcode(rawValue: argument.pointee.opcode) else { return }  // control frames: wslay's
+            session.receiving = nil
+            session.onMessageEnd(opcode)
         }
         let user = Unmanaged.passUnretained(self).toOpaque()
         switch role {
@@ -56,6 +70,7 @@ final class WebSocketSession {
             wslay_event_context_client_init(&context, &callbacks, user)
         }
         wslay_event_config_set_max_recv_msg_length(context, UInt64(maxMessage))
+        wslay_event_config_set_no_buffering(context, 1)
     }
 
     deinit { wslay_event_context_free(context) }

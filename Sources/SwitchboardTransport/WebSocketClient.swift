@@ -10,6 +10,8 @@ public final class WebSocketClientTransport: Transport {
     private var answer: [UInt8] = []
     private var session: WebSocketSession?
     private var cutter = MessageCutter()
+    /// Messages read and not yet delivered.
+    private var received: [UInt8] = []
     private var isFinished = false
 
     /// A WebSocket over `inner` (TCP, or TLS), to `path` on `host`.
@@ -73,23 +75,31 @@ public final class WebSocketClientTransport: Transport {
             return fail("the server refused the upgrade: \(head.prefix { $0 != "\r" })")
         }
         let session = WebSocketSession(role: .client, maxMessage: 1 << 30)
-        session.onMessage = { [unowned self] opcode, message in
-            guard !isFinished else { return }
-            handler?(.data(opcode == .text ? message + [10] : message))
-        }
+        session.onData = { [unowned self] _, bytes in received.append(contentsOf: bytes) }
+        session.onMessageEnd = { [unowned self] opcode in if opcode == .text { received.append(10) } }
         self.session = session
         send(session)
         if !rest.isEmpty { receive(rest, session) }
     }
 
+    /// Reads `bytes`, then delivers every message they completed as one event, after wslay returned.
     private func receive(_ bytes: [UInt8], _ session: WebSocketSession) {
+        let wasClosing = session.closeCodeSent != 0
         let ok = session.receive(bytes)
         flush(session)
+        let wslayClosed = wasClosing || session.closeReceived ? 0 : session.closeCodeSent
+        if !received.isEmpty {
+            var messages: [UInt8] = []
+            swap(&messages, &received)
+            finish(.data(messages))
+        }
         guard !isFinished else { return }
-        if !ok || session.closeReceived || session.closeCodeSent != 0 {
+        if !ok || wslayClosed != 0 {
+            fail("WebSocket protocol error (close code \(wslayClosed))")
+        } else if session.closeReceived {
             let code = session.closeCodeReceived
             inner.closeAfterWrites()
-            if ok, code == 1000 || code == 1001 { finish(.closed(nil)) } else { fail("closed with WebSocket code \(code)") }
+            if code == 1000 || code == 1001 { finish(.closed(nil)) } else { fail("the server closed with WebSocket code \(code)") }
         }
     }
 
@@ -127,12 +137,110 @@ struct MessageCutter {
     /// Bytes waiting for the rest of their frame or line.
     var pendingCount: Int { carry.count }
 
-    /// The peer's first message decides, if nothing was written before.
-    mutating func decide(by opcode: WebSocketSession.Opcode) {
-        if framing == .undecided { framing = opcode == .text ? .text : .binary }
+    /// The first byte the peer sent decides, if nothing was written before: by the rule that decides
+    /// the connection's mode (`{` is text mode), so that the two always agree.
+    mutating func decide(byFirstByte first: UInt8) {
+        if framing == .undecided { framing = first == UInt8(ascii: "{") ? .text : .binary }
     }
 
     mutating func append(_ bytes: [UInt8]) { carry += bytes }
+
+    /// Frames what the owner wrote as a server sends it (unmasked, unfragmented: a 2-to-10-byte header
+    /// before each whole frame or line), appending to `out` and emptying `bytes`. Done here rather than
+    /// through wslay's queue, which copies every message twice: data frames from a server need no
+    /// masking; wslay still reads the peer's frames and writes the control frames.
+    mutating func frame(_ bytes: inout [UInt8], into out: inout [UInt8]) {
+        if carry.isEmpty {
+            swap(&carry, &bytes)
+        } else {
+            carry += bytes
+        }
+        bytes.removeAll(keepingCapacity: true)
+        if framing == .undecided, let first = carry.first { framing = first == UInt8(ascii: "{") ? .text : .binary }
+        var start = 0
+        out.reserveCapacity(out.count + carry.count + carry.count / 8 + 16)  // headers of 2 bytes per frame and more
+        switch framing {
+        case .undecided: return
+        case .binary:
+            start = Self.frameBinary(carry, into: &out)
+        case .text:
+            while let newline = carry[start...].firstIndex(of: 10) {
+                Self.appendHeader(opcode: 1, length: newline - start, to: &out)
+                out.append(contentsOf: carry[start..<newline])
+                start = newline + 1
+            }
+        }
+        if start == carry.count {
+            carry.removeAll(keepingCapacity: true)
+            swap(&carry, &bytes)  // the owner gets its buffer back, capacity and all
+        } else {
+            carry.removeFirst(start)
+        }
+    }
+
+    /// Frames every whole binary frame at the start of `carry` into `out`; returns the bytes used. Two
+    /// passes: sizes first, then headers and copies through pointers (the fan-out path: one frame per
+    /// event per listener, where appending byte by byte cost more than the rest of a delivery).
+    private static func frameBinary(_ carry: [UInt8], into out: inout [UInt8]) -> Int {
+        carry.withUnsafeBufferPointer { source -> Int in
+            var used = 0, total = 0
+            while source.count - used >= 4 {
+                let length = 4 + (Int(source[used]) << 24 | Int(source[used + 1]) << 16 | Int(source[used + 2]) << 8 | Int(source[used + 3]))
+                guard source.count - used >= length else { break }
+                total += headerSize(length) + length
+                used += length
+            }
+            guard total > 0 else { return 0 }
+            let base = out.count
+            out.append(contentsOf: repeatElement(0, count: total))
+            out.withUnsafeMutableBufferPointer { target in
+                var from = 0, to = base
+                while from < used {
+                    let length = 4 + (Int(source[from]) << 24 | Int(source[from + 1]) << 16 | Int(source[from + 2]) << 8 | Int(source[from + 3]))
+                    to += writeHeader(opcode: 2, length: length, at: target.baseAddress! + to)
+                    (target.baseAddress! + to).update(from: source.baseAddress! + from, count: length)
+                    to += length
+                    from += length
+                }
+            }
+            return used
+        }
+    }
+
+    private static func headerSize(_ length: Int) -> Int { length < 126 ? 2 : length <= 0xFFFF ? 4 : 10 }
+
+    /// Writes a final, unmasked frame's header at `target`; returns its size.
+    private static func writeHeader(opcode: UInt8, length: Int, at target: UnsafeMutablePointer<UInt8>) -> Int {
+        target[0] = 0x80 | opcode
+        if length < 126 {
+            target[1] = UInt8(length)
+            return 2
+        }
+        if length <= 0xFFFF {
+            target[1] = 126
+            target[2] = UInt8(length >> 8)
+            target[3] = UInt8(length & 0xFF)
+            return 4
+        }
+        target[1] = 127
+        for index in 0..<8 { target[2 + index] = UInt8((length >> (56 - 8 * index)) & 0xFF) }
+        return 10
+    }
+
+    /// A final, unmasked frame's header (RFC 6455 section 5.2).
+    private static func appendHeader(opcode: UInt8, length: Int, to out: inout [UInt8]) {
+        out.append(0x80 | opcode)
+        if length < 126 {
+            out.append(UInt8(length))
+        } else if length <= 0xFFFF {
+            out.append(126)
+            out.append(UInt8(length >> 8))
+            out.append(UInt8(length & 0xFF))
+        } else {
+            out.append(127)
+            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8((length >> shift) & 0xFF)) }
+        }
+    }
 
     /// Every whole message in what was appended, in order.
     mutating func messages() -> [(WebSocketSession.Opcode, [UInt8])] {

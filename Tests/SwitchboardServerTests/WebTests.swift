@@ -5,6 +5,7 @@ import SwitchboardCodec
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
+@testable import SwitchboardTransport
 
 /// A WebSocket client made of raw bytes (RFC 6455): masked frames out, the server's frames in.
 final class RawWebSocket {
@@ -176,6 +177,31 @@ struct WebTests {
             #expect(goAway.opcode == 2 && frame.kind == .goAway)
             close = try #require(good.receive())
             #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1001)
+        }
+    }
+}
+
+@Suite("WebSocket layer corners")
+struct WebCornerTests {
+    @Test("origin patterns: * matches any run; a long hostile origin against many stars is answered at once")
+    func originPatterns() {
+        #expect(HTTPUpgradeTransport.matches("https://app.good.example", pattern: "https://*.good.example"))
+        #expect(!HTTPUpgradeTransport.matches("https://good.example.evil", pattern: "https://*.good.example"))
+        #expect(HTTPUpgradeTransport.matches("anything", pattern: "*"))
+        #expect(!HTTPUpgradeTransport.matches("https://a.b", pattern: "https://a.b.c"))
+        let start = Date()
+        #expect(!HTTPUpgradeTransport.matches(String(repeating: "a", count: 20_000), pattern: "*a*a*a*a*a*a*a*b"))
+        #expect(Date().timeIntervalSince(start) < 2)
+    }
+
+    @Test("a client's close frame is answered, then the server closes TCP; data after it is not sent")
+    func peerClose() async throws {
+        try await withServer { _, port in
+            let socket = try #require(RawWebSocket(port: port))
+            socket.send(opcode: 8, [0x03, 0xE8])
+            let close = try #require(socket.receive())
+            #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1000)
+            #expect(socket.socket.readUntilClosed() != nil)  // the server closed TCP
         }
     }
 }
