@@ -4,33 +4,27 @@ import COpenSSL
 public enum Digest {
     /// The SHA-256 of `bytes`, as 64 lowercase hexadecimal digits.
     public static func sha256Hex(_ bytes: [UInt8]) -> String {
-        var digest = [UInt8](repeating: 0, count: 32)
-        var length: UInt32 = 0
-        let ok = bytes.withUnsafeBytes { input in
-            digest.withUnsafeMutableBufferPointer { output in
-                EVP_Digest(input.baseAddress, input.count, output.baseAddress, &length, EVP_sha256(), nil)
-            }
-        }
-        precondition(ok == 1 && length == 32, "OpenSSL's SHA-256 failed")
         let hex = Array("0123456789abcdef".utf8)
-        return String(decoding: digest.flatMap { [hex[Int($0 >> 4)], hex[Int($0 & 15)]] }, as: UTF8.self)
+        return String(decoding: digest(bytes, EVP_sha256(), size: 32).flatMap { [hex[Int($0 >> 4)], hex[Int($0 & 15)]] },
+                      as: UTF8.self)
     }
-}
 
-extension Digest {
     /// `Sec-WebSocket-Accept` for a `Sec-WebSocket-Key` (RFC 6455 section 4.2.2): the base64 of the
     /// SHA-1 of the key and the protocol's GUID.
     public static func webSocketAccept(key: String) -> String {
-        let input = Array((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").utf8)
-        var digest = [UInt8](repeating: 0, count: 20)
+        base64(digest(Array((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").utf8), EVP_sha1(), size: 20))
+    }
+
+    private static func digest(_ bytes: [UInt8], _ algorithm: OpaquePointer?, size: Int) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: size)
         var length: UInt32 = 0
-        let ok = input.withUnsafeBytes { input in
+        let ok = bytes.withUnsafeBytes { input in
             digest.withUnsafeMutableBufferPointer { output in
-                EVP_Digest(input.baseAddress, input.count, output.baseAddress, &length, EVP_sha1(), nil)
+                EVP_Digest(input.baseAddress, input.count, output.baseAddress, &length, algorithm, nil)
             }
         }
-        precondition(ok == 1 && length == 20, "OpenSSL's SHA-1 failed")
-        return base64(digest)
+        precondition(ok == 1 && Int(length) == size, "OpenSSL's digest failed")
+        return digest
     }
 
     /// `bytes` in base64 (RFC 4648, with padding).

@@ -10,12 +10,18 @@ LOG=$(mktemp)
 start_server() {
     "$SWITCHBOARD" serve --port 0 --log-level notice "$@" 2>"$LOG" &
     SERVER_PID=$!
+    PORT=$(logged_port "listening on") || exit 1
+}
+
+# logged_port WHAT: the port of the server's "WHAT 127.0.0.1:PORT" log line, once it is there.
+logged_port() {
+    local port
     for _ in $(seq 1 100); do
-        PORT=$(sed -n 's/.*listening on [0-9.]*:\([0-9]*\).*/\1/p' "$LOG")
-        [ -n "$PORT" ] && return 0
+        port=$(sed -n "s/.*$1 [0-9.]*:\([0-9]*\).*/\1/p" "$LOG")
+        [ -n "$port" ] && { echo "$port"; return 0; }
         sleep 0.05
     done
-    echo "server did not start:"; cat "$LOG"; exit 1
+    echo "server did not start:" >&2; cat "$LOG" >&2; exit 1
 }
 
 stop_server() {

@@ -12,12 +12,7 @@ trap 'stop_server; rm -rf "$LOG" "$CERTS" "$CONFIG"' EXIT
 # start_tls [serve options…]: a server with TLS on a free port; sets PORT and TLS_PORT.
 start_tls() {
     start_server --tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server.key" --tls-port 0 --tls-handshake-timeout 300 "$@"
-    for _ in $(seq 1 100); do
-        TLS_PORT=$(sed -n 's/.*listening for TLS on [0-9.]*:\([0-9]*\).*/\1/p' "$LOG")
-        [ -n "$TLS_PORT" ] && return 0
-        sleep 0.05
-    done
-    echo "no TLS port:"; cat "$LOG"; exit 1
+    TLS_PORT=$(logged_port "listening for TLS on") || exit 1
 }
 
 # tls_session NAME INPUT EXPECTED [openssl options…]: INPUT (printf format) through openssl s_client.

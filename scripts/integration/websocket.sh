@@ -11,7 +11,7 @@ trap 'stop_server; rm -rf "$LOG" "$CERTS"' EXIT
 
 start_server --tls-cert "$CERTS/server.pem" --tls-key "$CERTS/server.key" --tls-port 0 --max-frame 4096 \
     --heartbeat 200 --ws-origin 'https://*.good.example'
-TLS_PORT=$(sed -n 's/.*listening for TLS on [0-9.]*:\([0-9]*\).*/\1/p' "$LOG")
+TLS_PORT=$(logged_port "listening for TLS on") || exit 1
 
 read -r -d '' CLIENT <<'PY' || true
 import asyncio, json, ssl, struct, sys
