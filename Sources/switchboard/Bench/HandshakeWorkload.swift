@@ -37,6 +37,7 @@ final class HandshakeWorkload {
         dialer.dial { [self] transport in
             var buffer = InboundBuffer()
             transport.start { [unowned self] event in
+                if case .drained = event { return }
                 guard case .data(let bytes) = event else {
                     if clock.phase != .done { abortBench("the server closed a connection before greeting it: \(event)") }
                     return
