@@ -63,7 +63,7 @@ let package = Package(
         ),
         .target(
             name: "SwitchboardCluster",
-            dependencies: ["SwitchboardTransport", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["SwitchboardCodec", "SwitchboardTransport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: safeSettings
         ),
         .target(

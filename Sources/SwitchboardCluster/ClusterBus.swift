@@ -3,24 +3,37 @@
 ///
 /// Loop thread only: every method is called, and every handler and completion runs, on the bus's loop.
 /// Delivery is at most once, as in NATS core: what is published while the bus is disconnected is
-/// dropped and counted in ``counters``.
+/// dropped and counted in ``counters``. What can never be sent (a subject with a space, a header with
+/// a line break, a message over the server's limit) is refused with ``BusError`` before anything goes
+/// out, so that no name a client chose can smuggle a command onto the bus.
 public protocol ClusterBus: AnyObject {
     /// Sends `payload` (and `headers`) to every subscriber of `subject`, or to one per queue group.
-    func publish(_ subject: String, headers: [BusMessage.Header], payload: [UInt8])
+    func publish(_ subject: String, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError)
     /// Delivers every message on `subject` (NATS wildcards `*` and `>` allowed) to `handler`; members of
     /// one `queue` group share the messages, each to one of them. Kept across reconnects.
-    func subscribe(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) -> BusSubscription
+    func subscribe(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) throws(BusError) -> BusSubscription
     /// Stops a subscription.
     func unsubscribe(_ subscription: BusSubscription)
     /// Sends a request; `completion` runs exactly once, with the first reply or why there is none.
     func request(_ subject: String, headers: [BusMessage.Header], payload: [UInt8], timeoutMs: UInt64,
-                 _ completion: @escaping (BusReply) -> Void)
+                 _ completion: @escaping (BusReply) -> Void) throws(BusError)
     /// Answers `request` (nothing happens if it wants no reply).
-    func reply(to request: BusMessage, headers: [BusMessage.Header], payload: [UInt8])
+    func reply(to request: BusMessage, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError)
     /// Whether the bus is connected now.
     var isConnected: Bool { get }
     /// What went through the bus so far.
     var counters: BusCounters { get }
+}
+
+/// Why the bus refused to send something: nothing was sent.
+public enum BusError: Error, Equatable, Sendable {
+    /// Not a subject (or queue group) the bus can carry: empty, an empty token, whitespace or a control
+    /// character.
+    case invalidSubject(String)
+    /// A header name that is not an HTTP token, or a value with a control character (a line break).
+    case invalidHeader(String)
+    /// Larger than the server's `max_payload` (headers included).
+    case tooLarge(Int, limit: Int)
 }
 
 /// A subscription, to pass to ``ClusterBus/unsubscribe(_:)``.

@@ -1,4 +1,5 @@
 import Logging
+import SwitchboardCodec
 import SwitchboardTransport
 
 /// A ``ClusterBus`` over one connection to a NATS server, on a libuv loop.
@@ -69,6 +70,9 @@ public final class NATSBus: ClusterBus {
     /// Which connection attempt a transport's events belong to: a late event of an old one is ignored.
     private var generation = 0
     private var parser = NATSParser()
+    /// The largest message the server takes, from its INFO (NATS's default until one arrives).
+    public private(set) var maxPayload = NATSBus.defaultMaxPayload
+    static let defaultMaxPayload = 1 << 20
     private var outbound: [UInt8] = []
     private var flusher: BeforeSleep?
     private let retryTimer: Timer
@@ -132,11 +136,18 @@ public final class NATSBus: ClusterBus {
 
     // MARK: ClusterBus
 
-    public func publish(_ subject: String, headers: [BusMessage.Header] = [], payload: [UInt8]) {
+    public func publish(_ subject: String, headers: [BusMessage.Header] = [], payload: [UInt8]) throws(BusError) {
+        try check(subject, headers: headers, payload: payload)
         publish(subject, replyTo: nil, headers: headers, payload: payload)
     }
 
-    public func subscribe(_ subject: String, queue: String? = nil, _ handler: @escaping (BusMessage) -> Void) -> BusSubscription {
+    public func subscribe(_ subject: String, queue: String? = nil, _ handler: @escaping (BusMessage) -> Void) throws(BusError) -> BusSubscription {
+        guard NATSCommand.isValidSubject(subject) else { throw .invalidSubject(subject) }
+        if let queue, !NATSCommand.isValidSubject(queue) { throw .invalidSubject(queue) }
+        return subscribeChecked(subject, queue: queue, handler)
+    }
+
+    private func subscribeChecked(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) -> BusSubscription {
         let sid = nextSid
         nextSid += 1
         subscriptions[sid] = Subscription(subject: subject, queue: queue, handler: handler)
@@ -150,10 +161,11 @@ public final class NATSBus: ClusterBus {
     }
 
     public func request(_ subject: String, headers: [BusMessage.Header] = [], payload: [UInt8], timeoutMs: UInt64,
-                        _ completion: @escaping (BusReply) -> Void) {
+                        _ completion: @escaping (BusReply) -> Void) throws(BusError) {
+        try check(subject, headers: headers, payload: payload)
         guard phase == .connected else { return completion(.disconnected) }
         if inboxSubscription == nil {
-            inboxSubscription = subscribe("\(inbox).*") { [weak self] message in self?.deliverReply(message) }
+            inboxSubscription = subscribeChecked("\(inbox).*", queue: nil) { [weak self] message in self?.deliverReply(message) }
         }
         guard let timer = try? Timer(loop: loop) else { return completion(.disconnected) }
         let token = nextRequest
@@ -163,9 +175,24 @@ public final class NATSBus: ClusterBus {
         publish(subject, replyTo: "\(inbox).\(token)", headers: headers, payload: payload)
     }
 
-    public func reply(to request: BusMessage, headers: [BusMessage.Header] = [], payload: [UInt8]) {
+    public func reply(to request: BusMessage, headers: [BusMessage.Header] = [], payload: [UInt8]) throws(BusError) {
         guard let replyTo = request.replyTo else { return }
+        try check(replyTo, headers: headers, payload: payload)
         publish(replyTo, replyTo: nil, headers: headers, payload: payload)
+    }
+
+    /// Refuses what the NATS protocol cannot carry as it is (see ``BusError``).
+    private func check(_ subject: String, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError) {
+        guard NATSCommand.isValidSubject(subject) else { throw .invalidSubject(subject) }
+        var size = payload.count
+        if !headers.isEmpty {
+            size += 12  // "NATS/1.0\r\n" and the blank line
+            for header in headers {
+                guard NATSCommand.isValidHeader(header) else { throw .invalidHeader(header.name) }
+                size += header.name.utf8.count + header.value.utf8.count + 4
+            }
+        }
+        guard size <= maxPayload else { throw .tooLarge(size, limit: maxPayload) }
     }
 
     // MARK: Connection
@@ -222,8 +249,9 @@ public final class NATSBus: ClusterBus {
 
     private func process(_ operation: NATSInbound) {
         switch operation {
-        case .info:
+        case .info(let json):
             guard phase == .handshaking else { return }  // a later INFO (cluster changes) needs nothing
+            maxPayload = (try? JSONText.parse(Array(json.utf8)))?["max_payload"]?.intValue ?? NATSBus.defaultMaxPayload
             outbound += NATSCommand.connect(name: options.name)
             for (sid, subscription) in subscriptions.sorted(by: { $0.key < $1.key }) {
                 outbound += NATSCommand.subscribe(subscription.subject, queue: subscription.queue, sid: sid)

@@ -103,6 +103,14 @@ enum NATSCommand {
         return out
     }
 
+    /// Whether `header` can be sent as one: a name of HTTP token characters, a value without control
+    /// characters (so without CR or LF).
+    static func isValidHeader(_ header: BusMessage.Header) -> Bool {
+        !header.name.isEmpty
+            && header.name.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F && !Array(#"()<>@,;:\"/[]?={}"#.utf8).contains($0) }
+            && !header.value.utf8.contains { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }
+    }
+
     /// Whether `subject` can be sent as one: not empty, no whitespace or control characters, no empty
     /// token (NATS separates tokens with `.`).
     static func isValidSubject(_ subject: String) -> Bool {

@@ -14,10 +14,13 @@ final class NATSServerProcess {
         .first { FileManager.default.isExecutableFile(atPath: $0) }
 
     let port: Int
+    /// A configuration file's text (such as `max_payload: 2048`), if any.
+    let configuration: String?
     private var process: Process?
 
-    init(port: Int? = nil) throws {
+    init(port: Int? = nil, configuration: String? = nil) throws {
         self.port = port ?? Self.freePort()
+        self.configuration = configuration
         try start()
     }
 
@@ -25,6 +28,11 @@ final class NATSServerProcess {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try #require(Self.path))
         process.arguments = ["-a", "127.0.0.1", "-p", "\(port)"]
+        if let configuration {
+            let file = FileManager.default.temporaryDirectory.appendingPathComponent("nats-\(port).conf")
+            try configuration.write(to: file, atomically: true, encoding: .utf8)
+            process.arguments! += ["-c", file.path]
+        }
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         try process.run()
@@ -114,20 +122,47 @@ struct NATSBusTests {
         let endpoint = NATSBus.Server(host: "127.0.0.1", port: server.port)
         let a = try harness.bus("a", servers: [endpoint]), b = try harness.bus("b", servers: [endpoint])
         var seen: [String] = [], queued: [String: Int] = [:]
-        let all = b.subscribe("room.*", queue: nil) { seen.append(String(decoding: $0.payload, as: UTF8.self)) }
-        _ = a.subscribe("work", queue: "q") { _ in queued["a", default: 0] += 1 }
-        _ = b.subscribe("work", queue: "q") { _ in queued["b", default: 0] += 1 }
+        let all = try b.subscribe("room.*", queue: nil) { seen.append(String(decoding: $0.payload, as: UTF8.self)) }
+        _ = try a.subscribe("work", queue: "q") { _ in queued["a", default: 0] += 1 }
+        _ = try b.subscribe("work", queue: "q") { _ in queued["b", default: 0] += 1 }
         #expect(harness.run { a.isConnected && b.isConnected })
         harness.run(forMs: 50)  // both buses' SUBs have reached the server (each PONG confirmed its own)
-        for i in 0..<5 { a.publish("room.\(i)", headers: [], payload: Array("m\(i)".utf8)) }
-        for _ in 0..<40 { a.publish("work", headers: [], payload: []) }
+        for i in 0..<5 { try a.publish("room.\(i)", headers: [], payload: Array("m\(i)".utf8)) }
+        for _ in 0..<40 { try a.publish("work", headers: [], payload: []) }
         #expect(harness.run { seen.count == 5 && queued.values.reduce(0, +) == 40 })
         #expect(seen == ["m0", "m1", "m2", "m3", "m4"])  // in order per publisher
         b.unsubscribe(all)
-        a.publish("room.9", headers: [], payload: [])
+        try a.publish("room.9", headers: [], payload: [])
         harness.run(forMs: 100)
         #expect(seen.count == 5)
         #expect(a.counters.messagesOut == 46 && b.counters.messagesIn >= 5)
+    }
+
+    @Test("what NATS cannot carry is refused before it is sent: bad subjects, queues, headers, a message over INFO's max_payload")
+    func refusals() throws {
+        let server = try NATSServerProcess(configuration: "max_payload: 2048\n")
+        let harness = try BusHarness()
+        let bus = try harness.bus("a", servers: [NATSBus.Server(host: "127.0.0.1", port: server.port)])
+        #expect(harness.run { bus.isConnected })
+        #expect(bus.maxPayload == 2048)
+        var seen: [BusMessage] = []
+        _ = try bus.subscribe(">", queue: nil) { seen.append($0) }
+        harness.run(forMs: 50)
+        for subject in ["a b", "a\r\nPUB x 1", "", "a..b", ".a", "a.", "tab\there"] {
+            #expect(throws: BusError.invalidSubject(subject)) { try bus.publish(subject, headers: [], payload: []) }
+            #expect(throws: BusError.invalidSubject(subject)) { try bus.subscribe(subject, queue: nil) { _ in } }
+        }
+        #expect(throws: BusError.invalidSubject("q w")) { try bus.subscribe("ok", queue: "q w") { _ in } }
+        #expect(throws: BusError.invalidHeader("Bad Name")) { try bus.publish("ok", headers: [.init("Bad Name", "v")], payload: []) }
+        #expect(throws: BusError.invalidHeader("X")) { try bus.publish("ok", headers: [.init("X", "v\r\nPUB y 0")], payload: []) }
+        #expect(throws: BusError.tooLarge(2049, limit: 2048)) { try bus.publish("ok", headers: [], payload: [UInt8](repeating: 0, count: 2049)) }
+        #expect(throws: BusError.tooLarge(2060, limit: 2048)) {
+            try bus.request("ok", headers: [.init("H", "")], payload: [UInt8](repeating: 0, count: 2043), timeoutMs: 100) { _ in }
+        }
+        try bus.publish("ok", headers: [.init("X-Fine", "tab\tand spaces")], payload: [UInt8](repeating: 1, count: 2048 - 12 - 24))  // exactly the limit
+        #expect(harness.run { seen.count == 1 })
+        harness.run(forMs: 50)
+        #expect(seen.map(\.subject) == ["ok"] && bus.isConnected && bus.counters.serverErrors == 0 && bus.counters.reconnects == 0)
     }
 
     @Test("request and reply; no responders answered fast; a timeout")
@@ -136,16 +171,16 @@ struct NATSBusTests {
         let harness = try BusHarness()
         let endpoint = NATSBus.Server(host: "127.0.0.1", port: server.port)
         let caller = try harness.bus("caller", servers: [endpoint]), holder = try harness.bus("holder", servers: [endpoint])
-        _ = holder.subscribe("svc.upper", queue: "holders") { request in
-            holder.reply(to: request, headers: [.init("Node", "holder")], payload: Array(String(decoding: request.payload, as: UTF8.self).uppercased().utf8))
+        _ = try holder.subscribe("svc.upper", queue: "holders") { request in
+            try? holder.reply(to: request, headers: [.init("Node", "holder")], payload: Array(String(decoding: request.payload, as: UTF8.self).uppercased().utf8))
         }
-        _ = holder.subscribe("svc.silent", queue: nil) { _ in }
+        _ = try holder.subscribe("svc.silent", queue: nil) { _ in }
         #expect(harness.run { caller.isConnected && holder.isConnected })
         harness.run(forMs: 50)
         var replies: [BusReply] = []
-        caller.request("svc.upper", headers: [], payload: Array("hi".utf8), timeoutMs: 2000) { replies.append($0) }
+        try caller.request("svc.upper", headers: [], payload: Array("hi".utf8), timeoutMs: 2000) { replies.append($0) }
         let start = Date()
-        caller.request("svc.nobody", headers: [], payload: [], timeoutMs: 2000) { replies.append($0) }
+        try caller.request("svc.nobody", headers: [], payload: [], timeoutMs: 2000) { replies.append($0) }
         #expect(harness.run { replies.count == 2 })
         #expect(Date().timeIntervalSince(start) < 1)  // no responders comes back at once, not at the timeout
         guard case .reply(let reply)? = replies.first(where: { if case .reply = $0 { true } else { false } }) else {
@@ -153,7 +188,7 @@ struct NATSBusTests {
         }
         #expect(reply.payload == Array("HI".utf8) && reply.header("Node") == "holder")
         #expect(replies.contains(.noResponders))
-        caller.request("svc.silent", headers: [], payload: [], timeoutMs: 100) { replies.append($0) }
+        try caller.request("svc.silent", headers: [], payload: [], timeoutMs: 100) { replies.append($0) }
         #expect(harness.run { replies.count == 3 })
         #expect(replies.last == .timedOut)
     }
@@ -165,24 +200,24 @@ struct NATSBusTests {
         let endpoint = NATSBus.Server(host: "127.0.0.1", port: server.port)
         let a = try harness.bus("a", servers: [endpoint]), b = try harness.bus("b", servers: [endpoint])
         var seen: [String] = []
-        _ = b.subscribe("news", queue: nil) { seen.append(String(decoding: $0.payload, as: UTF8.self)) }
-        _ = b.subscribe("svc.hang", queue: nil) { _ in }
+        _ = try b.subscribe("news", queue: nil) { seen.append(String(decoding: $0.payload, as: UTF8.self)) }
+        _ = try b.subscribe("svc.hang", queue: nil) { _ in }
         var changes: [Bool] = []
         a.onConnectionChange = { changes.append($0) }
         #expect(harness.run { a.isConnected && b.isConnected })
         harness.run(forMs: 50)
         var outcome: BusReply?
-        a.request("svc.hang", headers: [], payload: [], timeoutMs: 10_000) { outcome = $0 }
+        try a.request("svc.hang", headers: [], payload: [], timeoutMs: 10_000) { outcome = $0 }
         harness.run(forMs: 50)
         server.stop()
         #expect(harness.run { !a.isConnected && !b.isConnected })
         #expect(outcome == .disconnected)
-        a.publish("news", headers: [], payload: Array("lost".utf8))
+        try a.publish("news", headers: [], payload: Array("lost".utf8))
         #expect(a.counters.dropped == 1)
         try server.start()
         #expect(harness.run { a.isConnected && b.isConnected })
         harness.run(forMs: 50)
-        a.publish("news", headers: [], payload: Array("after".utf8))
+        try a.publish("news", headers: [], payload: Array("after".utf8))
         #expect(harness.run { seen == ["after"] })
         #expect(a.counters.reconnects == 1 && b.counters.reconnects == 1)
         #expect(changes == [true, false, true])
