@@ -98,18 +98,12 @@ final class ClientCore {
             case .failure(let error): connectionEnded("cannot connect to \(config.host):\(config.port): \(error)")
             case .success(let connection):
                 guard !isClosing else { return connection.closeNow() }
-                var transport: any Transport
-                if let tls = config.tls {
-                    do {
-                        transport = try TLSTransport(over: connection, context: tls, serverName: config.serverName ?? config.host, loop: loop)
-                    } catch {
-                        connection.closeNow()
-                        return connectionEnded("cannot start TLS: \(error)")
-                    }
-                } else {
-                    transport = connection
+                let layers = ClientLayers(tls: config.tls, serverName: config.serverName ?? config.host, webSocket: config.webSocket)
+                let transport: any Transport
+                do { transport = try layers.wrap(connection, loop: loop) } catch {
+                    connection.closeNow()
+                    return connectionEnded("cannot start TLS: \(error)")
                 }
-                if config.webSocket { transport = WebSocketClientTransport(over: transport, host: config.serverName ?? config.host) }
                 self.transport = transport
                 serverIsGoingAway = false
                 inbound.clear()

@@ -137,6 +137,7 @@ extension ServerCore {
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true) {
         registrations.removeValue(forKey: registration.name)
+        channelGone(registration.counts)
         routesVersion &+= 1
         if failingForwarded { registration.holder.failForwarded(on: registration, .disconnected) }
         if case .starting(let waiting) = registration.upstream {

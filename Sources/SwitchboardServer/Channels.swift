@@ -319,7 +319,7 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
         core.onLoop { core in
             let loop = core.handle  // not the core: the channel table must not keep the core alive
             core.setChannel(name, handler.map { handler in
-                .message(MessageEntry(encode: { value throws(CodecError) in try codec.encode(codec.message(from: value)) }) { input, request in
+                .message(MessageEntry(codecName: Introspection.codecName(codec), encode: { value throws(CodecError) in try codec.encode(codec.message(from: value)) }) { input, request in
                     let message: Codec.Message
                     do throws(CodecError) {
                         switch input {

@@ -31,6 +31,8 @@ enum CloseReason: String {
     case webSocketError
     /// A WebSocket upgrade from an origin `--ws-origin` does not allow (closed with 1008).
     case webSocketRefused
+    /// An operator closed it (`switchboard/connections` `close`).
+    case closedByOperator
 
     init(_ failure: TransportFailure.Kind) {
         switch failure {
@@ -49,7 +51,12 @@ enum CloseReason: String {
 /// dirty; the server flushes every dirty connection once per loop turn, just before the loop blocks, so
 /// fifty pipelined calls cost one write.
 final class Connection {
-    enum Mode { case undecided, binary, text }
+    enum Mode {
+        case undecided, binary, text
+
+        /// What a connection's first byte chooses (wire-v1 section 1).
+        init(firstByte: UInt8) { self = firstByte == UInt8(ascii: "{") ? .text : .binary }
+    }
 
     let id: UInt64
     let transport: any Transport
@@ -110,6 +117,11 @@ final class Connection {
     private var closeReasonOncePeerIsDone = CloseReason.peerClosed
     var lastInbound: UInt64
     var lastPing: UInt64
+    /// When it was accepted, and its traffic, for `switchboard/connections`.
+    let openedAt: UInt64
+    var bytesIn = 0, bytesOut = 0
+    /// The name its HELLO gave, if any.
+    var clientName: String?
     /// The connection as plugins see it, made with the connection when plugins are loaded (only code
     /// that runs then asks for it).
     var context: ConnectionContext {
@@ -144,6 +156,7 @@ final class Connection {
         isAuthenticated = core.config.token == nil
         lastInbound = core.eventLoop.now
         lastPing = lastInbound
+        openedAt = lastInbound
         logger = core.logger
         logger[metadataKey: "connection.id"] = "\(id)"
         hasPlugins = !core.pipeline.isEmpty
@@ -170,9 +183,13 @@ final class Connection {
         case .data(let bytes):
             guard !isClosing else { return }
             core.stats.bytesIn += bytes.count
+            bytesIn += bytes.count
             lastInbound = core.eventLoop.now
             guard !bytes.isEmpty else { return }  // traffic without bytes (a WebSocket ping): the heartbeat's
-            if hasPlugins, !hasIdentifiedPeer { identifyPeer() }
+            if hasPlugins, !hasIdentifiedPeer, !identifyPeer() {
+                mode = Mode(firstByte: bytes[0])  // the refusal goes out in the mode the client chose
+                return fail(.unauthorized, id: 0)
+            }
             processInput(bytes)
         case .closed where isClosing:
             close(.shutdown)  // a graceful close finished; its reason was counted when it began
@@ -212,9 +229,10 @@ final class Connection {
         swap(&buffer, &inbound)
         buffer.append(bytes)
         if mode == .undecided, buffer.readableBytes > 0 {
-            mode = buffer.byte(at: 0) == UInt8(ascii: "{") ? .text : .binary
+            mode = Mode(firstByte: buffer.byte(at: 0))
             pluginContext?.encoding = mode == .text ? .text : .binary
             logger.debug("connection opened in \(mode) mode")
+            if core.isDraining { sendGoAway() }
         }
         var count = 0
         if mode == .text {
@@ -318,6 +336,7 @@ final class Connection {
         }
         if hasPlugins, !identify(hello) { return fail(.unauthorized, id: id, textID: textID) }
         isAuthenticated = true
+        clientName = hello["client"]?.stringValue
         let welcome = core.welcome
         if mode == .text {
             TextMode.writeLine(TextMode.withID(textID, ["welcome": welcome]), on: self)
@@ -327,12 +346,12 @@ final class Connection {
     }
 
     /// Before its first bytes: a client that proved who it is with a TLS certificate is that identity
-    /// from its first request, HELLO or not (a certificate the plugins refuse closes the connection).
+    /// from its first request, HELLO or not. False if the plugins refuse the certificate.
     @inline(never)
-    private func identifyPeer() {
+    private func identifyPeer() -> Bool {
         hasIdentifiedPeer = true
-        guard transport.peerIdentity != nil else { return }
-        if !identify(token: nil, client: nil) { close(.unauthorized) }
+        guard transport.peerIdentity != nil else { return true }
+        return identify(token: nil, client: nil)
     }
 
     /// Asks the plugins who the HELLO's client is; false if one refuses it.
@@ -775,6 +794,7 @@ final class Connection {
         if !outbound.isEmpty {
             core.stats.framesOut += unflushedFrames
             core.stats.bytesOut += outbound.count
+            bytesOut += outbound.count
             unflushedFrames = 0
             // The transport may report a failed write synchronously, and closing touches `outbound`:
             // hand it a buffer of its own, then take the (emptied) buffer back to keep its capacity.
@@ -813,6 +833,16 @@ final class Connection {
     }
 
     // MARK: Closing
+
+    /// GOAWAY, or the text-mode `goaway` line; nothing before the mode is known.
+    func sendGoAway() {
+        let reason: ChannelValue = .stringMap(["reason": "server shutting down"])
+        switch mode {
+        case .text: TextMode.writeLine(.stringMap(["goaway": reason]), on: self)
+        case .binary: writeFrame(.goAway, payload: try? JSONText.serialize(reason))
+        case .undecided: break
+        }
+    }
 
     /// Sends `error` and closes (the errors that wire-v1 says end a connection).
     func fail(_ error: WireError, id: UInt32, textID: ChannelValue? = nil) {

@@ -10,7 +10,8 @@ public struct MetricsSettings: Sendable {
     public var exposition: (@Sendable () -> [UInt8])?
     /// Channels that get a label of their own in the per-channel counters; the rest are summed as `other`.
     public var channelLimit: Int
-    /// How often the counters are reported to the factory (also at each `GET /metrics`).
+    /// How often the counters are reported to a factory without an ``exposition`` (one with an
+    /// exposition is reported to at each `GET /metrics`, when they are read).
     public var intervalMs: UInt64
 
     public init(factory: any MetricsFactory, exposition: (@Sendable () -> [UInt8])?, channelLimit: Int = 100, intervalMs: UInt64 = 1000) {
@@ -70,6 +71,14 @@ final class MetricsReporter {
         let channels = core.channelCounts()
         // Channels gone since: forget their totals (one that comes back starts again from 0).
         let present = Set(channels.map(\.name))
+        for name in labeledChannels.subtracting(present) {
+            // A gone channel's series end, and its label is free for another channel: the number of
+            // series stays bounded however many channels come and go.
+            labeledChannels.remove(name)
+            for label in ["switchboard_channel_requests_total", "switchboard_channel_events_total"] {
+                counters.removeValue(forKey: Self.key(label, ["channel": name]))?.destroy()
+            }
+        }
         reported = reported.filter { key, _ in
             guard key.hasPrefix(Self.channelKey) else { return true }
             return present.contains(String(key.drop { $0 != " " }.dropFirst()))
@@ -123,11 +132,8 @@ extension ServerCore {
     func channelCounts() -> [(name: String, counts: ChannelCounts, isEvent: Bool)] {
         var out: [(String, ChannelCounts, Bool)] = []
         for (name, entry) in channels {
-            switch entry {
-            case .method(let method): out.append((name, method.counts, false))
-            case .event(let event): out.append((name, event.counts, true))
-            case .message(let message): out.append((name, message.counts, false))
-            }
+            let isEvent = if case .event = entry { true } else { false }
+            out.append((name, entry.counts, isEvent))
         }
         for (name, registration) in registrations { out.append((name, registration.counts, registration.kind == .event)) }
         return out

@@ -153,6 +153,14 @@ enum ChannelEntry {
     case method(MethodEntry)
     case event(EventEntry)
     case message(MessageEntry)
+
+    var counts: ChannelCounts {
+        switch self {
+        case .method(let method): method.counts
+        case .event(let event): event.counts
+        case .message(let message): message.counts
+        }
+    }
 }
 
 /// A channel's traffic, for `/metrics`: requests routed to it, events published on it. Plain integers
@@ -182,10 +190,13 @@ final class SharedMethodCodec {
 final class MessageEntry {
     let handle: (MessageInput, PendingRequest) -> Void
     let counts = ChannelCounts()
+    /// The codec's name, for `switchboard/channels`.
+    let codecName: String
     /// Encodes a reply value in the channel's codec (for a plugin's direct answer).
     let encode: @Sendable (ChannelValue) throws(CodecError) -> [UInt8]?
-    init(encode: @escaping @Sendable (ChannelValue) throws(CodecError) -> [UInt8]?,
+    init(codecName: String, encode: @escaping @Sendable (ChannelValue) throws(CodecError) -> [UInt8]?,
          handle: @escaping (MessageInput, PendingRequest) -> Void) {
+        self.codecName = codecName
         self.encode = encode
         self.handle = handle
     }

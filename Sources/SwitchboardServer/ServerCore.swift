@@ -31,6 +31,9 @@ struct Counters {
     var forwardedRequests = 0
     /// Connections that could not be accepted (such as EMFILE: out of file descriptors).
     var acceptErrors = 0
+    /// The requests and events of channels that are gone (their ``ChannelCounts`` went with them), so
+    /// that the totals in stats never go down.
+    var goneChannelRequests = 0, goneChannelEvents = 0
 }
 
 /// Counts by reason, read by `switchboard/stats`.
@@ -58,7 +61,7 @@ final class ServerCore {
     var isDraining: Bool { phase != .running }
     private var listener: TCPListener?
     private var tlsListener: TCPListener?
-    private var connections: [UInt64: Connection] = [:]
+    private(set) var connections: [UInt64: Connection] = [:]
     private var closingConnections: [Connection] = []
     private var nextConnectionID: UInt64 = 0
     private(set) var channels: [String: ChannelEntry] = [:]
@@ -142,6 +145,7 @@ final class ServerCore {
         let interval = max(10, min(100, config.slowConsumerGraceMs / 4, config.heartbeatMs == 0 ? 100 : config.heartbeatMs / 4))
         housekeeping.start(after: interval, repeat: interval) { [unowned self] in keepHouse() }
         self.housekeeping = housekeeping
+        guard config.metrics.exposition == nil else { return }  // reported when scraped
         let metricsTimer = try Timer(loop: eventLoop)
         metricsTimer.start(after: config.metrics.intervalMs, repeat: config.metrics.intervalMs) { [unowned self] in
             metricsReporter.report(self)
@@ -203,6 +207,7 @@ final class ServerCore {
         if case .event(let old)? = channels[name] {
             for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
         }
+        if let old = channels[name] { channelGone(old.counts) }
         channels[name] = entry
         routesVersion &+= 1
     }
@@ -435,15 +440,10 @@ final class ServerCore {
         logger.notice("shutting down: draining \(stats.repliesPending) in-flight requests")
         // The ports stay open while draining, so that a health check can see it (`/healthz` answers 503);
         // requests on connections made meanwhile get `going_away`.
-        for connection in connections.values {
-            if connection.isText {
-                TextMode.writeLine(.stringMap(["goaway": .stringMap(["reason": "server shutting down"])]), on: connection)
-            } else if connection.hasChosenBinary {
-                connection.writeFrame(.goAway, payload: try? JSONText.serialize(.stringMap(["reason": "server shutting down"])))
-            }
-            // A connection that has sent nothing has no mode yet (nor a finished TLS or WebSocket
-            // handshake): a frame now could only garble what it is about to say. It is closed at the end.
-        }
+        // A connection that has sent nothing has no mode yet (nor a finished TLS or WebSocket
+        // handshake): a frame now could only garble what it is about to say, so it gets its GOAWAY
+        // when its first bytes choose a mode.
+        for connection in connections.values { connection.sendGoAway() }
         let timer = try? Timer(loop: eventLoop)
         shutdownTimer = timer
         timer?.start(after: config.drainTimeoutMs) { [unowned self] in finishShutdown() }
@@ -530,6 +530,7 @@ final class ServerCore {
             "acceptErrors": .int(stats.acceptErrors),
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
             "plugins": pluginStats,
+            "requests": .int(totals.requests), "events": .int(totals.events),
         ])
     }
 }

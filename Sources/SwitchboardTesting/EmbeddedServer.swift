@@ -20,12 +20,15 @@ public final class EmbeddedServer {
     private var transports: [InMemoryTransport] = []
     private var isFinished = false
 
-    /// Makes a server (with the demo channels unless `demoChannels` is false, and `plugins` loaded in
-    /// order) driven by ``run(turns:)``.
+    /// Makes a server (with the demo and introspection channels unless `demoChannels` is false, and
+    /// `plugins` loaded in order) driven by ``run(turns:)``.
     public init(configuration: ServerConfiguration = ServerConfiguration(), demoChannels: Bool = true,
                 plugins: [any Plugin] = []) throws {
         server = try Server(configuration: configuration)
-        if demoChannels { server.installDemoChannels() }
+        if demoChannels {
+            server.installDemoChannels()
+            server.installIntrospectionChannels()
+        }
         for plugin in plugins { server.load(plugin) }
         try server.startDriven()
         server.runOnce()  // the channels are set

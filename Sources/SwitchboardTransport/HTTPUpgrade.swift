@@ -1,5 +1,5 @@
-/// A port's first bytes decide what a connection speaks (wire-v1 section 8): binary frames begin with a
-/// length, text mode with `{`, HTTP with a method name. This layer passes the first two through
+/// A port's first byte decides what a connection speaks (wire-v1 sections 1 and 8): HTTP begins with
+/// `G` (a GET), text mode with `{`, anything else is a binary frame's length. This layer passes the first two through
 /// untouched. An HTTP request it answers itself (health, metrics: whatever `respond` says, 404 when
 /// nothing), then closes; a WebSocket upgrade it accepts, and from then on it carries exactly one
 /// binary frame per binary message and one text-mode line per text message (without the newline), so
@@ -62,6 +62,7 @@ public final class HTTPUpgradeTransport: Transport {
     /// close (bounded by its sweep of closing connections).
     public var isOpen: Bool { inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
+    public var scheme: String { isWebSocket ? (inner.scheme == "tls" ? "wss" : "ws") : inner.scheme }
     public var peerIdentity: String? { inner.peerIdentity }
     /// Whether the connection became a WebSocket.
     public var isWebSocket: Bool { if case .webSocket = mode { true } else { false } }
@@ -122,9 +123,9 @@ public final class HTTPUpgradeTransport: Transport {
         guard case .data(let bytes) = event else { return deliver(event) }
         switch mode {
         case .sniffing:
-            // A binary frame starts with a length byte of at most 0x40 and text mode with `{`: an
-            // uppercase letter can only begin an HTTP method.
-            guard let first = bytes.first, (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(first) else {
+            // wire-v1 section 1: `G` (a GET) selects HTTP; `{` text mode, and any other byte binary
+            // mode (a frame's length byte is below 0x40).
+            guard bytes.first == UInt8(ascii: "G") else {
                 mode = .passThrough
                 return deliver(event)
             }

@@ -159,6 +159,7 @@ public final class TLSTransport: Transport {
     public var queuedBytes: Int { inner.queuedBytes + pendingPlaintext.count }
     public var isOpen: Bool { !isBroken && inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
+    public var scheme: String { "tls" }
     public var peerIdentity: String? { peerSubject }
 
     public func start(_ handler: @escaping (TransportEvent) -> Void) {

@@ -55,6 +55,8 @@ public protocol Transport: AnyObject {
     var remoteAddress: String { get }
     /// Who the peer proved to be, if the transport verified it: a TLS client certificate's subject.
     var peerIdentity: String? { get }
+    /// What the connection runs over, for operators: `tcp`, `tls`, `ws` or `wss`.
+    var scheme: String { get }
     /// Stops delivering `.data` until ``resumeReading()`` (the peer then fills its send buffer and waits).
     func pauseReading()
     /// Starts delivering `.data` again.
@@ -71,5 +73,6 @@ public protocol Transport: AnyObject {
 
 extension Transport {
     public var peerIdentity: String? { nil }
+    public var scheme: String { "tcp" }
     public func closeAfterWrites(_ intent: CloseIntent) { closeAfterWrites() }
 }

@@ -25,6 +25,7 @@ struct ConnectionOptions: ParsableArguments {
     @Flag(help: "Speak through a WebSocket (ws://, or wss:// with --tls).") var ws = false
 
     func configuration() throws -> ClientConfiguration {
+        if key != nil, cert == nil { throw ValidationError("--key goes with --cert") }
         let defaultPort = tls ? 7421 : 7420
         var config = ClientConfiguration(
             host: host ?? environment("SWITCHBOARD_HOST") ?? "127.0.0.1",

@@ -69,7 +69,7 @@ func closeCounts(_ server: Server) async throws -> [String: Int] {
     let stats: ChannelValue = try await SwitchboardClient.MethodChannel(name: "switchboard/stats", client: client).invokeMethod("get")
     await client.close()
     var counts: [String: Int] = [:]
-    for reason in ["tlsHandshakeFailed", "tlsHandshakeTimeout", "tlsError"] {
+    for reason in ["tlsHandshakeFailed", "tlsHandshakeTimeout", "tlsError", "unauthorized"] {
         counts[reason] = stats["closes"]?[reason]?.intValue
     }
     return counts
@@ -130,6 +130,29 @@ struct TLSTests {
             seen.identities.withLock { $0.append(connection.identity) }
             return .admit
         }
+    }
+
+    /// Refuses every certificate, whatever the HELLO says.
+    struct CertificateBouncer: Plugin {
+        let name = "bouncer"
+        func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication {
+            hello.certificateSubject == nil ? .pass : .refuse
+        }
+    }
+
+    @Test("a certificate the plugins refuse gets ERROR unauthorized, then the close, not a silent close")
+    func refusedCertificateIsTold() async throws {
+        let server = try startTLSServer(clientCA: true, plugins: [CertificateBouncer()])
+        do {
+            let alice = try await connectTLS(server, certificate: "alice")
+            let _: ChannelValue = try await echo(alice).invokeMethod("echo")
+            Issue.record("a refused certificate was let in")
+        } catch {
+            #expect("\(error)".contains("unauthorized"), "\(error)")
+        }
+        let closes = try await closeCounts(server)
+        #expect(closes["unauthorized"] == 1, "\(closes)")
+        await stop(server)
     }
 
     @Test("without an access plugin, a verified certificate's subject is the connection's identity from its first request")

@@ -137,6 +137,32 @@ import SwitchboardWire
         await server.waitUntilStopped()
     }
 
+    @Test("a connection silent when the drain began, or made during it, gets GOAWAY once it picks a mode")
+    func goAwayWhenTheModeIsChosen() async throws {
+        var config = ServerConfiguration()
+        config.port = 0
+        config.drainTimeoutMs = 2000
+        let server = try Server(configuration: config)
+        server.installDemoChannels()
+        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in }  // keeps the drain going
+        let port = try server.start()
+        let busy = try RawConnection(port: port)
+        try busy.send(.call(1, "stuck", "x"))
+        let silent = try RawConnection(port: port)
+        try await Task.sleep(for: .milliseconds(20))
+        server.shutdown()
+        #expect(try await busy.frame().kind == .goAway)
+        let late = try RawConnection(port: port)  // the ports stay open while draining
+        try silent.send(.call(2, "switchboard/echo", "echo"))
+        #expect(try await silent.frame().kind == .goAway)
+        let refused = try await silent.frame()
+        #expect(refused.errorCode == "going_away" && refused.id == 2)
+        try late.send(line: #"{"id":3,"call":"switchboard/echo","method":"echo"}"#)
+        #expect(try await late.line()["goaway"] != nil)
+        #expect(try await late.line()["error"]?["code"] == "going_away")
+        await server.waitUntilStopped()
+    }
+
     @Test func twoHundredConnectionsTimesAHundredCalls() async throws {
         try await withServer { _, port in
             var connections: [RawConnection] = []

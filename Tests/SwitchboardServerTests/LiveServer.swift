@@ -15,6 +15,7 @@ func withServer(
     logger.logLevel = .warning
     let server = try Server(configuration: config, logger: logger)
     server.installDemoChannels()
+    server.installIntrospectionChannels()
     setUp(server)
     let port = try server.start()
     do {

@@ -79,7 +79,7 @@ func httpGet(_ path: String, port: Int) -> (status: Int, body: String)? {
 
 @Suite("HTTP and WebSocket on the server's port")
 struct WebTests {
-    @Test("healthz 200 while serving, 503 while draining; 404; a malformed request gets 400 and a close")
+    @Test("healthz 200 while serving, 503 while draining; 404; a malformed request gets 400 and a close; POST is binary")
     func httpEndpoints() async throws {
         let held = Mutex<[MethodResult]>([])
         try await withServer({ $0.drainTimeoutMs = 2000 }, setUp: { server in
@@ -89,9 +89,14 @@ struct WebTests {
             #expect(health.status == 200 && health.body.contains(#""status":"serving""#))
             #expect(httpGet("/nope", port: port)?.status == 404)
             let garbage = try #require(RawSocket(port: port))
-            garbage.send("BOGUS \u{1}\r\n\r\n")
+            garbage.send("GARBAGE \u{1}\r\n\r\n")
             let answer = garbage.readUntilClosed()?.bytes ?? []
             #expect(String(decoding: answer, as: UTF8.self).hasPrefix("HTTP/1.1 400 "))
+            // Only `G` selects HTTP (wire-v1 section 1): "POST" is a binary frame's length, far too large.
+            let post = try #require(RawSocket(port: port))
+            post.send("POST / HTTP/1.1\r\nHost: x\r\n\r\n")
+            let refusal = String(decoding: post.readUntilClosed()?.bytes ?? [], as: UTF8.self)
+            #expect(refusal.contains("frame_too_large") && !refusal.contains("HTTP/1.1"))
             let caller = try #require(RawSocket(port: port))
             caller.send(try Frame.call(1, "test/hang", "wait").bytes)
             while held.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) }
@@ -121,6 +126,21 @@ struct WebTests {
             #expect(samples[#"switchboard_channel_requests_total{channel="other"}"#] != nil)
             let echo = samples[#"switchboard_channel_requests_total{channel="switchboard/echo"}"#]
             #expect(echo == 3 || samples[#"switchboard_channel_requests_total{channel="other"}"#] ?? 0 >= 3)
+        }
+    }
+
+    @Test("metrics: a channel that goes takes its series with it")
+    func metricsForgetGoneChannels() async throws {
+        try await withServer({ $0.metrics = .prometheus(channelLimit: 100) }) { _, port in
+            let holder = try RawConnection(port: port)
+            try holder.send(Frame(.register, id: 1, channel: "app/gone", payload: nil))
+            _ = try await holder.frame()
+            let series = #"switchboard_channel_requests_total{channel="app/gone"}"#
+            #expect(try #require(httpGet("/metrics", port: port)).body.contains(series))
+            try holder.send(Frame(.unregister, id: 2, channel: "app/gone", payload: nil))
+            _ = try await holder.frame()
+            let after = try #require(httpGet("/metrics", port: port)).body
+            #expect(!after.contains(series) && after.contains(#"switchboard_channel_requests_total{channel="switchboard/echo"}"#))
         }
     }
 

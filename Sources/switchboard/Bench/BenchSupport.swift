@@ -171,19 +171,16 @@ struct Dialer {
     func dial(_ completion: @escaping (any Transport) -> Void) {
         TCPConnection.connect(loop: loop, host: host, port: port) { [self] result in
             guard case .success(let tcp) = result else { abortBench("cannot connect to \(host):\(port): \(result)") }
-            var transport: any Transport = tcp
-            if let tls {
-                do { transport = try TLSTransport(over: tcp, context: tls, serverName: serverName ?? host, loop: loop) } catch {
-                    abortBench("cannot start TLS: \(error)")
-                }
+            do { completion(try layers.wrap(tcp, loop: loop)) } catch {
+                abortBench("cannot start TLS: \(error)")
             }
-            if webSocket { transport = WebSocketClientTransport(over: transport, host: serverName ?? host) }
-            completion(transport)
         }
     }
 
+    private var layers: ClientLayers { ClientLayers(tls: tls, serverName: serverName ?? host, webSocket: webSocket) }
+
     /// How it connects, for the parameters line: tcp, tls, ws or wss.
-    var scheme: String { webSocket ? (tls == nil ? "ws" : "wss") : (tls == nil ? "tcp" : "tls") }
+    var scheme: String { layers.scheme }
 }
 
 /// Ends the process with a message when a workload cannot go on.

@@ -1,0 +1,149 @@
+import SwitchboardCodec
+
+extension Server {
+    /// Installs the introspection channels of `protocol/demo-channels.md`, which the console page and
+    /// `switchboard top` read: `switchboard/channels` (`list`) and `switchboard/connections` (`list`,
+    /// `close`). `close` is an operator's power: guard it with access control where clients are not
+    /// all trusted.
+    public func installIntrospectionChannels() {
+        MethodChannel(name: "switchboard/channels", server: self).setMethodCallHandler { [core] call, result in
+            call.method == "list" ? result.success(core.value.channelList) : result.notImplemented()
+        }
+        MethodChannel(name: "switchboard/connections", server: self).setMethodCallHandler { [core] call, result in
+            let core = core.value
+            switch call.method {
+            case "list":
+                guard let page = Introspection.Page(call.arguments) else {
+                    return result.error(Introspection.badArguments("list takes null or {\"offset\": n ≥ 0, \"limit\": 1…1000}"))
+                }
+                result.success(core.connectionList(page))
+            case "close":
+                guard let id = call.arguments.intValue, id > 0 else {
+                    return result.error(Introspection.badArguments("close takes a connection id"))
+                }
+                guard let connection = core.connections[UInt64(id)] else {
+                    return result.error(ChannelError(code: "not_found", message: "no connection \(id)"))
+                }
+                result.success(.null)  // first: the caller may be closing itself
+                connection.logger.notice("closed by an operator")
+                connection.closeAfterFlush(.closedByOperator)
+            default:
+                result.notImplemented()
+            }
+        }
+    }
+}
+
+enum Introspection {
+    /// Which connections `list` returns: by id, from `offset`, at most `limit`.
+    struct Page {
+        var offset = 0, limit = 100
+
+        init?(_ arguments: ChannelValue) {
+            guard !arguments.isNull else { return }
+            guard case .map = arguments else { return nil }
+            if let value = arguments["offset"] {
+                guard let offset = value.intValue, offset >= 0 else { return nil }
+                self.offset = offset
+            }
+            if let value = arguments["limit"] {
+                guard let limit = value.intValue, (1...1000).contains(limit) else { return nil }
+                self.limit = limit
+            }
+        }
+    }
+
+    static func badArguments(_ message: String) -> ChannelError {
+        ChannelError(code: "bad_arguments", message: message)
+    }
+
+    /// A codec's short name: `standard`, `json`, `string`, `binary`, or the type's name for a codec of
+    /// the embedder's own.
+    static func codecName(_ codec: Any) -> String {
+        switch codec {
+        case is StandardMethodCodec, is StandardMessageCodec: "standard"
+        case is JSONMethodCodec, is JSONMessageCodec: "json"
+        case is StringCodec: "string"
+        case is BinaryCodec: "binary"
+        default: String(describing: type(of: codec))
+        }
+    }
+}
+
+extension ServerCore {
+    /// Requests and events of every channel there has been.
+    var totals: (requests: Int, events: Int) {
+        channelCounts().reduce((stats.goneChannelRequests, stats.goneChannelEvents)) {
+            ($0.0 + $1.counts.requests, $0.1 + $1.counts.events)
+        }
+    }
+
+    /// Keeps the counts of a channel that goes in the totals.
+    func channelGone(_ counts: ChannelCounts) {
+        stats.goneChannelRequests += counts.requests
+        stats.goneChannelEvents += counts.events
+    }
+
+    /// `switchboard/channels` `list`: every channel, served here or held by a client, by name.
+    var channelList: ChannelValue {
+        var rows: [(String, ChannelValue)] = []
+        for (name, entry) in channels {
+            let (kind, codec, listeners): (String, String, Int) = switch entry {
+            case .method(let method): ("method", Introspection.codecName(method.codec.codec), 0)
+            case .event(let event): ("event", Introspection.codecName(event.codec), event.listeners.all.count)
+            case .message(let message): ("message", message.codecName, 0)
+            }
+            rows.append((name, Self.channelRow(name, kind: kind, codec: .string(codec), held: false,
+                                               listeners: listeners, counts: entry.counts)))
+        }
+        for (name, registration) in registrations {
+            rows.append((name, Self.channelRow(
+                name, kind: registration.kind?.rawValue, codec: registration.codec.map { .string($0.rawValue) } ?? .null,
+                held: true, listeners: registration.events?.listeners.all.count ?? 0, counts: registration.counts)))
+        }
+        return .list(rows.sorted { $0.0 < $1.0 }.map(\.1))
+    }
+
+    private static func channelRow(_ name: String, kind: String?, codec: ChannelValue, held: Bool, listeners: Int,
+                                   counts: ChannelCounts) -> ChannelValue {
+        .stringMap([
+            "name": .string(name), "kind": kind.map(ChannelValue.string) ?? .null, "codec": codec, "held": .bool(held),
+            "listeners": .int(listeners), "requests": .int(counts.requests), "events": .int(counts.events),
+        ])
+    }
+
+    /// `switchboard/connections` `list`: one page of the connections, by id, and how many there are.
+    func connectionList(_ page: Introspection.Page) -> ChannelValue {
+        let ids = connections.keys.sorted().dropFirst(page.offset).prefix(page.limit)
+        let now = eventLoop.now
+        let rows: [ChannelValue] = ids.compactMap { connections[$0] }.map { connection in
+            let transport = connection.transport
+            let mode = switch connection.mode {
+            case .binary: "binary"
+            case .text: "text"
+            case .undecided: "undecided"
+            }
+            let identity = connection.hasPlugins ? connection.context.identity : transport.peerIdentity
+            let listens: [ChannelValue] = connection.streams.keys.sorted().compactMap { channel in
+                guard let stream = connection.streams[channel] else { return nil }
+                let credit: ChannelValue = switch stream.credit {
+                case .unbounded: .null
+                case .counted(let n): .int(Int(n))
+                }
+                return .stringMap(["channel": .string(channel), "credit": credit])
+            }
+            return .stringMap([
+                "id": .int(Int(connection.id)), "remote": .string(transport.remoteAddress),
+                "transport": .string(transport.scheme), "mode": .string(mode),
+                "client": connection.clientName.map(ChannelValue.string) ?? .null,
+                "identity": identity.map(ChannelValue.string) ?? .null,
+                "ageMs": .int(Int(now - connection.openedAt)),
+                "bytesIn": .int(connection.bytesIn), "bytesOut": .int(connection.bytesOut),
+                "pendingOutboundBytes": .int(connection.pendingBytes + connection.waitingEventBytes),
+                "openRequests": .int(connection.openRequestCount),
+                "listens": .list(listens),
+            ])
+        }
+        return .stringMap(["total": .int(connections.count), "connections": .list(rows)])
+    }
+}
