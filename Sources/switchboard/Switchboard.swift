@@ -13,7 +13,7 @@ struct Switchboard: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard",
         abstract: "Flutter platform channels over TCP.",
-        subcommands: [Serve.self, Call.self, Listen.self, Send.self, Ping.self, Bench.self]
+        subcommands: [Serve.self, Call.self, Listen.self, Send.self, Ping.self, Top.self, Bench.self]
     )
 
     /// Runs a synchronous command (`serve`) on the main thread as a plain program; only the client
@@ -59,6 +59,8 @@ struct Serve: ParsableCommand {
     @Option(help: "Token clients must send in HELLO (default: $SWITCHBOARD_TOKEN).") var token: String?
     @Option(help: "Milliseconds to wait for in-flight requests on shutdown.") var drainTimeout: UInt64 = 5000
     @Flag(help: "Do not install the demo channels.") var noDemo = false
+    @Flag(help: "Do not install switchboard/channels and switchboard/connections (what the console and top show).")
+    var noIntrospection = false
     @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: Logger.Level = .notice
     @Option(help: "Plugin configuration (JSON: aliases, access, rateLimits, requestLog; see docs/plugins.md).")
     var config: String?
@@ -114,6 +116,7 @@ struct Serve: ParsableCommand {
         }
         let server = try Server(configuration: config)
         if !noDemo { server.installDemoChannels() }
+        if !noIntrospection { server.installIntrospectionChannels() }
         if let path = self.config { try loadPlugins(from: path, into: server) }
         try server.run(handlingSignals: true)
     }
