@@ -44,9 +44,15 @@ let package = Package(
         .systemLibrary(name: "CHTTPParser", providers: [.apt(["libhttp-parser-dev"])]),  // nor here
         .target(name: "SwitchboardTransport", dependencies: ["CLibUV", "COpenSSL", "CWslay", "CHTTPParser"]),
         .target(
+            name: "SwitchboardConsole",
+            exclude: ["js/test", "js/package.json", "js/README.md"],
+            resources: [.embedInCode("js/codec.js"), .embedInCode("js/client.js"), .embedInCode("console/index.html")],
+            swiftSettings: safeSettings
+        ),
+        .target(
             name: "SwitchboardServer",
             dependencies: [
-                "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport",
+                "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", "SwitchboardConsole",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

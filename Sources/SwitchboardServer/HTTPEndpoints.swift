@@ -1,11 +1,14 @@
 import SwitchboardCodec
+import SwitchboardConsole
 import SwitchboardTransport
 
 extension ServerCore {
-    /// The HTTP endpoints (wire-v1 section 8): `/healthz`, and `/metrics` in Prometheus's text format;
-    /// nil (404) for anything else.
+    /// The HTTP endpoints (wire-v1 section 8): the console page at `/`, `/healthz`, and `/metrics` in
+    /// Prometheus's text format; nil (404) for anything else.
     func respond(to request: HTTPRequestHead) -> HTTPResponse? {
         switch request.path {
+        case "/":
+            return HTTPResponse(status: 200, contentType: "text/html; charset=utf-8", body: ConsolePage.html)
         case "/healthz":
             let serving = phase == .running
             let status: ChannelValue = .stringMap([

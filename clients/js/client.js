@@ -1,0 +1,680 @@
+// Switchboard client for browsers and Node 20+ (with --experimental-websocket): Flutter's platform
+// channels spoken over wire-v1 binary frames inside a WebSocket. Plain ES module, no dependencies.
+import { StandardMessageCodec, StandardMethodCodec, JSONMessageCodec, JSONMethodCodec, StringCodec, BinaryCodec, Float64, FormatError, PlatformException, MissingPluginException, MAX_NESTING_DEPTH, WriteBuffer, ReadBuffer, utf8Encode, utf8Decode, parseJSON, toJSON } from './codec.js';
+
+export {
+  StandardMessageCodec, StandardMethodCodec, JSONMessageCodec, JSONMethodCodec, StringCodec, BinaryCodec, Float64,
+  FormatError, PlatformException, MissingPluginException, MAX_NESTING_DEPTH, WriteBuffer, ReadBuffer, parseJSON, toJSON,
+};
+
+/** Frame types of wire-v1 (section 2). */
+export const FrameType = Object.freeze({
+  HELLO: 0x01, WELCOME: 0x02, MESSAGE: 0x03, REPLY: 0x04, PING: 0x05, PONG: 0x06, ERROR: 0x07, GOAWAY: 0x08,
+  REGISTER: 0x09, UNREGISTER: 0x0a, CANCEL: 0x0b, DEMAND: 0x0c,
+});
+const NULL_PAYLOAD = 0x01;
+const HEADER_SIZE = 12;
+const MAX_ID = 0xffffffff;
+
+/** One frame's bytes: `{type, id, channel, payload}`; a null payload sets NULL_PAYLOAD. */
+export function encodeFrame({ type, id = 0, channel = '', payload = null }) {
+  const name = utf8Encode(channel);
+  const size = payload ? payload.byteLength : 0;
+  const bytes = new Uint8Array(HEADER_SIZE + name.length + size);
+  const view = new DataView(bytes.buffer);
+  view.setUint32(0, bytes.length - 4);
+  view.setUint8(4, type);
+  view.setUint8(5, payload ? 0 : NULL_PAYLOAD);
+  view.setUint16(6, name.length);
+  view.setUint32(8, id);
+  bytes.set(name, HEADER_SIZE);
+  if (payload) bytes.set(payload, HEADER_SIZE + name.length);
+  return bytes;
+}
+
+/** The frame in one WebSocket message: `{type, flags, id, channel, payload}` (payload null for NULL_PAYLOAD). */
+export function decodeFrame(data) {
+  const bytes = new Uint8Array(data);
+  if (bytes.length < HEADER_SIZE) throw new FormatError(`a frame of ${bytes.length} bytes is shorter than its header`);
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const length = view.getUint32(0);
+  const flags = view.getUint8(5);
+  const chanlen = view.getUint16(6);
+  if (length !== bytes.length - 4) throw new FormatError(`the length field says ${length}, the message holds ${bytes.length - 4}`);
+  if (chanlen > length - 8) throw new FormatError(`a channel of ${chanlen} bytes does not fit in the frame`);
+  const payload = bytes.subarray(HEADER_SIZE + chanlen);
+  if (flags & ~NULL_PAYLOAD) throw new FormatError(`reserved flag bits ${flags}`);
+  if (flags & NULL_PAYLOAD && payload.length > 0) throw new FormatError('NULL_PAYLOAD with a payload');
+  return {
+    type: view.getUint8(4),
+    flags,
+    id: view.getUint32(8),
+    channel: utf8Decode(bytes.subarray(HEADER_SIZE, HEADER_SIZE + chanlen)),
+    payload: flags & NULL_PAYLOAD ? null : payload,
+  };
+}
+
+/** Internal hooks shared by the classes of this module (symbols keep them off the public API). */
+const STREAMS = Symbol('streams');
+const LISTEN = Symbol('listen');
+const DELIVER = Symbol('deliver');
+const DISCONNECTED = Symbol('disconnected');
+
+const DEFAULT_RECONNECT = { initialDelayMs: 100, maxDelayMs: 5000 };
+
+/**
+ * One connection to a Switchboard server, reconnecting if asked to. Events (`on`): `state` with
+ * 'connected' | 'reconnecting' | 'closed'; `goaway` with the server's reason; `error` with a
+ * PlatformException for a server ERROR frame that answers no request.
+ *
+ * Requests fail with PlatformException codes of their own besides the server's: `disconnected` (the
+ * connection dropped while the request was in flight, or it was made while reconnecting), `closed`
+ * (the client was closed), `connection_failed` (connect could not reach the server),
+ * `frame_too_large` (refused locally: larger than the server's maxFrame).
+ */
+export class SwitchboardClient {
+  /** The WELCOME payload: `{version, server, maxFrame, heartbeatMs}`. */
+  welcome = null;
+  /** 'connecting' | 'connected' | 'reconnecting' | 'closed'. */
+  state = 'connecting';
+  /** True after a GOAWAY, until the next connection. */
+  goingAway = false;
+  /** Active event streams by channel name (one per channel, as on the server). */
+  [STREAMS] = new Map();
+
+  #url;
+  #name;
+  #token;
+  #reconnect;
+  #WebSocket;
+  #ws = null;
+  #pending = new Map();
+  #lastId = 0;
+  #handlers = new Map();
+  #sleep = null;
+
+  /**
+   * Connects (HELLO, then WELCOME) and resolves with the client; rejects with a PlatformException
+   * (`connection_failed`, or the server's refusal such as `unauthorized`).
+   * Options: `name` (sent in HELLO), `token`, `reconnect` (true or `{initialDelayMs, maxDelayMs}`;
+   * off by default), `WebSocket` (an implementation; default: the global one).
+   */
+  static async connect(url, options = {}) {
+    const client = new SwitchboardClient(url, options);
+    try {
+      await client.#open();
+    } catch (error) {
+      client.#setState('closed');
+      throw error;
+    }
+    return client;
+  }
+
+  constructor(url, { name = 'switchboard-js', token, reconnect = false, WebSocket = globalThis.WebSocket } = {}) {
+    this.#url = url;
+    this.#name = name;
+    this.#token = token;
+    this.#reconnect = reconnect === true ? DEFAULT_RECONNECT : reconnect ? { ...DEFAULT_RECONNECT, ...reconnect } : null;
+    this.#WebSocket = WebSocket;
+  }
+
+  /** Calls `handler` for each `event`; returns a function that stops it. */
+  on(event, handler) {
+    if (!this.#handlers.has(event)) this.#handlers.set(event, new Set());
+    this.#handlers.get(event).add(handler);
+    return () => this.off(event, handler);
+  }
+
+  off(event, handler) {
+    this.#handlers.get(event)?.delete(handler);
+  }
+
+  #emit(event, value) {
+    for (const handler of this.#handlers.get(event) ?? []) {
+      try {
+        handler(value);
+      } catch (error) {
+        queueMicrotask(() => { throw error; });
+      }
+    }
+  }
+
+  #setState(state) {
+    if (this.state === state) return;
+    this.state = state;
+    this.#emit('state', state);
+  }
+
+  /**
+   * Sends a MESSAGE and resolves with its REPLY payload (a Uint8Array, or null for a null reply).
+   * An ERROR answer rejects with its PlatformException; `signal` aborting or `timeoutMs` passing sends
+   * CANCEL and rejects with the signal's reason (an AbortError) or a TimeoutError.
+   */
+  request(channel, payload, { signal, timeoutMs } = {}) {
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) return reject(signal.reason);
+      if (this.state !== 'connected') return reject(this.#unavailable());
+      const id = this.#nextId();
+      const frame = encodeFrame({ type: FrameType.MESSAGE, id, channel, payload });
+      const tooLarge = this.#checkSize(frame);
+      if (tooLarge) return reject(tooLarge);
+      let timer;
+      const abort = () => this.#abandon(id, signal.reason);
+      const settle = (finish) => (value) => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', abort);
+        finish(value);
+      };
+      this.#pending.set(id, { resolve: settle(resolve), reject: settle(reject) });
+      signal?.addEventListener('abort', abort, { once: true });
+      if (timeoutMs != null) {
+        timer = setTimeout(() => this.#abandon(id, new DOMException(`no answer within ${timeoutMs} ms`, 'TimeoutError')), timeoutMs);
+      }
+      this.#ws.send(frame);
+    });
+  }
+
+  /** Grants `n` more events of credit on an event channel (DEMAND; 0xFFFFFFFF = unbounded). */
+  demand(channel, n) {
+    if (this.state !== 'connected') return;
+    const payload = new Uint8Array(4);
+    new DataView(payload.buffer).setUint32(0, n);
+    this.#send({ type: FrameType.DEMAND, channel, payload });
+  }
+
+  /** Closes the connection for good: requests in flight reject (`closed`), streams end. */
+  async close() {
+    if (this.state === 'closed') return;
+    this.#setState('closed');
+    this.#sleep?.wake();
+    const ws = this.#ws;
+    this.#connectionEnded(new PlatformException('closed', 'the client was closed'));
+    for (const stream of [...this[STREAMS].values()]) stream[DISCONNECTED](null);
+    if (!ws || ws.readyState >= 2) return;
+    await new Promise((resolve) => {
+      const timer = setTimeout(resolve, 1000);
+      ws.addEventListener('close', () => { clearTimeout(timer); resolve(); });
+      ws.close(1000);
+    });
+  }
+
+  #unavailable() {
+    return this.state === 'closed'
+      ? new PlatformException('closed', 'the client was closed')
+      : new PlatformException('disconnected', 'not connected to the server');
+  }
+
+  /** The next request id: u32, never 0, skipping ids whose answers are pending. */
+  #nextId() {
+    do this.#lastId = this.#lastId === MAX_ID ? 1 : this.#lastId + 1;
+    while (this.#pending.has(this.#lastId));
+    return this.#lastId;
+  }
+
+  /** A PlatformException if the frame is larger than the server takes, else null. */
+  #checkSize(frame) {
+    const max = this.welcome?.maxFrame;
+    if (max == null || frame.length - 4 <= max) return null;
+    return new PlatformException('frame_too_large', `a frame of ${frame.length - 4} bytes exceeds the server's maxFrame of ${max}`);
+  }
+
+  /** The caller gave up on request `id`: reject it now, CANCEL it, keep the id until its answer comes. */
+  #abandon(id, reason) {
+    const entry = this.#pending.get(id);
+    if (!entry || entry.abandoned) return;
+    this.#pending.set(id, { abandoned: true, resolve() {}, reject() {} });
+    this.#send({ type: FrameType.CANCEL, id });
+    entry.reject(reason);
+  }
+
+  #send(frame) {
+    const bytes = encodeFrame(frame);
+    if (!this.#checkSize(bytes)) this.#ws?.send(bytes);
+  }
+
+  // MARK: Connecting
+
+  /** Opens a WebSocket, sends HELLO and resolves once WELCOME arrives. */
+  #open() {
+    return new Promise((resolve, reject) => {
+      let ws;
+      try {
+        ws = new this.#WebSocket(this.#url);
+      } catch (error) {
+        return reject(new PlatformException('connection_failed', String(error?.message ?? error)));
+      }
+      ws.binaryType = 'arraybuffer';
+      this.#ws = ws;
+      this.goingAway = false;
+      const helloId = this.#nextId();
+      this.#pending.set(helloId, {
+        resolve: (payload) => {
+          this.welcome = JSON.parse(utf8Decode(payload ?? new Uint8Array()) || '{}');
+          this.#didConnect();
+          resolve();
+        },
+        // A refusal (an ERROR such as unauthorized) is permanent; a lost connection may be retried.
+        reject: (error) => reject(error.code === 'disconnected'
+          ? new PlatformException('connection_failed', `cannot connect to ${this.#url}`)
+          : Object.assign(error, { permanent: true })),
+      });
+      ws.addEventListener('open', () => {
+        const hello = JSON.stringify({ version: 1, client: this.#name, token: this.#token });
+        ws.send(encodeFrame({ type: FrameType.HELLO, id: helloId, payload: utf8Encode(hello) }));
+      });
+      ws.addEventListener('message', (event) => this.#receive(ws, event.data));
+      // Node 20's WebSocket reports a failed connection with 'error' alone; browsers follow with 'close'.
+      ws.addEventListener('error', () => this.#closed(ws));
+      ws.addEventListener('close', () => this.#closed(ws));
+    });
+  }
+
+  #didConnect() {
+    this.#setState('connected');
+    for (const stream of this[STREAMS].values()) stream[LISTEN]();
+  }
+
+  /** The WebSocket `ws` is gone (or never opened). */
+  #closed(ws) {
+    if (ws !== this.#ws) return;
+    this.#ws = null;
+    if (ws.readyState < 2) ws.close();
+    const wasConnected = this.state === 'connected';
+    if (wasConnected && this.#reconnect) this.#setState('reconnecting');
+    this.#connectionEnded(new PlatformException('disconnected', 'the connection to the server was lost'));
+    if (!wasConnected) return;  // a failed attempt: whoever started it decides what follows
+    if (this.#reconnect) return void this.#reconnectLoop();
+    this.#setState('closed');
+    for (const stream of [...this[STREAMS].values()]) stream[DISCONNECTED](new PlatformException('disconnected', 'the connection to the server was lost'));
+  }
+
+  /** Forgets the socket and fails every request waiting on it. */
+  #connectionEnded(error) {
+    this.#ws = null;
+    const pending = [...this.#pending.values()];
+    this.#pending.clear();
+    for (const entry of pending) entry.reject(error);
+  }
+
+  /** Retries with exponential backoff and jitter until connected, refused for good, or closed. */
+  async #reconnectLoop() {
+    const { initialDelayMs, maxDelayMs } = this.#reconnect;
+    for (let attempt = 0; this.state === 'reconnecting'; attempt++) {
+      const delay = Math.min(maxDelayMs, initialDelayMs * 2 ** Math.min(attempt, 30));
+      await new Promise((wake) => {
+        const timer = setTimeout(wake, delay * (0.5 + Math.random() / 2));
+        this.#sleep = { wake: () => { clearTimeout(timer); wake(); } };
+      });
+      this.#sleep = null;
+      if (this.state !== 'reconnecting') return;
+      try {
+        return await this.#open();
+      } catch (error) {
+        if (error.permanent) {
+          this.#setState('closed');
+          for (const stream of [...this[STREAMS].values()]) stream[DISCONNECTED](error);
+          return;
+        }
+      }
+    }
+  }
+
+  // MARK: Input
+
+  #receive(ws, data) {
+    if (ws !== this.#ws) return;
+    let frame;
+    try {
+      if (!(data instanceof ArrayBuffer)) throw new FormatError('a text message in binary mode');
+      frame = decodeFrame(data);
+    } catch {
+      return ws.close(1002);  // the server broke the protocol: drop the connection
+    }
+    switch (frame.type) {
+      case FrameType.WELCOME:
+      case FrameType.REPLY:
+        return this.#answer(frame.id)?.resolve(frame.payload);
+      case FrameType.ERROR: {
+        const error = errorOfFrame(frame.payload);
+        const entry = this.#answer(frame.id);
+        return entry ? entry.reject(error) : this.#emit('error', error);
+      }
+      case FrameType.MESSAGE:
+        if (frame.id === 0) return this[STREAMS].get(frame.channel)?.[DELIVER](frame.payload);
+        // This client serves no channels: answer "no handler", as every MESSAGE with an id needs an answer.
+        return this.#send({ type: FrameType.REPLY, id: frame.id });
+      case FrameType.PING:
+        return ws.send(encodeFrame({ type: FrameType.PONG, id: frame.id, payload: frame.payload }));
+      case FrameType.GOAWAY:
+        this.goingAway = true;
+        return this.#emit('goaway', safeJSON(frame.payload)?.reason ?? '');
+      default:
+        return undefined;  // PONG, CANCEL (nothing of ours to cancel), and types a server does not send
+    }
+  }
+
+  /** Takes the pending entry answered by a frame with `id`. */
+  #answer(id) {
+    const entry = this.#pending.get(id);
+    this.#pending.delete(id);
+    return entry;
+  }
+
+  /** Whether a stream's end of stream is the server shutting down, to be resumed by reconnecting. */
+  get resumesAfterGoaway() {
+    return this.goingAway && this.#reconnect !== null;
+  }
+
+  /** Whether a stream should wait for the next connection rather than fail. */
+  get willReconnect() {
+    return this.#reconnect !== null && (this.state === 'reconnecting' || this.state === 'connected');
+  }
+}
+
+function safeJSON(payload) {
+  try {
+    return payload ? JSON.parse(utf8Decode(payload)) : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The PlatformException of an ERROR frame's JSON `{"code","message","details"}`. */
+function errorOfFrame(payload) {
+  let body = null;
+  try {
+    body = payload ? parseJSON(payload) : null;
+  } catch { /* a server ERROR that is not JSON keeps the generic code below */ }
+  const field = (key) => (body instanceof Map ? body.get(key) : undefined);
+  return new PlatformException(String(field('code') ?? 'error'), field('message') ?? null, field('details') ?? null);
+}
+
+// MARK: Channels
+
+/** Calls methods on a server channel: Flutter's MethodChannel. */
+export class MethodChannel {
+  constructor(name, client, codec = new StandardMethodCodec()) {
+    this.name = name;
+    this.client = client;
+    this.codec = codec;
+  }
+
+  /**
+   * Calls `method`; resolves with its result. Rejects with PlatformException (an error envelope or an
+   * ERROR frame), MissingPluginException (not implemented, or no handler), or the signal's reason.
+   */
+  async invokeMethod(method, args = null, options = {}) {
+    const reply = await this.client.request(this.name, this.codec.encodeMethodCall({ method, args }), options);
+    if (reply === null) throw new MissingPluginException(`No implementation found for method ${method} on channel ${this.name}`);
+    return this.codec.decodeEnvelope(reply);
+  }
+}
+
+/** Sends messages to a server channel: Flutter's BasicMessageChannel. */
+export class BasicMessageChannel {
+  constructor(name, client, codec = new StandardMessageCodec()) {
+    this.name = name;
+    this.client = client;
+    this.codec = codec;
+  }
+
+  /** Sends `message` and resolves with the reply (a null reply decodes as the codec's null). */
+  async send(message, options = {}) {
+    const reply = await this.client.request(this.name, this.codec.encodeMessage(message), options);
+    return this.codec.decodeMessage(reply);
+  }
+}
+
+/** Listens to a server event channel: Flutter's EventChannel. */
+export class EventChannel {
+  constructor(name, client, codec = new StandardMethodCodec()) {
+    this.name = name;
+    this.client = client;
+    this.codec = codec;
+  }
+
+  /**
+   * The channel's events as an async iterable; `listen(args)` is sent when iteration starts.
+   * Options: `signal` (aborting cancels the stream; the iterator throws the reason), `credit` (pace the
+   * stream by DEMAND with this window from the start), `highWaterMark` (events buffered before a push
+   * stream is switched to credit; default 256).
+   */
+  receiveBroadcastStream(args = null, options = {}) {
+    return new EventStream(this, args, options);
+  }
+}
+
+/**
+ * The events of one `listen`. Iterate it once with `for await`; an error event makes the iterator throw
+ * its PlatformException (and cancels the stream), end of stream ends the loop. After a reconnect the
+ * stream is listened to again with the same arguments and credit.
+ *
+ * Flow control (wire-v1 section 7a): with `credit`, at most that many events are granted and not yet
+ * taken by the consumer (granted, in flight or buffered); credit is topped up as the consumer takes
+ * events. A push stream whose buffer reaches the high-water mark, or that is paused, switches to credit
+ * with the high-water mark as window (its first grant is 1 event: a DEMAND cannot grant 0).
+ * `pause()` stops granting credit, so the server stops sending; `resume()` grants again.
+ */
+export class EventStream {
+  #channel;
+  #args;
+  #signal;
+  #highWaterMark;
+  #window;
+  #outstanding = 0;
+  #paused = false;
+  #buffer = [];
+  #waiter = null;
+  /** 'idle' (not listened yet), 'active', or 'done' (nothing more will be buffered). */
+  #phase = 'idle';
+  /** Whether the current listen was accepted, so that events on the channel are this stream's. */
+  #accepted = false;
+  /**
+   * Event payloads that arrived before the listen's reply was handled. They follow the reply on the
+   * wire, but a WebSocket may deliver several messages before the reply's promise callbacks run
+   * (Node's does), so they wait here until the reply says whether the listen was accepted.
+   */
+  #early = [];
+  #markReady;
+
+  /** Resolves with true once the server has accepted the first `listen`, or false if the stream ended first. */
+  ready = new Promise((resolve) => { this.#markReady = resolve; });
+
+  constructor(channel, args, { signal, credit, highWaterMark = 256 } = {}) {
+    if (credit != null && !(Number.isInteger(credit) && credit > 0 && credit < MAX_ID)) {
+      throw new RangeError('credit must be an integer from 1 to 0xFFFFFFFE');
+    }
+    this.#channel = channel;
+    this.#args = args;
+    this.#signal = signal;
+    this.#highWaterMark = highWaterMark;
+    this.#window = credit ?? null;
+  }
+
+  /** Events received and not taken by the consumer yet. */
+  get buffered() {
+    return this.#buffer.filter((item) => 'value' in item).length;
+  }
+
+  get paused() {
+    return this.#paused;
+  }
+
+  /** Stops granting credit: the server sends no more events than already granted. */
+  pause() {
+    this.#paused = true;
+    this.#updateCredit();
+  }
+
+  /** Grants credit again as the consumer takes events. */
+  resume() {
+    this.#paused = false;
+    this.#updateCredit();
+  }
+
+  /** Stops the stream (the loop ends): sends `cancel(args)` and resolves when the server has answered. */
+  async cancel() {
+    const stopped = this.#stopListening();
+    this.#finish({ end: true }, { discard: true });
+    await stopped;
+  }
+
+  [Symbol.asyncIterator]() {
+    if (this.#phase !== 'idle') throw new Error('an EventStream can be iterated only once');
+    this.#start();
+    return {
+      next: () => this.#next(),
+      return: async () => {
+        await this.cancel();
+        return { value: undefined, done: true };
+      },
+    };
+  }
+
+  #start() {
+    this.#phase = 'active';
+    const { client, name } = this.#channel;
+    if (this.#signal?.aborted) return this.#finish({ error: this.#signal.reason }, { discard: true });
+    this.#signal?.addEventListener('abort', this.#abort, { once: true });
+    if (client.state === 'closed') return this.#finish({ error: new PlatformException('closed', 'the client was closed') });
+    client[STREAMS].get(name)?.[DISCONNECTED](null);  // one stream per channel: a new listen ends the old one
+    client[STREAMS].set(name, this);
+    if (client.state === 'connected') this[LISTEN]();
+  }
+
+  /** Sends `listen(args)` on the current connection, preceded by DEMAND when the stream is paced. */
+  [LISTEN]() {
+    const { client, name, codec } = this.#channel;
+    this.#accepted = false;
+    this.#early = [];
+    this.#outstanding = 0;
+    if (this.#window !== null) this.#grant(Math.max(1, this.#window - this.buffered));
+    let payload;
+    try {
+      payload = codec.encodeMethodCall({ method: 'listen', args: this.#args });
+    } catch (error) {
+      return this.#finish({ error });
+    }
+    client.request(name, payload).then(
+      (reply) => {
+        if (!this.#isCurrent()) return;
+        if (reply === null) throw new MissingPluginException(`No implementation found for method listen on channel ${name}`);
+        codec.decodeEnvelope(reply);
+        this.#accepted = true;
+        this.#markReady(true);
+        const early = this.#early;
+        this.#early = [];
+        for (const payload of early) this[DELIVER](payload);
+      },
+      (error) => {
+        if (error.code === 'disconnected' && client.willReconnect) return;  // listened again once reconnected
+        throw error;
+      },
+    ).catch((error) => {
+      if (this.#isCurrent()) this.#finish({ error });
+    });
+  }
+
+  /** An event frame's payload on this stream's channel (null = end of stream). */
+  [DELIVER](payload) {
+    if (!this.#accepted) {
+      if (this.#phase === 'active') this.#early.push(payload);  // see #early
+      return;
+    }
+    if (payload === null) {
+      if (this.#channel.client.resumesAfterGoaway) return;  // the server is stopping: listen again after reconnecting
+      return this.#finish({ end: true });
+    }
+    this.#outstanding = Math.max(0, this.#outstanding - 1);
+    try {
+      this.#push({ value: this.#channel.codec.decodeEnvelope(payload) });
+    } catch (error) {
+      this.#push({ error: error instanceof PlatformException ? error : new PlatformException('bad_event', error.message) });
+    }
+    this.#updateCredit();
+  }
+
+  /** The connection is gone for good (error), or the client closed or another listen replaced this one (null). */
+  [DISCONNECTED](error) {
+    this.#finish(error ? { error } : { end: true });
+  }
+
+  #abort = () => {
+    if (this.#phase === 'done') return;
+    this.#stopListening();
+    this.#finish({ error: this.#signal.reason }, { discard: true });
+  };
+
+  /** If this stream is the channel's listener: no longer, and tell the server (resolves on its answer). */
+  async #stopListening() {
+    if (!this.#isCurrent()) return;
+    const { client, name, codec } = this.#channel;
+    client[STREAMS].delete(name);
+    if (client.state !== 'connected') return;
+    const payload = codec.encodeMethodCall({ method: 'cancel', args: this.#args });
+    await client.request(name, payload).catch(() => {});  // "no active stream" (it had just ended) is fine too
+  }
+
+  #isCurrent() {
+    return this.#channel.client[STREAMS].get(this.#channel.name) === this;
+  }
+
+  /** Ends the stream with a last item (`{end}` or `{error}`), after the buffered events unless `discard`. */
+  #finish(item, { discard = false } = {}) {
+    if (this.#isCurrent()) this.#channel.client[STREAMS].delete(this.#channel.name);
+    if (this.#phase === 'done' && !discard) return;
+    this.#phase = 'done';
+    this.#signal?.removeEventListener('abort', this.#abort);
+    this.#markReady(false);
+    if (discard) this.#buffer = [];
+    this.#push(item);
+  }
+
+  #push(item) {
+    if (this.#waiter) {
+      const waiter = this.#waiter;
+      this.#waiter = null;
+      this.#settle(item, waiter);
+    } else {
+      this.#buffer.push(item);
+    }
+  }
+
+  #next() {
+    if (this.#buffer.length === 0) {
+      if (this.#phase === 'done') return Promise.resolve({ value: undefined, done: true });
+      return new Promise((resolve, reject) => { this.#waiter = { resolve, reject }; });
+    }
+    const item = this.#buffer.shift();
+    this.#updateCredit();
+    return new Promise((resolve, reject) => this.#settle(item, { resolve, reject }));
+  }
+
+  /** Hands one item to a consumer: a value, the end, or an error (which also ends the stream). */
+  #settle(item, { resolve, reject }) {
+    if ('value' in item) return resolve({ value: item.value, done: false });
+    if (item.end) return resolve({ value: undefined, done: true });
+    // An error event: Dart's await-for stops listening too.
+    this.#stopListening();
+    this.#finish({ end: true }, { discard: true });
+    reject(item.error);
+  }
+
+  /** Grants credit as the consumer's pace allows (see the class comment). */
+  #updateCredit() {
+    if (!this.#isCurrent() || this.#channel.client.state !== 'connected') return;
+    if (this.#window === null) {
+      if (!this.#paused && this.#buffer.length < this.#highWaterMark) return;
+      this.#window = this.#highWaterMark;
+      return this.#grant(1);
+    }
+    if (this.#paused) return;
+    const room = this.#window - this.#buffer.length - this.#outstanding;
+    if (room >= Math.ceil(this.#window / 2)) this.#grant(room);
+  }
+
+  #grant(n) {
+    this.#outstanding += n;
+    this.#channel.client.demand(this.#channel.name, n);
+  }
+}

@@ -1,0 +1,342 @@
+// The client against a real server: the binary from $SWITCHBOARD (default: the repository's debug build).
+import { test, describe, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import {
+  SwitchboardClient, MethodChannel, EventChannel, BasicMessageChannel, StandardMessageCodec, StringCodec,
+  BinaryCodec, JSONMethodCodec, Float64, PlatformException, MissingPluginException,
+} from '../client.js';
+
+const binary = process.env.SWITCHBOARD ?? fileURLToPath(new URL('../../../.build/debug/switchboard', import.meta.url));
+const servers = new Set();
+const clients = new Set();
+
+/** Starts `switchboard serve` and resolves once it listens: `{process, port, url, exited}`. */
+function startServer({ port = 0, args = [] } = {}) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(binary, ['serve', '--port', String(port), '--log-level', 'notice', ...args], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    const server = { process: child, exited: new Promise((done) => child.on('exit', (code, signal) => done({ code, signal }))) };
+    servers.add(server);
+    server.exited.then(() => servers.delete(server));
+    let log = '';
+    const timer = setTimeout(() => reject(new Error(`the server did not start within 30 s:\n${log}`)), 30_000);
+    child.on('error', reject);
+    child.stderr.setEncoding('utf8');
+    child.stderr.on('data', (chunk) => {
+      log += chunk;
+      const match = /listening on 127\.0\.0\.1:(\d+)/.exec(log);
+      if (match && !server.port) {
+        clearTimeout(timer);
+        server.port = Number(match[1]);
+        server.url = `ws://127.0.0.1:${server.port}/`;
+        resolve(server);
+      }
+    });
+    server.exited.then(({ code }) => { clearTimeout(timer); reject(new Error(`the server exited with ${code}:\n${log}`)); });
+  });
+}
+
+async function connect(server, options = {}) {
+  const client = await SwitchboardClient.connect(server.url, { name: 'js-test', ...options });
+  clients.add(client);
+  return client;
+}
+
+/** Resolves with `promise`, or rejects after `ms` naming `what`. */
+function within(ms, what, promise) {
+  let timer;
+  return Promise.race([
+    promise.finally(() => clearTimeout(timer)),
+    new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`${what}: nothing within ${ms} ms`)), ms); }),
+  ]);
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Resolves with the first value `emitter` sends for `event` that `accept` takes. */
+function nextEvent(client, event, accept = () => true) {
+  return new Promise((resolve) => {
+    const stop = client.on(event, (value) => {
+      if (accept(value)) { stop(); resolve(value); }
+    });
+  });
+}
+
+/** Asserts that `promise` rejects with a PlatformException of `code` (and `message`, when given). */
+async function rejectsWithCode(promise, code, message) {
+  await assert.rejects(promise, (error) => {
+    assert.ok(error instanceof PlatformException, `expected a PlatformException, got ${error}`);
+    assert.equal(error.code, code);
+    if (message !== undefined) assert.equal(error.message, message);
+    return true;
+  });
+}
+
+after(async () => {
+  await Promise.all([...clients].map((client) => client.close()));
+  for (const server of servers) server.process.kill('SIGKILL');
+});
+
+describe('against one server', { timeout: 120_000 }, () => {
+  let server, client, echo;
+  before(async () => {
+    server = await startServer();
+    client = await connect(server);
+    echo = new MethodChannel('switchboard/echo', client);
+  });
+
+  test('HELLO is answered by WELCOME', () => {
+    assert.equal(client.state, 'connected');
+    assert.match(client.welcome.server, /^switchboard\//);
+    assert.equal(client.welcome.maxFrame, 16 * 1024 * 1024);
+    assert.equal(client.welcome.version, 1);
+  });
+
+  test('echo returns values of every type as they went', async () => {
+    const values = [
+      null, true, false, 0, -7, 2147483647, -2147483648, 1.5, -3.25, 'héllo ☺ 😀', '',
+      Uint8Array.of(1, 2, 255), Int32Array.of(-1, 7), BigInt64Array.of(-(2n ** 63n), 5n), Float32Array.of(0.5, -2),
+      Float64Array.of(Math.PI), [1, 'two', [null, [false]]], new Map([[1, 'one'], ['k', new Map()], [null, [1.5]]]),
+      98742923489n, -1n,
+    ];
+    for (const value of values) assert.deepEqual(await echo.invokeMethod('echo', value), value, String(value));
+    assert.equal(await echo.invokeMethod('echo', 2 ** 40), 2n ** 40n, 'an int64 comes back as a bigint');
+    assert.equal(await echo.invokeMethod('echo', new Float64(2)), 2);
+    assert.ok(Object.is(await echo.invokeMethod('echo', -0), -0));
+    assert.ok(Number.isNaN(await echo.invokeMethod('echo', NaN)));
+    assert.deepEqual(await echo.invokeMethod('echo', { a: 1, b: [true] }), new Map([['a', 1], ['b', [true]]]));
+    const big = new Uint8Array(300_000).map((_, i) => i % 251);
+    assert.deepEqual(await echo.invokeMethod('echo', big), big);
+  });
+
+  test('echo.json speaks JSONMethodCodec', async () => {
+    const json = new MethodChannel('switchboard/echo.json', client, new JSONMethodCodec());
+    assert.deepEqual(await json.invokeMethod('echo', { list: [1, 'x', null], n: 1234567890123456789n }),
+      new Map([['list', [1, 'x', null]], ['n', 1234567890123456789n]]));
+    await rejectsWithCode(json.invokeMethod('fail', [1]), 'demo_error', 'requested failure');
+  });
+
+  test('fail rejects with the PlatformException of the error envelope', async () => {
+    await assert.rejects(echo.invokeMethod('fail', { why: [1, 2] }), (error) => {
+      assert.ok(error instanceof PlatformException);
+      assert.equal(error.code, 'demo_error');
+      assert.equal(error.message, 'requested failure');
+      assert.deepEqual(error.details, new Map([['why', [1, 2]]]));
+      return true;
+    });
+  });
+
+  test('an unknown method or a channel without a handler is a MissingPluginException', async () => {
+    await assert.rejects(echo.invokeMethod('nope'), MissingPluginException);
+    await assert.rejects(new MethodChannel('nobody/here', client).invokeMethod('x'), MissingPluginException);
+  });
+
+  test('a wire ERROR answering a request rejects with its code', async () => {
+    const room = new BasicMessageChannel('switchboard/room.post', client, new BinaryCodec());
+    await rejectsWithCode(room.send(null), 'bad_payload');
+    await rejectsWithCode(client.request('switchboard/echo', Uint8Array.of(0xff)), 'bad_payload');
+  });
+
+  test('a frame larger than the server takes is refused locally', async () => {
+    const bytes = new BasicMessageChannel('switchboard/message.binary', client, new BinaryCodec());
+    await rejectsWithCode(bytes.send(new Uint8Array(client.welcome.maxFrame)), 'frame_too_large');
+    assert.deepEqual(await bytes.send(Uint8Array.of(9)), Uint8Array.of(9), 'the connection goes on');
+  });
+
+  test('message channels: standard, string and binary codecs', async () => {
+    const standard = new BasicMessageChannel('switchboard/message', client);
+    const value = new Map([['n', 1], [2n, [new Float64(1), 'x']], ['bytes', Uint8Array.of(1)]]);
+    assert.deepEqual(await standard.send(value), new Map([['n', 1], [2n, [1, 'x']], ['bytes', Uint8Array.of(1)]]));
+    assert.equal(await standard.send(null), null);
+    const strings = new BasicMessageChannel('switchboard/message.string', client, new StringCodec());
+    assert.equal(await strings.send('grüß dich'), 'grüß dich');
+    const bytes = new BasicMessageChannel('switchboard/message.binary', client, new BinaryCodec());
+    assert.deepEqual(await bytes.send(Uint8Array.of(0, 1, 254)), Uint8Array.of(0, 1, 254));
+    assert.deepEqual(await bytes.send(new Uint8Array()), new Uint8Array());
+    assert.equal(await bytes.send(null), null);
+  });
+
+  test('a ticker stream yields its values, then ends', async () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    const values = [];
+    for await (const value of ticker.receiveBroadcastStream({ count: 5, intervalMs: 0 })) values.push(value);
+    assert.deepEqual(values, [0, 1, 2, 3, 4]);
+  });
+
+  test('a refused listen makes the iterator throw', async () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    const stream = ticker.receiveBroadcastStream({ count: -1 });
+    await rejectsWithCode((async () => { for await (const _ of stream) assert.fail('no event expected'); })(), 'bad_arguments');
+    assert.equal(await stream.ready, false);
+  });
+
+  test('aborting a stream cancels it on the server', async () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    const controller = new AbortController();
+    const seen = [];
+    await assert.rejects(within(30_000, 'abort', (async () => {
+      for await (const value of ticker.receiveBroadcastStream({ intervalMs: 5 }, { signal: controller.signal })) {
+        seen.push(value);
+        if (seen.length === 3) controller.abort();
+      }
+    })()), { name: 'AbortError' });
+    assert.deepEqual(seen, [0, 1, 2]);
+    // The cancel went out before this call, so the server has no stream left on the channel.
+    await rejectsWithCode(new MethodChannel('switchboard/ticker', client).invokeMethod('cancel'), 'error', 'No active stream to cancel');
+    const stats = await new MethodChannel('switchboard/stats', client).invokeMethod('get');
+    assert.ok(stats.get('connections') >= 1);
+  });
+
+  test('breaking out of a loop cancels the stream on the server', async () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    const stream = ticker.receiveBroadcastStream({ intervalMs: 5 });
+    for await (const value of stream) if (value === 2) break;
+    await rejectsWithCode(new MethodChannel('switchboard/ticker', client).invokeMethod('cancel'), 'error', 'No active stream to cancel');
+  });
+
+  test('aborting a call rejects it with AbortError and leaves the connection usable', async () => {
+    const aborted = AbortSignal.abort();
+    await assert.rejects(echo.invokeMethod('echo', 1, { signal: aborted }), { name: 'AbortError' });
+    const controller = new AbortController();
+    const call = echo.invokeMethod('echo', 'late', { signal: controller.signal });
+    controller.abort();
+    await assert.rejects(call, { name: 'AbortError' });
+    const results = await Promise.all([1, 2, 3].map((n) => echo.invokeMethod('echo', n)));
+    assert.deepEqual(results, [1, 2, 3]);
+  });
+
+  test('with credit, a paused consumer gets no more events than granted', async () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    const stream = ticker.receiveBroadcastStream({ intervalMs: 0 }, { credit: 3 });
+    const events = stream[Symbol.asyncIterator]();
+    assert.deepEqual(await within(30_000, 'first event', events.next()), { value: 0, done: false });
+    stream.pause();
+    await sleep(1000);  // unpaced, the ticker would send thousands meanwhile
+    assert.equal(stream.buffered, 2, 'the rest of the credit of 3');
+    assert.deepEqual((await events.next()).value, 1);
+    assert.deepEqual((await events.next()).value, 2);
+    const third = events.next();
+    const outcome = await Promise.race([third.then(() => 'event'), sleep(1000).then(() => 'nothing')]);
+    assert.equal(outcome, 'nothing', 'no event while paused with no credit left');
+    stream.resume();
+    assert.deepEqual(await within(30_000, 'event after resume', third), { value: 3, done: false });
+    await stream.cancel();
+    assert.deepEqual(await events.next(), { value: undefined, done: true });
+  });
+
+  test('a push stream whose consumer lags switches to credit and stops growing', async () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    const stream = ticker.receiveBroadcastStream({ intervalMs: 1 }, { highWaterMark: 20 });
+    const events = stream[Symbol.asyncIterator]();
+    await within(30_000, 'first event', events.next());
+    // What the server had sent before the DEMAND arrived (up to its outbound limit) still comes in;
+    // then nothing more while the consumer takes nothing.
+    let buffered = -1;
+    for (let i = 0; i < 60 && stream.buffered !== buffered; i++) {
+      buffered = stream.buffered;
+      await sleep(500);
+    }
+    await sleep(1000);
+    assert.equal(stream.buffered, buffered, 'nothing arrives while the buffer is over the high-water mark');
+    assert.ok(buffered >= 20 && buffered < 1_000_000, `buffered ${buffered}`);
+    let expected = 1;  // every event is delivered, in order, as the consumer catches up
+    for (let i = 0; i < buffered + 50; i++) assert.equal((await events.next()).value, expected++);
+    await stream.cancel();
+  });
+
+  test('a room post reaches every listener', async () => {
+    const other = await connect(server);
+    const streams = [client, other].map((c) => new EventChannel('switchboard/room', c).receiveBroadcastStream());
+    const iterators = streams.map((s) => s[Symbol.asyncIterator]());
+    const firsts = iterators.map((it) => it.next());
+    assert.deepEqual(await within(30_000, 'listens', Promise.all(streams.map((s) => s.ready))), [true, true]);
+    const post = new BasicMessageChannel('switchboard/room.post', other, new BinaryCodec());
+    assert.equal(await post.send(Uint8Array.of(1, 2, 3)), null);
+    for (const first of await within(30_000, 'room events', Promise.all(firsts))) {
+      assert.deepEqual(first, { value: Uint8Array.of(1, 2, 3), done: false });
+    }
+    await Promise.all(streams.map((s) => s.cancel()));
+    await other.close();
+    assert.equal(other.state, 'closed');
+    await rejectsWithCode(new MethodChannel('switchboard/echo', other).invokeMethod('echo', 1), 'closed');
+  });
+});
+
+describe('connecting', { timeout: 120_000 }, () => {
+  test('a token is required when the server has one; PINGs are answered', async () => {
+    const server = await startServer({ args: ['--token', 'sesame', '--heartbeat', '200'] });
+    await rejectsWithCode(SwitchboardClient.connect(server.url, { token: 'wrong' }), 'unauthorized');
+    const client = await connect(server, { token: 'sesame' });
+    await sleep(1500);  // several heartbeat intervals: without PONGs the server would close the connection
+    assert.equal(client.state, 'connected');
+    assert.equal(await new MethodChannel('switchboard/echo', client).invokeMethod('echo', 'still here'), 'still here');
+  });
+
+  test('a server that is not there fails the connect', async () => {
+    const server = await startServer();
+    const { url } = server;
+    server.process.kill('SIGKILL');
+    await server.exited;
+    await rejectsWithCode(SwitchboardClient.connect(url), 'connection_failed');
+  });
+});
+
+describe('losing the server', { timeout: 180_000 }, () => {
+  test('after a crash the client reconnects and listens again', async () => {
+    const server = await startServer();
+    const client = await connect(server, { reconnect: { initialDelayMs: 50, maxDelayMs: 500 } });
+    const stream = new EventChannel('switchboard/ticker', client).receiveBroadcastStream({ intervalMs: 20 });
+    const events = stream[Symbol.asyncIterator]();
+    assert.equal((await within(30_000, 'event', events.next())).value, 0);
+    assert.equal((await within(30_000, 'event', events.next())).value, 1);
+
+    const reconnecting = nextEvent(client, 'state', (s) => s === 'reconnecting');
+    const tickerMethods = new MethodChannel('switchboard/ticker', client);
+    server.process.kill('SIGKILL');
+    await server.exited;
+    await within(30_000, 'reconnecting', reconnecting);
+    await rejectsWithCode(tickerMethods.invokeMethod('cancel'), 'disconnected');
+
+    const connected = nextEvent(client, 'state', (s) => s === 'connected');
+    await startWithRetry(server.port);
+    await within(60_000, 'reconnected', connected);
+    // Events buffered before the crash come first; then the new stream starts again from 0.
+    let value;
+    do value = (await within(30_000, 'event after reconnecting', events.next())).value; while (value !== 0);
+    assert.equal((await within(30_000, 'event', events.next())).value, 1);
+    await stream.cancel();
+    await client.close();
+  });
+
+  test('GOAWAY is surfaced; without reconnect the stream ends and the client closes', async () => {
+    const server = await startServer();
+    const client = await connect(server);
+    const stream = new EventChannel('switchboard/ticker', client).receiveBroadcastStream({ intervalMs: 50 });
+    const goaway = nextEvent(client, 'goaway');
+    const closed = nextEvent(client, 'state', (s) => s === 'closed');
+    const received = [];
+    const loop = (async () => { for await (const value of stream) received.push(value); })();
+    assert.equal(await within(30_000, 'listen', stream.ready), true);
+    server.process.kill('SIGINT');
+    assert.equal(typeof await within(30_000, 'goaway', goaway), 'string');
+    await within(30_000, 'end of stream', loop);
+    await within(30_000, 'closed', closed);
+    assert.equal((await server.exited).code, 0);
+    assert.ok(received.every((v, i) => v === i), 'events in order before the end');
+  });
+});
+
+/** Starts a server on `port`, retrying while the port is still held by the one that died. */
+async function startWithRetry(port) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await startServer({ port });
+    } catch (error) {
+      if (attempt >= 20) throw error;
+      await sleep(250);
+    }
+  }
+}
