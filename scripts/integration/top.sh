@@ -9,7 +9,7 @@ SESSION="switchboard-top-$$"
 WATCHED=$!
 "$SWITCHBOARD" listen switchboard/ticker '{"intervalMs":10}' --port "$PORT" >/dev/null &
 LISTENER=$!
-trap 'tmux kill-session -t "$SESSION" 2>/dev/null; kill $WATCHED $LISTENER 2>/dev/null; stop_server; rm -f "$LOG"' EXIT
+trap 'tmux kill-session -t "$SESSION" 2>/dev/null || true; kill $WATCHED $LISTENER 2>/dev/null || true; stop_server; rm -f "$LOG"' EXIT
 
 tmux new-session -d -s "$SESSION" -x 150 -y 40 "$SWITCHBOARD top --port $PORT"
 screen() { tmux capture-pane -p -t "$SESSION" 2>/dev/null; }
