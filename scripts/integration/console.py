@@ -243,36 +243,34 @@ def event_values(driver):
     return [json.loads(t) for t in texts]
 
 
+def submit(driver, form, busy, timeout_what):
+    """Clears the form's status and result, presses its button, and returns (status, result text) once
+    the status says something other than `busy`."""
+    driver.execute_script(f"document.getElementById('{form}-result').textContent = ''; document.getElementById('{form}-status').textContent = ''")
+    click(driver, f"{form}-submit")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        status = text(driver, f"#{form}-status")
+        if status and status != busy:
+            return status, text(driver, f"#{form}-result")
+        time.sleep(0.05)
+    return f"(no {timeout_what} within 10 s)", text(driver, f"#{form}-result")
+
+
 def call(driver, channel, method, args, codec="standard"):
     """Submits the Call form; returns (status, result text) once the call has finished."""
     fill(driver, "call-channel", channel)
     fill(driver, "call-method", method)
     fill(driver, "call-args", json.dumps(args))
     fill(driver, "call-codec", codec)
-    driver.execute_script("document.getElementById('call-result').textContent = ''; document.getElementById('call-status').textContent = ''")
-    click(driver, "call-submit")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        status = text(driver, "#call-status")
-        if status and status != "calling…":
-            return status, text(driver, "#call-result")
-        time.sleep(0.05)
-    return "(no answer within 10 s)", text(driver, "#call-result")
+    return submit(driver, "call", "calling…", "answer")
 
 
 def post(driver, channel, codec, message):
     fill(driver, "post-codec", codec)
     fill(driver, "post-channel", channel)
     fill(driver, "post-message", message)
-    driver.execute_script("document.getElementById('post-result').textContent = ''; document.getElementById('post-status').textContent = ''")
-    click(driver, "post-submit")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        status = text(driver, "#post-status")
-        if status and status != "sending…":
-            return status, text(driver, "#post-result")
-        time.sleep(0.05)
-    return "(no reply within 10 s)", text(driver, "#post-result")
+    return submit(driver, "post", "sending…", "reply")
 
 
 def listen(driver, channel, args):
