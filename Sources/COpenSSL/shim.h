@@ -24,5 +24,8 @@ static inline int switchboard_SSL_set_server_name(SSL *ssl, const char *name) {
 
 static inline unsigned long switchboard_XN_FLAG_RFC2253(void) { return XN_FLAG_RFC2253; }
 
+/// The flags a BIO sets when a read has nothing yet and should be retried.
+static inline int switchboard_BIO_FLAGS_RETRY_READ(void) { return BIO_FLAGS_READ | BIO_FLAGS_SHOULD_RETRY; }
+
 static inline const char *switchboard_SSL_version_name(const SSL *ssl) { return SSL_get_version(ssl); }
 #endif

@@ -83,9 +83,10 @@ public final class TLSContext: @unchecked Sendable {
     }
 }
 
-/// TLS over another transport (TCP), driven through OpenSSL memory buffers on the same loop: ciphertext
-/// from below is written into OpenSSL, and what OpenSSL has to send is read out and written below. No
-/// second event loop, no blocking call. Everything above sees plaintext, as over TCP.
+/// TLS over another transport (TCP), driven on the same loop through a BIO of its own: OpenSSL reads the
+/// ciphertext that arrived from below straight out of the array it came in, and what OpenSSL has to send
+/// is appended to one buffer written below. No second event loop, no blocking call, no memory BIO to copy
+/// through. Everything above sees plaintext, as over TCP.
 ///
 /// A handshake must finish within `handshakeTimeoutMs`. Failures reach the owner as
 /// ``TransportEvent/failed(_:)``: a failed or timed-out handshake (a plain-text client, an untrusted
@@ -93,16 +94,17 @@ public final class TLSContext: @unchecked Sendable {
 public final class TLSTransport: Transport {
     private let inner: any Transport
     private let ssl: OpaquePointer
-    /// Network → OpenSSL, and OpenSSL → network.
-    private let incoming: OpaquePointer, outgoing: OpaquePointer
     private let loop: EventLoop
     private let handshakeTimeoutMs: UInt64
     private var handler: ((TransportEvent) -> Void)?
     private var isEstablished = false
     /// Written by the owner before the handshake finished.
     private var pendingPlaintext: [UInt8] = []
-    /// What goes to the transport below, reused write after write.
-    private var ciphertext: [UInt8] = []
+    /// Ciphertext from below that OpenSSL has not read yet: the arrays as they arrived, read from `inputIndex`.
+    fileprivate var input: [UInt8] = []
+    fileprivate var inputIndex = 0
+    /// What OpenSSL wrote, for the transport below: handed down by ``flushOutgoing()``, reused write after write.
+    fileprivate var ciphertext: [UInt8] = []
     private var isPaused = false
     /// A failure or the end was delivered: nothing more goes up.
     private var isFinished = false
@@ -122,17 +124,16 @@ public final class TLSTransport: Transport {
     public init(over inner: any Transport, context: TLSContext, serverName: String? = nil, loop: EventLoop,
                 handshakeTimeoutMs: UInt64 = 10_000) throws(TLSError) {
         guard let ssl = SSL_new(context.context) else { throw .drainingQueue("SSL_new") }
-        guard let incoming = BIO_new(BIO_s_mem()), let outgoing = BIO_new(BIO_s_mem()) else {
+        guard let bio = BIO_new(TransportBIO.method) else {
             SSL_free(ssl)
             throw .drainingQueue("BIO_new")
         }
-        SSL_set_bio(ssl, incoming, outgoing)  // the SSL owns both from here
+        SSL_set_bio(ssl, bio, bio)  // the SSL owns it from here, and frees it before this transport goes
         self.ssl = ssl
-        self.incoming = incoming
-        self.outgoing = outgoing
         self.inner = inner
         self.loop = loop
         self.handshakeTimeoutMs = handshakeTimeoutMs
+        BIO_set_data(bio, Unmanaged.passUnretained(self).toOpaque())
         if context.isServer {
             SSL_set_accept_state(ssl)
             return
@@ -222,8 +223,12 @@ public final class TLSTransport: Transport {
         guard !isFinished else { return }
         switch event {
         case .data(let bytes):
-            let written = bytes.withUnsafeBytes { BIO_write(incoming, $0.baseAddress, Int32($0.count)) }
-            guard written == Int32(bytes.count) else { return fail(.tlsError, "cannot buffer TLS input") }
+            if inputIndex == input.count {
+                input = bytes  // adopted, not copied
+                inputIndex = 0
+            } else {
+                input += bytes
+            }
             if !isEstablished { handshake() }
             if isEstablished, !isPaused { decrypt() }
         case .closed(let error):
@@ -231,7 +236,7 @@ public final class TLSTransport: Transport {
                 finish(.closed(nil))
             } else if error == nil, !isEstablished {
                 fail(.tlsHandshakeFailed, "the peer closed during the TLS handshake")
-            } else if error == nil, BIO_ctrl_pending(incoming) > 0 || SSL_has_pending(ssl) == 1 {
+            } else if error == nil, inputIndex < input.count || SSL_has_pending(ssl) == 1 {
                 fail(.tlsError, "the peer stopped in the middle of a TLS record")
             } else {
                 finish(.closed(error))
@@ -277,6 +282,9 @@ public final class TLSTransport: Transport {
             let n = SSL_read(ssl, scratch, Int32(EventLoop.readBufferSize))
             if n > 0 {
                 plaintext.append(contentsOf: UnsafeRawBufferPointer(start: scratch, count: Int(n)))
+                // Another SSL_read would only learn that it must wait (at the price of a failed call and
+                // SSL_get_error) unless OpenSSL holds more or more ciphertext is waiting.
+                if inputIndex == input.count, SSL_pending(ssl) == 0, SSL_has_pending(ssl) == 0 { break reading }
                 continue
             }
             switch SSL_get_error(ssl, n) {
@@ -304,15 +312,22 @@ public final class TLSTransport: Transport {
         flushOutgoing()
     }
 
-    /// Hands what OpenSSL has to send to the transport below, through one buffer kept for it (the
-    /// transport below empties it and keeps its capacity).
+    /// Hands what OpenSSL wrote to the transport below (which empties the buffer and keeps its capacity).
     private func flushOutgoing() {
-        let pending = Int(BIO_ctrl_pending(outgoing))
-        guard pending > 0 else { return }
-        ciphertext.append(contentsOf: repeatElement(0, count: pending))
-        let n = ciphertext.withUnsafeMutableBytes { BIO_read(outgoing, $0.baseAddress, Int32(pending)) }
-        ciphertext.removeLast(pending - max(0, Int(n)))
         if !ciphertext.isEmpty { inner.write(&ciphertext) }
+    }
+
+    /// Gives OpenSSL up to `capacity` bytes of the ciphertext that arrived; 0 when there is none yet.
+    fileprivate func readInput(into destination: UnsafeMutableRawPointer, capacity: Int) -> Int {
+        let count = min(capacity, input.count - inputIndex)
+        guard count > 0 else { return 0 }
+        input.withUnsafeBytes { destination.copyMemory(from: $0.baseAddress! + inputIndex, byteCount: count) }
+        inputIndex += count
+        if inputIndex == input.count {  // all read: let the array go rather than keep it while idle
+            input = []
+            inputIndex = 0
+        }
+        return count
     }
 
     private func readPeerSubject() -> String? {
@@ -347,4 +362,46 @@ public final class TLSTransport: Transport {
 
 extension Int32 {
     fileprivate var isTrue: Bool { self != 0 }
+}
+
+/// The BIO between OpenSSL and a ``TLSTransport``: reads take the ciphertext that arrived from below,
+/// writes append to what goes down. It never blocks and never ends: with nothing to read it asks OpenSSL
+/// to retry (the transport calls again when more arrives), and the end of input is the transport's to
+/// report. Its data pointer is the transport, unretained: the transport's SSL owns the BIO and is freed
+/// in the transport's deinit, and OpenSSL calls the BIO only from calls the transport makes.
+private enum TransportBIO {
+    /// Made once, then only read by OpenSSL (`BIO_new`), from any thread.
+    nonisolated(unsafe) static let method: OpaquePointer = {
+        guard let method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "switchboard transport") else {
+            fatalError("BIO_meth_new failed: OpenSSL is out of memory at start-up")
+        }
+        BIO_meth_set_create(method) { bio in
+            BIO_set_init(bio, 1)
+            return 1
+        }
+        BIO_meth_set_read_ex(method) { bio, destination, capacity, read in
+            BIO_clear_flags(bio, switchboard_BIO_FLAGS_RETRY_READ())
+            guard let destination, let read, let transport = owner(bio) else { return 0 }
+            let count = transport.readInput(into: destination, capacity: capacity)
+            guard count > 0 else {
+                BIO_set_flags(bio, switchboard_BIO_FLAGS_RETRY_READ())
+                return 0
+            }
+            read.pointee = count
+            return 1
+        }
+        BIO_meth_set_write_ex(method) { bio, source, count, written in
+            guard let source, let written, let transport = owner(bio) else { return 0 }
+            transport.ciphertext.append(contentsOf: UnsafeRawBufferPointer(start: source, count: count))
+            written.pointee = count
+            return 1
+        }
+        BIO_meth_set_ctrl(method) { _, command, _, _ in command == BIO_CTRL_FLUSH ? 1 : 0 }
+        return method
+    }()
+
+    private static func owner(_ bio: OpaquePointer?) -> TLSTransport? {
+        guard let data = BIO_get_data(bio) else { return nil }
+        return Unmanaged<TLSTransport>.fromOpaque(data).takeUnretainedValue()
+    }
 }
