@@ -236,8 +236,10 @@ public struct StreamHandlerClosures: StreamHandler {
 /// never keeps a finished stream (and through it the connection and the server) alive.
 public final class EventSink: Sendable {
     struct Target {
-        weak var stream: EventStream?
+        /// Weak: the stream's anchor lives exactly as long as the stream.
+        weak var anchor: EventStream.Anchor?
         let eventLoop: EventLoop
+        var stream: EventStream? { anchor?.stream }
     }
     let target: LoopBound<Target>
     /// The listening client.
@@ -245,7 +247,7 @@ public final class EventSink: Sendable {
     private let producerQueue: ProducerQueue
 
     init(stream: EventStream, loop: LoopHandle, client: ClientID) {
-        target = LoopBound(Target(stream: stream, eventLoop: stream.connection.core.eventLoop), loop: loop)
+        target = LoopBound(Target(anchor: stream.anchor, eventLoop: stream.connection.core.eventLoop), loop: loop)
         self.client = client
         producerQueue = ProducerQueue(limit: stream.entry.queueLimit, overflow: stream.entry.overflow, loop: loop)
     }

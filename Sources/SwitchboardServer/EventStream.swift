@@ -111,6 +111,10 @@ final class EventStream {
         didSet { if readyCallback != nil { connection.hasWaitingStreams = true } }
     }
     var sink: EventSink!
+    /// What its sink refers to weakly, rather than to the stream itself: an object that is ever referred
+    /// to weakly takes Swift's slow reference-counting path (through a side table) on every retain and
+    /// release from then on, and a broadcast retains each stream it delivers to.
+    private(set) lazy var anchor = Anchor(self)
     /// Where this stream sits in its channel's ``Listeners``.
     var listenerIndex = -1
     /// The plugins' outbound stages that see this stream's events, chosen when it started; nil (the
@@ -124,6 +128,12 @@ final class EventStream {
         self.arguments = arguments
         self.credit = credit
         self.outboundStages = outboundStages
+    }
+
+    /// Owned by its stream alone, so it goes when the stream goes, and a weak reference to it ends then.
+    final class Anchor {
+        unowned let stream: EventStream
+        init(_ stream: EventStream) { self.stream = stream }
     }
 
     private var hasCredit: Bool { if case .counted(0) = credit { false } else { true } }

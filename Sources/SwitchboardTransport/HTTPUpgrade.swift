@@ -41,8 +41,10 @@ public final class HTTPUpgradeTransport: Transport {
     private var isPausedByOwner = false, isPausedForPongs = false
     /// The owner began a graceful close: what follows is its doing, not a failure.
     private var isClosingByOwner = false
-    /// Messages read from the peer and not yet delivered (see ``receive(_:_:)``).
-    private var received: [UInt8] = []
+    /// Messages read from the peer and not yet delivered (see ``receive(_:_:)``). Unchecked:
+    /// appended to only by the session's handlers, inside `WebSocketSession.receive`, which is called
+    /// holding no access to it.
+    @exclusivity(unchecked) private var received: [UInt8] = []
     /// Server-to-client WebSocket frames, built in place and reused write after write.
     private var framed: [UInt8] = []
     /// Cuts what the owner writes into messages, once a WebSocket.

@@ -8,19 +8,23 @@ final class WebSocketSession {
     enum Role { case server, client }
 
     private var context: wslay_event_context_ptr?
-    private var input: [UInt8] = []
-    private var inputOffset = 0
-    private var output: [UInt8] = []
+    // The properties wslay's callbacks touch are `@exclusivity(unchecked)`: the callbacks run on the loop
+    // thread inside `wslay_event_recv` and `wslay_event_send`, which `receive` and `takeOutput` call while
+    // holding no access to any of them, and the `on…` handlers must not call back into the session (see
+    // `onData`). Checked at run time, they cost more than wslay's own work on every message.
+    @exclusivity(unchecked) private var input: [UInt8] = []
+    @exclusivity(unchecked) private var inputOffset = 0
+    @exclusivity(unchecked) private var output: [UInt8] = []
     /// The bytes of text and binary messages as they arrive (a message may come in several calls),
     /// valid during the call, which must not call back into the session. wslay buffers no message:
     /// a message costs no copy of its own.
-    var onData: (Opcode, UnsafeBufferPointer<UInt8>) -> Void = { _, _ in }
+    @exclusivity(unchecked) var onData: (Opcode, UnsafeBufferPointer<UInt8>) -> Void = { _, _ in }
     /// The end of a text or binary message.
-    var onMessageEnd: (Opcode) -> Void = { _ in }
+    @exclusivity(unchecked) var onMessageEnd: (Opcode) -> Void = { _ in }
     /// The opcode of the message being received (from its first frame; continuations carry 0).
-    private var receiving: Opcode?
+    @exclusivity(unchecked) private var receiving: Opcode?
     /// Any frame's start, control frames included: traffic, for the heartbeat.
-    var onFrame: () -> Void = {}
+    @exclusivity(unchecked) var onFrame: () -> Void = {}
 
     init(role: Role = .server, maxMessage: Int) {
         var callbacks = wslay_event_callbacks()
