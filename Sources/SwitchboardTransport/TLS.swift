@@ -103,7 +103,7 @@ public final class TLSTransport: Transport {
     /// Ciphertext from below that OpenSSL has not read yet: the arrays as they arrived, read from `inputIndex`.
     fileprivate var input: [UInt8] = []
     fileprivate var inputIndex = 0
-    /// What OpenSSL wrote, for the transport below: handed down by ``flushOutgoing()``, reused write after write.
+    /// What OpenSSL wrote, for the transport below: handed down by ``flushOutgoing()``.
     fileprivate var ciphertext: [UInt8] = []
     private var isPaused = false
     /// A failure or the end was delivered: nothing more goes up.
@@ -142,11 +142,11 @@ public final class TLSTransport: Transport {
         // A client always checks the name: an IP address against the certificate's IP entries, anything
         // else as a DNS name (and sent for SNI). No name, or one OpenSSL refuses, is an error, not a
         // connection that trusts any certificate its CAs signed.
-        guard let serverName, !serverName.isEmpty else { SSL_free(ssl); throw TLSError(description: "a TLS client needs the server's name") }
+        // (Every property is set by now, so a throw runs deinit, which frees the SSL.)
+        guard let serverName, !serverName.isEmpty else { throw TLSError(description: "a TLS client needs the server's name") }
         if X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), serverName) != 1 {
             ERR_clear_error()
             guard SSL_set1_host(ssl, serverName) == 1, switchboard_SSL_set_server_name(ssl, serverName) == 1 else {
-                SSL_free(ssl)
                 throw .drainingQueue("cannot check the server's name \(serverName)")
             }
         }
@@ -154,6 +154,7 @@ public final class TLSTransport: Transport {
 
     deinit {
         timer?.cancel()
+        BIO_set_data(SSL_get_rbio(ssl), nil)  // nothing OpenSSL does while freeing may reach this going object
         SSL_free(ssl)
     }
 
@@ -313,8 +314,14 @@ public final class TLSTransport: Transport {
     }
 
     /// Hands what OpenSSL wrote to the transport below (which empties the buffer and keeps its capacity).
+    /// The bytes leave `ciphertext` first: a transport that reports its end from inside `write` lets the
+    /// owner write again, and OpenSSL then appends to `ciphertext` while this call still runs.
     private func flushOutgoing() {
-        if !ciphertext.isEmpty { inner.write(&ciphertext) }
+        guard !ciphertext.isEmpty else { return }
+        var outgoing: [UInt8] = []
+        swap(&outgoing, &ciphertext)
+        inner.write(&outgoing)
+        if ciphertext.isEmpty { swap(&outgoing, &ciphertext) }  // keeps the capacity for the next record
     }
 
     /// Gives OpenSSL up to `capacity` bytes of the ciphertext that arrived; 0 when there is none yet.
@@ -352,6 +359,7 @@ public final class TLSTransport: Transport {
     private func finish(_ event: TransportEvent) {
         guard !isFinished else { return }
         isFinished = true
+        if case .failed = event { isBroken = true }  // after a clean end (close_notify) writes go on
         timer?.cancel()
         timer = nil
         let handler = self.handler
@@ -391,6 +399,7 @@ private enum TransportBIO {
             return 1
         }
         BIO_meth_set_write_ex(method) { bio, source, count, written in
+            BIO_clear_flags(bio, switchboard_BIO_FLAGS_RETRY_READ())  // a write never waits
             guard let source, let written, let transport = owner(bio) else { return 0 }
             transport.ciphertext.append(contentsOf: UnsafeRawBufferPointer(start: source, count: count))
             written.pointee = count

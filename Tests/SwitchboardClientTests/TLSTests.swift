@@ -165,4 +165,13 @@ struct TLSTests {
         await alice.close()
         await stop(server)
     }
+
+    @Test("a TLS client with no server name is refused when made, and the half-made transport frees its SSL once")
+    func clientNeedsAServerName() throws {
+        let loop = try EventLoop()
+        let context = try TLSContext.client(caFile: TestCertificates.path("ca.pem"))
+        for name in [nil, ""] as [String?] {
+            #expect(throws: TLSError.self) { _ = try TLSTransport(over: InMemoryTransport(), context: context, serverName: name, loop: loop) }
+        }
+    }
 }
