@@ -114,7 +114,7 @@ final class EventStream {
     /// What its sink refers to weakly, rather than to the stream itself: an object that is ever referred
     /// to weakly takes Swift's slow reference-counting path (through a side table) on every retain and
     /// release from then on, and a broadcast retains each stream it delivers to.
-    private(set) lazy var anchor = Anchor(self)
+    let anchor = Anchor()
     /// Where this stream sits in its channel's ``Listeners``.
     var listenerIndex = -1
     /// The plugins' outbound stages that see this stream's events, chosen when it started; nil (the
@@ -128,12 +128,17 @@ final class EventStream {
         self.arguments = arguments
         self.credit = credit
         self.outboundStages = outboundStages
+        anchor.stream = self
     }
+
+    /// Runs before the stream's properties go: a sink used from their deinits (a ready callback's
+    /// captures, say) finds no stream rather than one being torn down.
+    deinit { anchor.stream = nil }
 
     /// Owned by its stream alone, so it goes when the stream goes, and a weak reference to it ends then.
     final class Anchor {
-        unowned let stream: EventStream
-        init(_ stream: EventStream) { self.stream = stream }
+        /// The stream, until it begins to go.
+        unowned var stream: EventStream?
     }
 
     private var hasCredit: Bool { if case .counted(0) = credit { false } else { true } }
