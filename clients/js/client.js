@@ -1,6 +1,6 @@
 // Switchboard client for browsers and Node 20+ (with --experimental-websocket): Flutter's platform
 // channels spoken over wire-v1 binary frames inside a WebSocket. Plain ES module, no dependencies.
-import { StandardMessageCodec, StandardMethodCodec, JSONMessageCodec, JSONMethodCodec, StringCodec, BinaryCodec, Float64, FormatError, PlatformException, MissingPluginException, MAX_NESTING_DEPTH, WriteBuffer, ReadBuffer, utf8Encode, utf8Decode, parseJSON, toJSON } from './codec.js';
+import { StandardMessageCodec, StandardMethodCodec, JSONMessageCodec, JSONMethodCodec, StringCodec, BinaryCodec, Float64, FormatError, PlatformException, MissingPluginException, MAX_NESTING_DEPTH, WriteBuffer, ReadBuffer, utf8Encode, utf8Decode, parseJSON, toJSON, asBytes } from './codec.js';
 
 export {
   StandardMessageCodec, StandardMethodCodec, JSONMessageCodec, JSONMethodCodec, StringCodec, BinaryCodec, Float64,
@@ -16,9 +16,11 @@ const NULL_PAYLOAD = 0x01;
 const HEADER_SIZE = 12;
 const MAX_ID = 0xffffffff;
 
-/** One frame's bytes: `{type, id, channel, payload}`; a null payload sets NULL_PAYLOAD. */
+/** One frame's bytes: `{type, id, channel, payload}` (payload: any bytes); a null payload sets NULL_PAYLOAD. */
 export function encodeFrame({ type, id = 0, channel = '', payload = null }) {
   const name = utf8Encode(channel);
+  if (name.length > 0xffff) throw new FormatError(`a channel name of ${name.length} bytes is over 65535`);
+  if (payload) payload = asBytes(payload);
   const size = payload ? payload.byteLength : 0;
   const bytes = new Uint8Array(HEADER_SIZE + name.length + size);
   const view = new DataView(bytes.buffer);
@@ -58,6 +60,8 @@ export function decodeFrame(data) {
 const STREAMS = Symbol('streams');
 const LISTEN = Symbol('listen');
 const DELIVER = Symbol('deliver');
+/** A request option: called as its answer frame is read, before the promise's callbacks run. */
+const ANSWERED = Symbol('answered');
 const DISCONNECTED = Symbol('disconnected');
 
 const DEFAULT_RECONNECT = { initialDelayMs: 100, maxDelayMs: 5000 };
@@ -150,7 +154,7 @@ export class SwitchboardClient {
    * An ERROR answer rejects with its PlatformException; `signal` aborting or `timeoutMs` passing sends
    * CANCEL and rejects with the signal's reason (an AbortError) or a TimeoutError.
    */
-  request(channel, payload, { signal, timeoutMs } = {}) {
+  request(channel, payload, { signal, timeoutMs, [ANSWERED]: answered } = {}) {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) return reject(signal.reason);
       if (this.state !== 'connected') return reject(this.#unavailable());
@@ -165,7 +169,7 @@ export class SwitchboardClient {
         signal?.removeEventListener('abort', abort);
         finish(value);
       };
-      this.#pending.set(id, { resolve: settle(resolve), reject: settle(reject) });
+      this.#pending.set(id, { resolve: settle(resolve), reject: settle(reject), answered });
       signal?.addEventListener('abort', abort, { once: true });
       if (timeoutMs != null) {
         timer = setTimeout(() => this.#abandon(id, new DOMException(`no answer within ${timeoutMs} ms`, 'TimeoutError')), timeoutMs);
@@ -328,15 +332,22 @@ export class SwitchboardClient {
       if (!(data instanceof ArrayBuffer)) throw new FormatError('a text message in binary mode');
       frame = decodeFrame(data);
     } catch {
-      return ws.close(1002);  // the server broke the protocol: drop the connection
+      // The server broke the protocol: drop the connection. (A script may close only with 1000 or
+      // 3000-4999, so not with 1002; 4002 says the same in the application's range.)
+      ws.close(4002);
+      return this.#closed(ws);
     }
     switch (frame.type) {
       case FrameType.WELCOME:
-      case FrameType.REPLY:
-        return this.#answer(frame.id)?.resolve(frame.payload);
+      case FrameType.REPLY: {
+        const entry = this.#answer(frame.id);
+        entry?.answered?.();
+        return entry?.resolve(frame.payload);
+      }
       case FrameType.ERROR: {
         const error = errorOfFrame(frame.payload);
         const entry = this.#answer(frame.id);
+        entry?.answered?.();
         return entry ? entry.reject(error) : this.#emit('error', error);
       }
       case FrameType.MESSAGE:
@@ -467,12 +478,14 @@ export class EventStream {
   #waiter = null;
   /** 'idle' (not listened yet), 'active', or 'done' (nothing more will be buffered). */
   #phase = 'idle';
+  /** Whether the current listen's answer has been read: events on the channel before it are not this stream's. */
+  #answered = false;
   /** Whether the current listen was accepted, so that events on the channel are this stream's. */
   #accepted = false;
   /**
-   * Event payloads that arrived before the listen's reply was handled. They follow the reply on the
-   * wire, but a WebSocket may deliver several messages before the reply's promise callbacks run
-   * (Node's does), so they wait here until the reply says whether the listen was accepted.
+   * Event payloads read after the listen's answer but before its promise callbacks ran (a WebSocket
+   * may deliver several messages first; Node's does). They wait here until the answer says whether
+   * the listen was accepted.
    */
   #early = [];
   #markReady;
@@ -483,6 +496,9 @@ export class EventStream {
   constructor(channel, args, { signal, credit, highWaterMark = 256 } = {}) {
     if (credit != null && !(Number.isInteger(credit) && credit > 0 && credit < MAX_ID)) {
       throw new RangeError('credit must be an integer from 1 to 0xFFFFFFFE');
+    }
+    if (!(Number.isInteger(highWaterMark) && highWaterMark > 0 && highWaterMark < MAX_ID)) {
+      throw new RangeError('highWaterMark must be an integer from 1 to 0xFFFFFFFE');
     }
     this.#channel = channel;
     this.#args = args;
@@ -537,7 +553,13 @@ export class EventStream {
     if (this.#signal?.aborted) return this.#finish({ error: this.#signal.reason }, { discard: true });
     this.#signal?.addEventListener('abort', this.#abort, { once: true });
     if (client.state === 'closed') return this.#finish({ error: new PlatformException('closed', 'the client was closed') });
-    client[STREAMS].get(name)?.[DISCONNECTED](null);  // one stream per channel: a new listen ends the old one
+    // One stream per channel: a new listen ends the old one, and tells the server first, so that the
+    // DEMAND below credits the new stream rather than the old one.
+    const previous = client[STREAMS].get(name);
+    if (previous) {
+      previous.#stopListening();
+      previous[DISCONNECTED](null);
+    }
     client[STREAMS].set(name, this);
     if (client.state === 'connected') this[LISTEN]();
   }
@@ -545,17 +567,20 @@ export class EventStream {
   /** Sends `listen(args)` on the current connection, preceded by DEMAND when the stream is paced. */
   [LISTEN]() {
     const { client, name, codec } = this.#channel;
+    this.#answered = false;
     this.#accepted = false;
     this.#early = [];
     this.#outstanding = 0;
-    if (this.#window !== null) this.#grant(Math.max(1, this.#window - this.buffered));
+    // Paused, it still needs credit mode on the new connection: a grant of 1, the least a DEMAND can say.
+    if (this.#window !== null) this.#grant(this.#paused ? 1 : Math.max(1, this.#window - this.buffered));
     let payload;
     try {
       payload = codec.encodeMethodCall({ method: 'listen', args: this.#args });
     } catch (error) {
       return this.#finish({ error });
     }
-    client.request(name, payload).then(
+    const answered = () => { if (this.#isCurrent()) this.#answered = true; };
+    client.request(name, payload, { [ANSWERED]: answered }).then(
       (reply) => {
         if (!this.#isCurrent()) return;
         if (reply === null) throw new MissingPluginException(`No implementation found for method listen on channel ${name}`);
@@ -567,7 +592,9 @@ export class EventStream {
         for (const payload of early) this[DELIVER](payload);
       },
       (error) => {
-        if (error.code === 'disconnected' && client.willReconnect) return;  // listened again once reconnected
+        // Listened again once reconnected (going_away: the server began to stop as this listen arrived).
+        if (error.code === 'disconnected' && client.willReconnect) return;
+        if (error.code === 'going_away' && client.resumesAfterGoaway) return;
         throw error;
       },
     ).catch((error) => {
@@ -578,7 +605,8 @@ export class EventStream {
   /** An event frame's payload on this stream's channel (null = end of stream). */
   [DELIVER](payload) {
     if (!this.#accepted) {
-      if (this.#phase === 'active') this.#early.push(payload);  // see #early
+      if (this.#phase === 'active' && this.#answered) this.#early.push(payload);  // see #early
+      // Before the answer: an event of the stream this one replaced, still on its way.
       return;
     }
     if (payload === null) {

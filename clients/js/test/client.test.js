@@ -5,7 +5,8 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import {
   SwitchboardClient, MethodChannel, EventChannel, BasicMessageChannel, StandardMessageCodec, StringCodec,
-  BinaryCodec, JSONMethodCodec, Float64, PlatformException, MissingPluginException,
+  BinaryCodec, JSONMethodCodec, Float64, PlatformException, MissingPluginException, FormatError, FrameType,
+  encodeFrame, decodeFrame,
 } from '../client.js';
 
 const binary = process.env.SWITCHBOARD ?? fileURLToPath(new URL('../../../.build/debug/switchboard', import.meta.url));
@@ -78,6 +79,23 @@ async function rejectsWithCode(promise, code, message) {
 after(async () => {
   await Promise.all([...clients].map((client) => client.close()));
   for (const server of servers) server.process.kill('SIGKILL');
+});
+
+describe('frames', () => {
+  test('a payload may be any bytes: an ArrayBuffer or a view frames as its Uint8Array does', () => {
+    const bytes = Uint8Array.of(0, 1, 2, 3, 4, 5, 6, 7);
+    const expected = encodeFrame({ type: FrameType.MESSAGE, id: 9, channel: 'c', payload: bytes.subarray(2, 6) });
+    assert.deepEqual(decodeFrame(expected.buffer).payload, Uint8Array.of(2, 3, 4, 5));
+    for (const payload of [bytes.buffer.slice(2, 6), new DataView(bytes.buffer, 2, 4), new Uint16Array(bytes.buffer, 2, 2)]) {
+      assert.deepEqual(encodeFrame({ type: FrameType.MESSAGE, id: 9, channel: 'c', payload }), expected);
+    }
+    assert.throws(() => encodeFrame({ type: FrameType.MESSAGE, id: 9, channel: 'c', payload: [1, 2] }), FormatError);
+  });
+
+  test('a channel name over 65535 UTF-8 bytes is refused rather than framed with a wrong length', () => {
+    assert.equal(encodeFrame({ type: FrameType.DEMAND, channel: 'é'.repeat(32767) }).length, 12 + 65534);
+    assert.throws(() => encodeFrame({ type: FrameType.DEMAND, channel: 'é'.repeat(32768) }), FormatError);
+  });
 });
 
 describe('against one server', { timeout: 120_000 }, () => {
@@ -225,6 +243,29 @@ describe('against one server', { timeout: 120_000 }, () => {
     assert.deepEqual(await within(30_000, 'event after resume', third), { value: 3, done: false });
     await stream.cancel();
     assert.deepEqual(await events.next(), { value: undefined, done: true });
+  });
+
+  test('a second listen on a channel replaces the first: the old one is cancelled, none of its events reach the new one', async () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    const old = ticker.receiveBroadcastStream({ intervalMs: 0 });
+    await within(30_000, 'the old stream runs', old[Symbol.asyncIterator]().next());
+    // The old stream's events are still arriving as the new listen goes out; the new stream must start at
+    // 0, and its DEMAND must credit it rather than the old one (or it would be in push mode).
+    const fresh = ticker.receiveBroadcastStream({ intervalMs: 0 }, { credit: 2 });
+    const events = fresh[Symbol.asyncIterator]();
+    assert.deepEqual(await within(30_000, 'first event', events.next()), { value: 0, done: false });
+    fresh.pause();
+    await sleep(500);
+    assert.ok(fresh.buffered <= 2, `buffered ${fresh.buffered}: a credit of 2 holds at most 2 events not taken`);
+    await fresh.cancel();
+    await rejectsWithCode(new MethodChannel('switchboard/ticker', client).invokeMethod('cancel'), 'error', 'No active stream to cancel');
+  });
+
+  test('highWaterMark must be a count the wire can grant', () => {
+    const ticker = new EventChannel('switchboard/ticker', client);
+    for (const highWaterMark of [0, -1, 1.5, 2 ** 32, 'x']) {
+      assert.throws(() => ticker.receiveBroadcastStream(null, { highWaterMark }), RangeError);
+    }
   });
 
   test('a push stream whose consumer lags switches to credit and stops growing', async () => {
