@@ -14,7 +14,8 @@ public protocol ClusterBus: AnyObject {
     func subscribe(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) throws(BusError) -> BusSubscription
     /// Stops a subscription.
     func unsubscribe(_ subscription: BusSubscription)
-    /// Sends a request; `completion` runs exactly once, with the first reply or why there is none.
+    /// Sends a request; `completion` runs exactly once, with the first reply or why there is none,
+    /// unless this throws: then the request was never sent and `completion` never runs.
     func request(_ subject: String, headers: [BusMessage.Header], payload: [UInt8], timeoutMs: UInt64,
                  _ completion: @escaping (BusReply) -> Void) throws(BusError)
     /// Answers `request` (nothing happens if it wants no reply).

@@ -251,7 +251,9 @@ public final class NATSBus: ClusterBus {
         switch operation {
         case .info(let json):
             guard phase == .handshaking else { return }  // a later INFO (cluster changes) needs nothing
-            maxPayload = (try? JSONText.parse(Array(json.utf8)))?["max_payload"]?.intValue ?? NATSBus.defaultMaxPayload
+            // Never more than a bus (this one or a peer) takes in: a message published here comes back to the buses.
+            let serverLimit = (try? JSONText.parse(Array(json.utf8)))?["max_payload"]?.intValue ?? NATSBus.defaultMaxPayload
+            maxPayload = min(serverLimit, parser.maxPayload)
             outbound += NATSCommand.connect(name: options.name)
             for (sid, subscription) in subscriptions.sorted(by: { $0.key < $1.key }) {
                 outbound += NATSCommand.subscribe(subscription.subject, queue: subscription.queue, sid: sid)

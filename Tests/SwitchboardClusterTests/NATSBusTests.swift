@@ -165,6 +165,18 @@ struct NATSBusTests {
         #expect(seen.map(\.subject) == ["ok"] && bus.isConnected && bus.counters.serverErrors == 0 && bus.counters.reconnects == 0)
     }
 
+    @Test("a server that takes more than a bus reads in is held to what the bus reads (8 MiB)")
+    func maxPayloadIsTheSmallerLimit() throws {
+        let server = try NATSServerProcess(configuration: "max_payload: 16777216\n")
+        let harness = try BusHarness()
+        let bus = try harness.bus("a", servers: [NATSBus.Server(host: "127.0.0.1", port: server.port)])
+        #expect(harness.run { bus.isConnected })
+        #expect(bus.maxPayload == 8 << 20)
+        #expect(throws: BusError.tooLarge((8 << 20) + 1, limit: 8 << 20)) {
+            try bus.publish("ok", headers: [], payload: [UInt8](repeating: 0, count: (8 << 20) + 1))
+        }
+    }
+
     @Test("request and reply; no responders answered fast; a timeout")
     func requestReply() throws {
         let server = try NATSServerProcess()
