@@ -39,7 +39,7 @@ struct Top: AsyncParsableCommand {
             }
             let terminal = Terminal()
             defer { terminal.restore() }
-            let (events, input) = AsyncStream.makeStream(of: TopEvent.self, bufferingPolicy: .bufferingNewest(64))
+            let (events, input) = AsyncStream.makeStream(of: TopEvent.self)
             terminal.readKeys(into: input)
             let ticker = Task {
                 while !Task.isCancelled {
@@ -48,11 +48,22 @@ struct Top: AsyncParsableCommand {
                 }
             }
             defer { ticker.cancel() }
+            // Samples are taken beside the loop, so that a key (q above all) is answered while a slow
+            // server keeps one out; a tick that comes meanwhile is skipped.
+            var isSampling = false
             for await event in events {
                 switch event {
                 case .tick:
+                    guard !isSampling else { continue }
+                    isSampling = true
+                    Task {
+                        do { input.yield(.sampled(.success(try await sampler.sample()))) } catch { input.yield(.sampled(.failure(error))) }
+                    }
+                    continue
+                case .sampled(let result):
+                    isSampling = false
                     screen.previous = screen.current
-                    screen.current = try await sampler.sample()
+                    screen.current = try result.get()
                 case .key(UInt8(ascii: "q")), .key(UInt8(ascii: "Q")), .quit:
                     return
                 case .key(let key):
@@ -67,7 +78,7 @@ struct Top: AsyncParsableCommand {
     }
 }
 
-enum TopEvent: Sendable { case tick, key(UInt8), quit }
+enum TopEvent: Sendable { case tick, key(UInt8), quit, sampled(Result<TopSample, any Error>) }
 
 /// The connection columns `top` sorts by, in the order of their keys 1-8.
 enum TopColumn: String, CaseIterable, ExpressibleByArgument {
@@ -78,7 +89,7 @@ enum TopColumn: String, CaseIterable, ExpressibleByArgument {
 }
 
 /// One reading of the server's introspection channels.
-struct TopSample {
+struct TopSample: Sendable {
     var at: ContinuousClock.Instant
     var stats: ChannelValue
     var channels: [ChannelValue]
@@ -87,7 +98,7 @@ struct TopSample {
 }
 
 /// Reads the three introspection channels.
-struct TopSampler {
+struct TopSampler: Sendable {
     let client: Client
 
     func sample() async throws -> TopSample {
