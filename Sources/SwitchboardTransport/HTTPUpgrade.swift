@@ -45,7 +45,7 @@ public final class HTTPUpgradeTransport: Transport {
     /// appended to only by the session's handlers, inside `WebSocketSession.receive`, which is called
     /// holding no access to it.
     @exclusivity(unchecked) private var received: [UInt8] = []
-    /// Server-to-client WebSocket frames, built in place and reused write after write.
+    /// Server-to-client WebSocket frames, built here and handed down, its capacity kept write after write.
     private var framed: [UInt8] = []
     /// Cuts what the owner writes into messages, once a WebSocket.
     private var cutter = MessageCutter() { didSet { pendingCount = cutter.pendingCount } }
@@ -81,7 +81,13 @@ public final class HTTPUpgradeTransport: Transport {
             guard session.closeCodeSent == 0 else { return bytes.removeAll(keepingCapacity: true) }  // the close went out
             flush(session)  // wslay's own frames (pongs) first: then nothing of its is half written
             cutter.frame(&bytes, into: &framed)
-            if !framed.isEmpty { inner.write(&framed) }
+            guard !framed.isEmpty else { return }
+            // Handed down from a local: a transport that reports its end from inside `write` lets the
+            // owner write again, into `framed`, while this call still runs.
+            var outgoing: [UInt8] = []
+            swap(&outgoing, &framed)
+            inner.write(&outgoing)
+            if framed.isEmpty { swap(&outgoing, &framed) }  // keeps the capacity for the next write
         case .http, .answered:
             bytes.removeAll(keepingCapacity: true)
         }

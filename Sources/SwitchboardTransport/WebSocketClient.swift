@@ -188,6 +188,9 @@ struct MessageCutter {
     /// most a 2-byte header below 126 bytes (4 bytes up to 64 KiB, 10 beyond), so the framed bytes are
     /// at most half as many again as the frames.
     private static func frameBinary(_ carry: [UInt8], into out: inout [UInt8]) -> Int {
+        // Nothing to frame while the first frame is incomplete (a large one written in parts): no allocation.
+        guard carry.count >= 4,
+              carry.count >= 4 + (Int(carry[0]) << 24 | Int(carry[1]) << 16 | Int(carry[2]) << 8 | Int(carry[3])) else { return 0 }
         var used = 0
         let framed = carry.withUnsafeBufferPointer { source in
             [UInt8](unsafeUninitializedCapacity: source.count + source.count / 2) { target, initialized in
