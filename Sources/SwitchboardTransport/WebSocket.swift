@@ -7,19 +7,33 @@ final class WebSocketSession {
     enum Opcode: UInt8 { case text = 1, binary = 2 }
     enum Role { case server, client }
 
-    private var context: wslay_event_context_ptr?
+    /// Set once, in init (after `self` exists, which wslay's callbacks need). Unchecked: read on every
+    /// call, never written again.
+    @exclusivity(unchecked) private var context: wslay_event_context_ptr?
+    private let role: Role
+    private let maxMessage: Int
     // The properties wslay's callbacks touch are `@exclusivity(unchecked)`: the callbacks run on the loop
     // thread inside `wslay_event_recv` and `wslay_event_send`, which `receive` and `takeOutput` call while
     // holding no access to any of them, and the `on…` handlers must not call back into the session (see
     // `onData`). Checked at run time, they cost more than wslay's own work on every message.
     @exclusivity(unchecked) private var input: [UInt8] = []
     @exclusivity(unchecked) private var inputOffset = 0
+    /// Where wslay's reads of `input` stop (see ``receiveFromServer()``).
+    @exclusivity(unchecked) private var inputLimit = 0
+    /// Client side: bytes of a large frame that wslay has begun and not read to its end yet. Unchecked:
+    /// touched only by ``receiveFromServer()``, which no callback reaches.
+    @exclusivity(unchecked) private var owedToWslay = 0
+    /// Client side: the messages read, for the owner to take (``takeReceived()``) instead of `onData`
+    /// and `onMessageEnd`: each binary message's bytes, each text message's followed by a newline (a
+    /// JSON line each). Unchecked: appended to by wslay's callbacks and ``receiveFromServer()``, taken
+    /// between calls.
+    @exclusivity(unchecked) private var received: [UInt8] = []
     @exclusivity(unchecked) private var output: [UInt8] = []
-    /// The bytes of text and binary messages as they arrive (a message may come in several calls),
-    /// valid during the call, which must not call back into the session. wslay buffers no message:
-    /// a message costs no copy of its own.
+    /// Server side: the bytes of text and binary messages as they arrive (a message may come in several
+    /// calls), valid during the call, which must not call back into the session. wslay buffers no
+    /// message: a message costs no copy of its own.
     @exclusivity(unchecked) var onData: (Opcode, UnsafeBufferPointer<UInt8>) -> Void = { _, _ in }
-    /// The end of a text or binary message.
+    /// Server side: the end of a text or binary message.
     @exclusivity(unchecked) var onMessageEnd: (Opcode) -> Void = { _ in }
     /// The opcode of the message being received (from its first frame; continuations carry 0).
     @exclusivity(unchecked) private var receiving: Opcode?
@@ -27,10 +41,12 @@ final class WebSocketSession {
     @exclusivity(unchecked) var onFrame: () -> Void = {}
 
     init(role: Role = .server, maxMessage: Int) {
+        self.role = role
+        self.maxMessage = maxMessage
         var callbacks = wslay_event_callbacks()
         callbacks.recv_callback = { context, buffer, length, _, user in
             guard let session = WebSocketSession.owner(user), let buffer else { return -1 }
-            let available = session.input.count - session.inputOffset
+            let available = session.inputLimit - session.inputOffset
             guard available > 0 else {
                 wslay_event_set_error(context, Int32(WSLAY_ERR_WOULDBLOCK.rawValue))
                 return -1
@@ -54,13 +70,18 @@ final class WebSocketSession {
         }
         callbacks.on_frame_recv_chunk_callback = { _, argument, user in
             guard let session = WebSocketSession.owner(user), let argument, let opcode = session.receiving else { return }
-            session.onData(opcode, UnsafeBufferPointer(start: argument.pointee.data, count: argument.pointee.data_length))
+            let bytes = UnsafeBufferPointer(start: argument.pointee.data, count: argument.pointee.data_length)
+            if session.role == .client { session.received.append(contentsOf: bytes) } else { session.onData(opcode, bytes) }
         }
         callbacks.on_msg_recv_callback = { _, argument, user in
             guard let session = WebSocketSession.owner(user), let argument,
                   let opcode = Opcode(rawValue: argument.pointee.opcode) else { return }  // control frames: wslay's
             session.receiving = nil
-            session.onMessageEnd(opcode)
+            if session.role == .client {
+                if opcode == .text { session.received.append(10) }
+            } else {
+                session.onMessageEnd(opcode)
+            }
         }
         let user = Unmanaged.passUnretained(self).toOpaque()
         switch role {
@@ -89,7 +110,85 @@ final class WebSocketSession {
             inputOffset = 0
             input += bytes
         }
+        guard role == .client else { return wslayRead(upTo: input.count) }
+        return receiveFromServer()
+    }
+
+    /// Lets wslay read `input` up to `limit`. False on a fatal error.
+    private func wslayRead(upTo limit: Int) -> Bool {
+        inputLimit = limit
         return wslay_event_recv(context) == 0
+    }
+
+    /// A server's frames, read here when they are whole, final, unmasked text or binary frames outside a
+    /// fragmented message (a server's events: going through wslay cost more than the rest of a delivery
+    /// on the client). wslay reads every other frame (control frames, fragments, anything it must refuse)
+    /// and only ever whole frames, so that it is always at a frame's start when this looks, except for a
+    /// frame over 64 KiB, which it reads as it comes, the rest of it owed to it before this looks again.
+    private func receiveFromServer() -> Bool {
+        guard wslay_event_want_read(context) != 0 else { return true }  // nothing is read after a close or an error
+        let input = self.input  // the same buffer wslay reads from, which nothing changes meanwhile
+        return input.withUnsafeBufferPointer { bytes in
+            var offset = inputOffset, failed = false
+            defer { inputOffset = offset }
+            /// Lets wslay read up to `limit`; false when it failed or reads no more (a close, an error).
+            func wslayReads(upTo limit: Int) -> Bool {
+                inputOffset = offset
+                defer { offset = inputOffset }
+                guard wslayRead(upTo: limit) else { failed = true; return false }
+                return inputOffset == limit && wslay_event_want_read(context) != 0
+            }
+            while offset < bytes.count {
+                if owedToWslay > 0 {
+                    let count = min(owedToWslay, bytes.count - offset)
+                    owedToWslay -= count
+                    guard wslayReads(upTo: offset + count) else { break }
+                    continue
+                }
+                guard let frame = Self.frameHeader(bytes, at: offset) else { break }  // more to come
+                let end = offset + frame.headerSize + frame.payloadSize
+                if end <= bytes.count, let opcode = frame.opcode, receiving == nil, frame.payloadSize <= maxMessage {
+                    received.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[(offset + frame.headerSize)..<end]))
+                    if opcode == .text { received.append(10) }
+                    offset = end
+                } else if end <= bytes.count {
+                    guard wslayReads(upTo: end) else { break }
+                } else if frame.headerSize + frame.payloadSize > 1 << 16 {
+                    owedToWslay = end - bytes.count
+                    guard wslayReads(upTo: bytes.count) else { break }
+                } else {
+                    break  // a small frame's rest is on its way
+                }
+            }
+            return !failed
+        }
+    }
+
+    /// The header of the frame at `offset`, if it is all there: its size, the payload's, and the opcode
+    /// when the frame is final, unmasked, without reserved bits, and text or binary (nil otherwise). An
+    /// absurd length is clamped: wslay, reading the frame, refuses it.
+    @inline(__always)
+    private static func frameHeader(_ input: UnsafeBufferPointer<UInt8>, at offset: Int) -> (headerSize: Int, payloadSize: Int, opcode: Opcode?)? {
+        guard input.count - offset >= 2 else { return nil }
+        let first = input[offset], second = input[offset + 1]
+        let lengthSize = switch second & 0x7F { case 126: 2; case 127: 8; default: 0 }
+        let headerSize = 2 + lengthSize + (second & 0x80 != 0 ? 4 : 0)
+        guard input.count - offset >= headerSize else { return nil }
+        var payloadSize = Int(second & 0x7F)
+        if lengthSize > 0 {
+            payloadSize = 0
+            for index in 0..<lengthSize { payloadSize = payloadSize << 8 | Int(input[offset + 2 + index]) }
+            if lengthSize == 8, input[offset + 2] & 0x80 != 0 || payloadSize > 1 << 40 { payloadSize = 1 << 40 }
+        }
+        let isPlainData = first & 0xF0 == 0x80 && second & 0x80 == 0
+        return (headerSize, payloadSize, isPlainData ? Opcode(rawValue: first & 0x0F) : nil)
+    }
+
+    /// Client side: the messages read so far (see `received`).
+    func takeReceived() -> [UInt8] {
+        var messages: [UInt8] = []
+        swap(&messages, &received)
+        return messages
     }
 
     /// Queues a message (copied by wslay); false once the session is closing.

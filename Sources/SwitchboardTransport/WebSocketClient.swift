@@ -10,10 +10,6 @@ public final class WebSocketClientTransport: Transport {
     private var answer: [UInt8] = []
     private var session: WebSocketSession?
     private var cutter = MessageCutter()
-    /// Messages read and not yet delivered. Unchecked:
-    /// appended to only by the session's handlers, inside `WebSocketSession.receive`, which is called
-    /// holding no access to it.
-    @exclusivity(unchecked) private var received: [UInt8] = []
     private var isFinished = false
 
     /// A WebSocket over `inner` (TCP, or TLS), to `path` on `host`.
@@ -78,8 +74,6 @@ public final class WebSocketClientTransport: Transport {
             return fail("the server refused the upgrade: \(head.prefix { $0 != "\r" })")
         }
         let session = WebSocketSession(role: .client, maxMessage: 1 << 30)
-        session.onData = { [unowned self] _, bytes in received.append(contentsOf: bytes) }
-        session.onMessageEnd = { [unowned self] opcode in if opcode == .text { received.append(10) } }
         self.session = session
         send(session)
         if !rest.isEmpty { receive(rest, session) }
@@ -91,11 +85,8 @@ public final class WebSocketClientTransport: Transport {
         let ok = session.receive(bytes)
         flush(session)
         let wslayClosed = wasClosing || session.closeReceived ? 0 : session.closeCodeSent
-        if !received.isEmpty {
-            var messages: [UInt8] = []
-            swap(&messages, &received)
-            finish(.data(messages))
-        }
+        let messages = session.takeReceived()
+        if !messages.isEmpty { finish(.data(messages)) }
         guard !isFinished else { return }
         if !ok || wslayClosed != 0 {
             fail("WebSocket protocol error (close code \(wslayClosed))")

@@ -174,4 +174,27 @@ struct TLSTests {
             #expect(throws: TLSError.self) { _ = try TLSTransport(over: InMemoryTransport(), context: context, serverName: name, loop: loop) }
         }
     }
+
+    @Test("the Swift client over ws:// and wss://: a small call, a 200 KiB call (frames past 64 KiB), a stream to its end")
+    func clientOverWebSocket() async throws {
+        let server = try startTLSServer()
+        for secure in [false, true] {
+            var config = ClientConfiguration(port: secure ? server.tlsPort : server.port)
+            config.reconnect = nil
+            config.requestTimeout = .seconds(5)
+            config.webSocket = true
+            if secure { config.tls = try TLSContext.client(caFile: TestCertificates.path("ca.pem")) }
+            let client = try await Client.connect(config)
+            #expect(try await echo(client).invokeMethod("echo", arguments: "over WebSocket") == "over WebSocket")
+            let big = ChannelValue.uint8List((0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+            let back: ChannelValue = try await echo(client).invokeMethod("echo", arguments: big)
+            #expect(back == big, "secure: \(secure)")
+            var ticks: [ChannelValue] = []
+            for try await tick in EventChannel(name: "switchboard/ticker", client: client)
+                .receiveBroadcastStream(arguments: ["count": 5, "intervalMs": 0]) { ticks.append(tick) }
+            #expect(ticks == [0, 1, 2, 3, 4])
+            await client.close()
+        }
+        await stop(server)
+    }
 }
