@@ -52,7 +52,7 @@ let package = Package(
         .target(
             name: "SwitchboardServer",
             dependencies: [
-                "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", "SwitchboardConsole",
+                "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", "SwitchboardConsole", "SwitchboardCluster",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -87,6 +87,7 @@ let package = Package(
             name: "switchboard",
             dependencies: [
                 "SwitchboardServer", "SwitchboardPlugins", "SwitchboardClient", "SwitchboardTransport", "SwitchboardWire", "SwitchboardCodec",
+                "SwitchboardCluster",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "Logging", package: "swift-log"),
@@ -108,7 +109,10 @@ let package = Package(
         ),
         .testTarget(
             name: "SwitchboardClusterTests",
-            dependencies: ["SwitchboardCluster", "SwitchboardTransport", .product(name: "Logging", package: "swift-log")]
+            dependencies: [
+                "SwitchboardCluster", "SwitchboardTransport", "SwitchboardServer", "SwitchboardClient", "SwitchboardCodec",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .testTarget(
             name: "SwitchboardServerTests",

@@ -48,6 +48,8 @@ public final class NATSBus: ClusterBus {
         public var maxPingsOut = 2
         /// Bytes waiting to be written past which a publish is dropped (and counted).
         public var maxPendingBytes = 8 << 20
+        /// Whether what this bus publishes also reaches its own subscriptions (NATS's `echo`).
+        public var echo = true
 
         public init(servers: [Server], name: String) {
             self.servers = servers
@@ -254,7 +256,7 @@ public final class NATSBus: ClusterBus {
             // Never more than a bus (this one or a peer) takes in: a message published here comes back to the buses.
             let serverLimit = (try? JSONText.parse(Array(json.utf8)))?["max_payload"]?.intValue ?? NATSBus.defaultMaxPayload
             maxPayload = min(serverLimit, parser.maxPayload)
-            outbound += NATSCommand.connect(name: options.name)
+            outbound += NATSCommand.connect(name: options.name, echo: options.echo)
             for (sid, subscription) in subscriptions.sorted(by: { $0.key < $1.key }) {
                 outbound += NATSCommand.subscribe(subscription.subject, queue: subscription.queue, sid: sid)
             }

@@ -57,9 +57,9 @@ struct NATSProtocolError: Error, Equatable, CustomStringConvertible {
 /// What a client writes.
 enum NATSCommand {
     /// `CONNECT {json}`.
-    static func connect(name: String) -> [UInt8] {
+    static func connect(name: String, echo: Bool = true) -> [UInt8] {
         let options = #"{"verbose":false,"pedantic":false,"lang":"swift","version":"1","protocol":1,"#
-            + #""headers":true,"no_responders":true,"echo":true,"name":"\#(jsonEscaped(name))"}"#
+            + #""headers":true,"no_responders":true,"echo":\#(echo),"name":"\#(jsonEscaped(name))"}"#
         return Array("CONNECT \(options)\r\n".utf8)
     }
 

@@ -33,6 +33,15 @@ final class OutboundEvent {
         binaryFrame = Self.frame(channel: channel, content: content, codec: codec, isEnd: isEnd)
     }
 
+    /// An event that arrived whole from another node: `frame` is its MESSAGE frame, `envelope` the payload.
+    init(channel: String, envelope: [UInt8], frame: [UInt8], codec: (any MethodCodec)?) {
+        self.channel = channel
+        content = .encoded(envelope)
+        self.codec = codec
+        isEnd = false
+        binaryFrame = frame
+    }
+
     private static func frame(channel: String, content: EventContent, codec: (any MethodCodec)?, isEnd: Bool) -> [UInt8]? {
         var payload: [UInt8]?
         switch content {

@@ -33,6 +33,8 @@ public struct ServerConfiguration: Sendable {
     public var webSocketOrigins: [String]?
     /// Where the counters go, and what `GET /metrics` serves: a Prometheus registry of the server's own.
     public var metrics = MetricsSettings.prometheus()
+    /// Other nodes to share broadcasts with, over NATS (protocol/cluster.md); nil = a node on its own.
+    public var cluster: ClusterSettings?
 
     /// The defaults of wire-v1.
     public init() {}

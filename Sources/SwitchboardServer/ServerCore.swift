@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Logging
+import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardTransport
 import SwitchboardWire
@@ -89,6 +90,8 @@ final class ServerCore {
     private(set) lazy var metricsReporter = MetricsReporter(settings: config.metrics)
     private var metricsTimer: Timer?
     var connectionCount: Int { connections.count }
+    /// The other nodes, once bound (``ServerConfiguration/cluster``).
+    private(set) var cluster: ClusterLink?
 
     init(config: ServerConfiguration, logger: Logger) throws(UVError) {
         self.config = config
@@ -114,6 +117,12 @@ final class ServerCore {
             self.tlsListener = tlsListener
         }
         try startPerTurnWork()
+        if let settings = config.cluster {
+            let cluster = try ClusterLink(settings: settings, loop: eventLoop, logger: logger)
+            cluster.onEvent = { [unowned self] channel, envelope, frame in deliverRemote(on: channel, envelope: envelope, frame: frame) }
+            cluster.start()
+            self.cluster = cluster
+        }
         return listener.port
     }
 
@@ -327,6 +336,7 @@ final class ServerCore {
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
         connection.streams[entry.name] = stream
         entry.listeners.add(stream)
+        if entry.listeners.all.count == 1 { cluster?.listeners(on: entry.name, present: true) }
         return stream
     }
 
@@ -345,6 +355,20 @@ final class ServerCore {
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
+        cluster?.publish(event)
+    }
+
+    /// A broadcast made on another node, for this node's listeners.
+    private func deliverRemote(on name: String, envelope: [UInt8], frame: [UInt8]) {
+        guard case .event(let entry)? = channels[name] else { return }
+        entry.counts.events += 1
+        let event = OutboundEvent(channel: name, envelope: envelope, frame: frame, codec: entry.codec)
+        for stream in entry.listeners.all { stream.deliver(event) }
+    }
+
+    /// `entry` lost a listener.
+    func listenerRemoved(from entry: EventEntry) {
+        if entry.listeners.isEmpty { cluster?.listeners(on: entry.name, present: false) }
     }
 
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
@@ -460,6 +484,7 @@ final class ServerCore {
     func finishShutdown() {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
+        cluster?.close()
         listener?.cancel()
         listener = nil
         tlsListener?.cancel()
@@ -501,6 +526,8 @@ final class ServerCore {
         }
         channels = [:]
         registrations = [:]
+        cluster?.close()
+        cluster = nil
         listener = nil
         tlsListener = nil
         beforeSleep = nil
@@ -515,6 +542,12 @@ final class ServerCore {
     // MARK: Stats
 
     var statsValue: ChannelValue {
+        guard case .map(var entries) = localStats, let cluster else { return localStats }
+        entries.append(.init("cluster", cluster.statsValue))
+        return .map(entries)
+    }
+
+    private var localStats: ChannelValue {
         .stringMap([
             "connections": .int(connections.count),
             "framesIn": .int(stats.framesIn), "framesOut": .int(stats.framesOut),

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Dispatch
 import Logging
+import SwitchboardCluster
 import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTransport
@@ -75,6 +76,14 @@ struct Serve: ParsableCommand {
     var wsOrigin: [String] = []
     @Option(help: "Channels with a label of their own in /metrics; the rest are summed as \"other\".")
     var metricsChannels = 100
+    @Option(help: "NATS servers (nats://HOST:PORT, comma-separated): share broadcasts with the other nodes on them.")
+    var cluster: String?
+    @Option(help: "This node's name in the cluster (default: the host name and process id).") var node: String?
+
+    /// The servers `--cluster` lists; nil if one is not a NATS address.
+    private var clusterServers: [NATSBus.Server]? {
+        cluster.map { list in list.split(separator: ",").compactMap { NATSBus.Server(url: String($0)) } }
+    }
 
     func validate() throws {
         guard maxFrame >= 16, maxFrame <= 1 << 30 else { throw ValidationError("--max-frame must be 16 … 1073741824") }
@@ -83,6 +92,10 @@ struct Serve: ParsableCommand {
         guard (tlsCert == nil) == (tlsKey == nil) else { throw ValidationError("--tls-cert and --tls-key go together") }
         guard tlsCa == nil || tlsCert != nil else { throw ValidationError("--tls-ca needs --tls-cert and --tls-key") }
         guard (0...65535).contains(tlsPort) else { throw ValidationError("--tls-port must be 0 … 65535") }
+        if let cluster, clusterServers?.count != cluster.split(separator: ",").count || cluster.isEmpty {
+            throw ValidationError("--cluster takes nats://HOST:PORT addresses, comma-separated")
+        }
+        guard node == nil || cluster != nil else { throw ValidationError("--node needs --cluster") }
     }
 
     func run() throws {
@@ -105,6 +118,9 @@ struct Serve: ParsableCommand {
         config.httpEndpoints = http == .on
         config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
         config.metrics = .prometheus(channelLimit: metricsChannels)
+        if let servers = clusterServers {
+            config.cluster = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")
+        }
         if let tlsCert, let tlsKey {
             do {
                 let context = try TLSContext.server(certificateFile: tlsCert, keyFile: tlsKey, clientCAFile: tlsCa)
@@ -141,3 +157,10 @@ extension Logger.Level: @retroactive ExpressibleByArgument {}
 
 /// `on` or `off`.
 enum Switch: String, ExpressibleByArgument, CaseIterable { case on, off }
+
+/// This machine's name, for a node's default name.
+private func hostName() -> String {
+    var name = [CChar](repeating: 0, count: 256)
+    guard gethostname(&name, name.count - 1) == 0 else { return "node" }
+    return String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}

@@ -1,0 +1,117 @@
+import Logging
+import SwitchboardCluster
+import SwitchboardCodec
+import SwitchboardTransport
+
+/// Joins a ``Server`` to other Switchboard nodes over NATS (protocol/cluster.md).
+public struct ClusterSettings: Sendable {
+    /// The NATS servers to connect to, tried in turn.
+    public var servers: [NATSBus.Server]
+    /// This node's name, as NATS and the stats show it.
+    public var node: String
+
+    public init(servers: [NATSBus.Server], node: String) {
+        self.servers = servers
+        self.node = node
+    }
+}
+
+/// A node's end of the cluster. An event a channel broadcasts goes to the bus once, as the very wire
+/// frame its local listeners get, on the channel's subject; the node subscribes to a channel's subject
+/// while it has listeners on it, and hands what comes in to them. Delivery across nodes is NATS core's:
+/// at most once, in order per publishing node. Loop thread only.
+final class ClusterLink {
+    let settings: ClusterSettings
+    private let bus: NATSBus
+    /// Channels with local listeners, and their subscriptions.
+    private var subscriptions: [String: BusSubscription] = [:]
+    /// The bus subject of each channel this node published on or listens to.
+    private var subjects: [String: String] = [:]
+    /// Broadcasts sent to the bus, and remote ones handed to local listeners.
+    private(set) var eventsOut = 0, eventsIn = 0
+    /// Broadcasts the bus could not carry (a value with no wire form, a frame over NATS's max_payload),
+    /// and messages on an event subject that were not such a frame for that channel.
+    private(set) var eventsUnsent = 0, eventsMalformed = 0
+    /// Where remote events go: the channel, the envelope, and the whole frame.
+    var onEvent: ((String, [UInt8], [UInt8]) -> Void)?
+
+    init(settings: ClusterSettings, loop: EventLoop, logger: Logger) throws(UVError) {
+        self.settings = settings
+        var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)")
+        options.echo = false  // a node's own broadcasts have reached its listeners already
+        var logger = logger
+        logger[metadataKey: "node"] = "\(settings.node)"
+        bus = try NATSBus(loop: loop, options: options, logger: logger)
+        bus.onConnectionChange = { connected in
+            if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
+        }
+    }
+
+    func start() { bus.start() }
+
+    /// Stops for good: nothing more goes out or comes in.
+    func close() {
+        bus.close()
+        subscriptions = [:]
+        onEvent = nil
+    }
+
+    /// Sends a local broadcast to the other nodes.
+    func publish(_ event: OutboundEvent) {
+        guard let frame = event.binaryFrame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
+        do {
+            try bus.publish(subject(event.channel), headers: [], payload: frame)
+            eventsOut += 1
+        } catch {
+            eventsUnsent += 1
+        }
+    }
+
+    /// Interest: subscribes to `channel` while it has local listeners.
+    func listeners(on channel: String, present: Bool) {
+        if present, subscriptions[channel] == nil {
+            subscriptions[channel] = try? bus.subscribe(subject(channel), queue: nil) { [weak self] message in
+                self?.received(message.payload, on: channel)
+            }
+        } else if !present, let subscription = subscriptions.removeValue(forKey: channel) {
+            bus.unsubscribe(subscription)
+        }
+    }
+
+    /// A channel's subject: a digest of its name, since a name may hold anything a subject may not.
+    private func subject(_ channel: String) -> String {
+        if let subject = subjects[channel] { return subject }
+        let subject = "switchboard.event." + Digest.sha256Hex(Array(channel.utf8))
+        subjects[channel] = subject
+        return subject
+    }
+
+    /// Takes a remote event only as a whole MESSAGE frame with id 0 and a payload, on `channel`.
+    private func received(_ frame: [UInt8], on channel: String) {
+        let name = Array(channel.utf8)
+        guard frame.count >= 12 + name.count,
+              Int(frame[0]) << 24 | Int(frame[1]) << 16 | Int(frame[2]) << 8 | Int(frame[3]) == frame.count - 4,
+              frame[4] == 0x03, frame[5] == 0, frame[8..<12].allSatisfy({ $0 == 0 }),
+              Int(frame[6]) << 8 | Int(frame[7]) == name.count, frame[12..<(12 + name.count)].elementsEqual(name) else {
+            eventsMalformed += 1
+            return
+        }
+        eventsIn += 1
+        onEvent?(channel, Array(frame[(12 + name.count)...]), frame)
+    }
+
+    /// For `switchboard/stats`.
+    var statsValue: ChannelValue {
+        let bus = self.bus.counters
+        return .stringMap([
+            "node": .string(settings.node), "connected": .bool(self.bus.isConnected),
+            "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn),
+            "eventsUnsent": .int(eventsUnsent), "eventsMalformed": .int(eventsMalformed),
+            "channelsListened": .int(subscriptions.count),
+            "busMessagesOut": .int(bus.messagesOut), "busMessagesIn": .int(bus.messagesIn),
+            "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
+            "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),
+            "busServerErrors": .int(bus.serverErrors), "busSlowConsumer": .int(bus.slowConsumer),
+        ])
+    }
+}
