@@ -26,6 +26,8 @@ struct Bench: ParsableCommand {
     @Option(help: "switchboard, redis or nats.") var target: BenchTarget = .switchboard
     @Option(help: "Server address.") var host = "127.0.0.1"
     @Option(help: "Server port.") var port = 7420
+    @Option(help: "fanout: a port for listeners (repeatable; default: --port): they are spread over these in turn, the publisher stays on --port (the nodes of a cluster).")
+    var listenPort: [Int] = []
     @Option(name: [.customShort("c"), .long], help: "rpc: connections; handshakes: connections opened at a time.")
     var connections = 50
     @Option(name: [.customShort("d"), .long], help: "rpc: requests in flight per connection; fanout: posts unanswered.")
@@ -53,6 +55,7 @@ struct Bench: ParsableCommand {
         }
         if tls, target == .nats { throw ValidationError("--tls: NATS negotiates TLS after INFO, which the bench does not do") }
         if ws, target != .switchboard { throw ValidationError("--ws is for Switchboard") }
+        if !listenPort.isEmpty, workload != .fanout { throw ValidationError("--listen-port is for fanout") }
     }
 
     func run() throws {
@@ -80,7 +83,8 @@ struct Bench: ParsableCommand {
             let fanout = FanoutWorkload(loop: loop, target: target, listeners: count, size: size, window: depth,
                                         posts: operations)
             workloads.append(fanout)
-            fanout.run(dialer: dialer, warmup: warmup, duration: duration, completion: done)
+            fanout.run(dialer: dialer, listenerDialers: listenPort.isEmpty ? [dialer] : listenPort.map(dialer.to(port:)),
+                       warmup: warmup, duration: duration, completion: done)
         case .idle:
             let idle = IdleWorkload(loop: loop, target: target, count: count)
             workloads.append(idle)

@@ -179,6 +179,9 @@ struct Dialer {
 
     private var layers: ClientLayers { ClientLayers(tls: tls, serverName: serverName ?? host, webSocket: webSocket) }
 
+    /// The same, to another port (another node of a cluster).
+    func to(port: Int) -> Dialer { Dialer(loop: loop, host: host, port: port, tls: tls, serverName: serverName, webSocket: webSocket) }
+
     /// How it connects, for the parameters line: tcp, tls, ws or wss.
     var scheme: String { layers.scheme }
 }

@@ -40,13 +40,15 @@ final class FanoutWorkload {
         final class Box { var value: (any FanoutAdapter)? }
     }
 
-    func run(dialer: Dialer, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
+    /// Listeners connect through `listenerDialers` in turn (the nodes of a cluster), the publisher through `dialer`.
+    func run(dialer: Dialer, listenerDialers: [Dialer], warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         var ready = 0
-        for _ in 0..<listenerCount {
+        for index in 0..<listenerCount {
             let listener = Listener()
             listener.adapter.value = makeFanoutAdapter(target)
             listeners.append(listener)
-            open(listener, dialer: dialer, handshake: listener.adapter.value!.listenHandshake) { [unowned self] in
+            open(listener, dialer: listenerDialers[index % listenerDialers.count],
+                 handshake: listener.adapter.value!.listenHandshake) { [unowned self] in
                 ready += 1
                 if ready == listenerCount { startPublisher(dialer: dialer, warmup: warmup, duration: duration, completion: completion) }
             } onData: { [unowned self] in receive(listener) }
