@@ -23,14 +23,16 @@ public struct ClusterSettings: Sendable {
 final class ClusterLink {
     let settings: ClusterSettings
     private let bus: NATSBus
-    /// Channels with local listeners, and their subscriptions.
+    /// Channels with local listeners: how many, and the subscription.
+    private var listenerCounts: [String: Int] = [:]
     private var subscriptions: [String: BusSubscription] = [:]
     /// The bus subject of each channel this node published on or listens to.
     private var subjects: [String: String] = [:]
     /// Broadcasts sent to the bus, and remote ones handed to local listeners.
     private(set) var eventsOut = 0, eventsIn = 0
-    /// Broadcasts the bus could not carry (a value with no wire form, a frame over NATS's max_payload),
-    /// and messages on an event subject that were not such a frame for that channel.
+    /// Broadcasts that did not go out (a value with no wire form, a frame over NATS's max_payload, no
+    /// bus connection, the bus's send queue full), and messages on an event subject that were not such
+    /// a frame for that channel.
     private(set) var eventsUnsent = 0, eventsMalformed = 0
     /// Where remote events go: the channel, the envelope, and the whole frame.
     var onEvent: ((String, [UInt8], [UInt8]) -> Void)?
@@ -53,29 +55,38 @@ final class ClusterLink {
     func close() {
         bus.close()
         subscriptions = [:]
+        listenerCounts = [:]
         onEvent = nil
     }
 
     /// Sends a local broadcast to the other nodes.
     func publish(_ event: OutboundEvent) {
         guard let frame = event.binaryFrame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
+        let dropped = bus.counters.dropped
         do {
             try bus.publish(subject(event.channel), headers: [], payload: frame)
-            eventsOut += 1
         } catch {
             eventsUnsent += 1
+            return
+        }
+        if bus.counters.dropped == dropped { eventsOut += 1 } else { eventsUnsent += 1 }
+    }
+
+    /// Interest: a local listener joined `channel`; the first one subscribes to it.
+    func listenerAdded(on channel: String) {
+        listenerCounts[channel, default: 0] += 1
+        guard listenerCounts[channel] == 1 else { return }
+        subscriptions[channel] = try? bus.subscribe(subject(channel), queue: nil) { [weak self] message in
+            self?.received(message.payload, on: channel)
         }
     }
 
-    /// Interest: subscribes to `channel` while it has local listeners.
-    func listeners(on channel: String, present: Bool) {
-        if present, subscriptions[channel] == nil {
-            subscriptions[channel] = try? bus.subscribe(subject(channel), queue: nil) { [weak self] message in
-                self?.received(message.payload, on: channel)
-            }
-        } else if !present, let subscription = subscriptions.removeValue(forKey: channel) {
-            bus.unsubscribe(subscription)
-        }
+    /// A local listener left `channel`; after the last one the node unsubscribes.
+    func listenerRemoved(from channel: String) {
+        guard let count = listenerCounts[channel] else { return }
+        if count > 1 { listenerCounts[channel] = count - 1; return }
+        listenerCounts.removeValue(forKey: channel)
+        if let subscription = subscriptions.removeValue(forKey: channel) { bus.unsubscribe(subscription) }
     }
 
     /// A channel's subject: a digest of its name, since a name may hold anything a subject may not.

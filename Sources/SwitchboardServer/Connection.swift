@@ -827,7 +827,7 @@ final class Connection {
         guard streams[stream.entry.name] === stream else { return }
         streams.removeValue(forKey: stream.entry.name)
         stream.entry.listeners.remove(stream)
-        core.listenerRemoved(from: stream.entry)
+        core.listenerRemoved(stream)
         stream.stop(dropReason: "cancelled")
         if notifyHandler { stream.entry.handler.onCancel(arguments: arguments ?? stream.arguments, sink: stream.sink) }
         closeIfPeerIsDone()

@@ -126,6 +126,8 @@ final class EventStream {
     let anchor = Anchor()
     /// Where this stream sits in its channel's ``Listeners``.
     var listenerIndex = -1
+    /// Counted in the node's interest in other nodes' broadcasts on its channel (``ClusterLink``).
+    var countsForCluster = false
     /// The plugins' outbound stages that see this stream's events, chosen when it started; nil (the
     /// common case) for none, so that its events cost nothing more.
     let outboundStages: [Pipeline.Stage<any OutboundProcessor, OutboundKind>]?

@@ -336,7 +336,12 @@ final class ServerCore {
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
         connection.streams[entry.name] = stream
         entry.listeners.add(stream)
-        if entry.listeners.all.count == 1 { cluster?.listeners(on: entry.name, present: true) }
+        // Interest in other nodes' broadcasts, for a server-side channel (a held channel's events come
+        // from its holder alone); the stream remembers, so that its leaving is counted the same way.
+        if let cluster, case .event(let local)? = channels[entry.name], local === entry {
+            stream.countsForCluster = true
+            cluster.listenerAdded(on: entry.name)
+        }
         return stream
     }
 
@@ -366,9 +371,9 @@ final class ServerCore {
         for stream in entry.listeners.all { stream.deliver(event) }
     }
 
-    /// `entry` lost a listener.
-    func listenerRemoved(from entry: EventEntry) {
-        if entry.listeners.isEmpty { cluster?.listeners(on: entry.name, present: false) }
+    /// `stream` left its channel's listeners.
+    func listenerRemoved(_ stream: EventStream) {
+        if stream.countsForCluster { cluster?.listenerRemoved(from: stream.entry.name) }
     }
 
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,

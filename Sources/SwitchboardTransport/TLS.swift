@@ -359,7 +359,10 @@ public final class TLSTransport: Transport {
     private func finish(_ event: TransportEvent) {
         guard !isFinished else { return }
         isFinished = true
-        if case .failed = event { isBroken = true }  // after a clean end (close_notify) writes go on
+        switch event {
+        case .failed, .closed(.some): isBroken = true  // a failure, or a socket error
+        default: break  // after a clean end (close_notify) writes go on
+        }
         timer?.cancel()
         timer = nil
         let handler = self.handler

@@ -120,9 +120,10 @@ final class WebSocketSession {
         return wslay_event_recv(context) == 0
     }
 
-    /// A server's frames, read here when they are whole, final, unmasked text or binary frames outside a
+    /// A server's frames, read here when they are whole, final, unmasked binary frames outside a
     /// fragmented message (a server's events: going through wslay cost more than the rest of a delivery
-    /// on the client). wslay reads every other frame (control frames, fragments, anything it must refuse)
+    /// on the client). wslay reads every other frame (text, whose UTF-8 it checks, control frames,
+    /// fragments, anything it must refuse)
     /// and only ever whole frames, so that it is always at a frame's start when this looks, except for a
     /// frame over 64 KiB, which it reads as it comes, the rest of it owed to it before this looks again.
     private func receiveFromServer() -> Bool {
@@ -147,9 +148,8 @@ final class WebSocketSession {
                 }
                 guard let frame = Self.frameHeader(bytes, at: offset) else { break }  // more to come
                 let end = offset + frame.headerSize + frame.payloadSize
-                if end <= bytes.count, let opcode = frame.opcode, receiving == nil, frame.payloadSize <= maxMessage {
+                if end <= bytes.count, frame.opcode != nil, receiving == nil, frame.payloadSize <= maxMessage {
                     received.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[(offset + frame.headerSize)..<end]))
-                    if opcode == .text { received.append(10) }
                     offset = end
                 } else if end <= bytes.count {
                     guard wslayReads(upTo: end) else { break }
@@ -165,8 +165,8 @@ final class WebSocketSession {
     }
 
     /// The header of the frame at `offset`, if it is all there: its size, the payload's, and the opcode
-    /// when the frame is final, unmasked, without reserved bits, and text or binary (nil otherwise). An
-    /// absurd length is clamped: wslay, reading the frame, refuses it.
+    /// when the frame is final, unmasked, binary, without reserved bits and with its length in the fewest
+    /// bytes (nil otherwise: wslay reads it, and refuses what it must). An absurd length is clamped.
     @inline(__always)
     private static func frameHeader(_ input: UnsafeBufferPointer<UInt8>, at offset: Int) -> (headerSize: Int, payloadSize: Int, opcode: Opcode?)? {
         guard input.count - offset >= 2 else { return nil }
@@ -180,8 +180,9 @@ final class WebSocketSession {
             for index in 0..<lengthSize { payloadSize = payloadSize << 8 | Int(input[offset + 2 + index]) }
             if lengthSize == 8, input[offset + 2] & 0x80 != 0 || payloadSize > 1 << 40 { payloadSize = 1 << 40 }
         }
-        let isPlainData = first & 0xF0 == 0x80 && second & 0x80 == 0
-        return (headerSize, payloadSize, isPlainData ? Opcode(rawValue: first & 0x0F) : nil)
+        let isMinimal = lengthSize == 0 || (lengthSize == 2 ? payloadSize >= 126 : payloadSize > 0xFFFF)
+        let isPlainBinary = first == 0x82 && second & 0x80 == 0 && isMinimal
+        return (headerSize, payloadSize, isPlainBinary ? .binary : nil)
     }
 
     /// Client side: the messages read so far (see `received`).

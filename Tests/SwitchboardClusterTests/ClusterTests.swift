@@ -143,6 +143,7 @@ struct ClusterTests {
         try await members[0].post(7)
         #expect(try await eventually { members[0].events.last == .uint8List([7]) }, "local listeners go on")
         #expect(try await members[0].cluster()["busDropped"]?.intValue ?? 0 >= 1)
+        #expect(try await members[0].cluster()["eventsUnsent"]?.intValue ?? 0 >= 1, "not counted as sent")
 
         try nats.start()
         for member in members { #expect(try await eventually { try await member.cluster()["connected"] == true }) }
