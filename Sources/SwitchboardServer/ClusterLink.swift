@@ -2,6 +2,7 @@ import Logging
 import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardTransport
+import SwitchboardWire
 
 /// Joins a ``Server`` to other Switchboard nodes over NATS (protocol/cluster.md).
 public struct ClusterSettings: Sendable {
@@ -97,18 +98,19 @@ final class ClusterLink {
         return subject
     }
 
-    /// Takes a remote event only as a whole MESSAGE frame with id 0 and a payload, on `channel`.
-    private func received(_ frame: [UInt8], on channel: String) {
-        let name = Array(channel.utf8)
-        guard frame.count >= 12 + name.count,
-              Int(frame[0]) << 24 | Int(frame[1]) << 16 | Int(frame[2]) << 8 | Int(frame[3]) == frame.count - 4,
-              frame[4] == 0x03, frame[5] == 0, frame[8..<12].allSatisfy({ $0 == 0 }),
-              Int(frame[6]) << 8 | Int(frame[7]) == name.count, frame[12..<(12 + name.count)].elementsEqual(name) else {
+    /// Takes a remote event only as one whole MESSAGE frame with id 0 and a payload, on `channel`, read
+    /// by the same decoder as a connection's frames.
+    private func received(_ bytes: [UInt8], on channel: String) {
+        var buffer = InboundBuffer()
+        buffer.append(bytes)
+        var decoder = FrameDecoder(maxFrame: UInt32(clamping: bytes.count))
+        guard case .frame(let frame)? = try? decoder.next(from: &buffer), buffer.readableBytes == 0,
+              frame.kind == .message, frame.id == 0, frame.channel == channel, let envelope = frame.payload else {
             eventsMalformed += 1
             return
         }
         eventsIn += 1
-        onEvent?(channel, Array(frame[(12 + name.count)...]), frame)
+        onEvent?(channel, envelope, bytes)
     }
 
     /// For `switchboard/stats`.
