@@ -7,8 +7,9 @@
 /// a line break, a message over the server's limit) is refused with ``BusError`` before anything goes
 /// out, so that no name a client chose can smuggle a command onto the bus.
 public protocol ClusterBus: AnyObject {
-    /// Sends `payload` (and `headers`) to every subscriber of `subject`, or to one per queue group.
-    func publish(_ subject: String, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError)
+    /// Sends `payload` (and `headers`) to every subscriber of `subject`, or to one per queue group; with
+    /// `replyTo`, answers go to that subject (and so does NATS's no-responders status, 503).
+    func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError)
     /// Delivers every message on `subject` (NATS wildcards `*` and `>` allowed) to `handler`; members of
     /// one `queue` group share the messages, each to one of them. Kept across reconnects.
     func subscribe(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) throws(BusError) -> BusSubscription

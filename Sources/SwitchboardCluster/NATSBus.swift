@@ -138,9 +138,11 @@ public final class NATSBus: ClusterBus {
 
     // MARK: ClusterBus
 
-    public func publish(_ subject: String, headers: [BusMessage.Header] = [], payload: [UInt8]) throws(BusError) {
+    public func publish(_ subject: String, replyTo: String? = nil, headers: [BusMessage.Header] = [],
+                        payload: [UInt8]) throws(BusError) {
         try check(subject, headers: headers, payload: payload)
-        publish(subject, replyTo: nil, headers: headers, payload: payload)
+        if let replyTo, !NATSCommand.isValidSubject(replyTo) { throw .invalidSubject(replyTo) }
+        enqueue(subject, replyTo: replyTo, headers: headers, payload: payload)
     }
 
     public func subscribe(_ subject: String, queue: String? = nil, _ handler: @escaping (BusMessage) -> Void) throws(BusError) -> BusSubscription {
@@ -174,13 +176,13 @@ public final class NATSBus: ClusterBus {
         nextRequest += 1
         requests[token] = PendingRequest(completion: completion, timer: timer)
         timer.start(after: timeoutMs) { [weak self] in self?.complete(token, .timedOut) }
-        publish(subject, replyTo: "\(inbox).\(token)", headers: headers, payload: payload)
+        enqueue(subject, replyTo: "\(inbox).\(token)", headers: headers, payload: payload)
     }
 
     public func reply(to request: BusMessage, headers: [BusMessage.Header] = [], payload: [UInt8]) throws(BusError) {
         guard let replyTo = request.replyTo else { return }
         try check(replyTo, headers: headers, payload: payload)
-        publish(replyTo, replyTo: nil, headers: headers, payload: payload)
+        enqueue(replyTo, replyTo: nil, headers: headers, payload: payload)
     }
 
     /// Refuses what the NATS protocol cannot carry as it is (see ``BusError``).
@@ -333,7 +335,7 @@ public final class NATSBus: ClusterBus {
 
     // MARK: Messages
 
-    private func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8]) {
+    private func enqueue(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8]) {
         guard phase == .connected, let transport,
               transport.queuedBytes + outbound.count + payload.count <= options.maxPendingBytes else {
             counters.dropped += 1

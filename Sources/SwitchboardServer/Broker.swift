@@ -32,6 +32,13 @@ enum DeclaredCodec: String {
     }
 }
 
+/// Who made a request on a held channel: a client of this node, or one of another node (protocol/cluster.md).
+enum Caller {
+    case local(Connection)
+    /// The calling node's bus instance.
+    case remote(String)
+}
+
 /// A channel held by a client. Loop thread only.
 final class Registration {
     enum Kind: String { case method, event, message }
@@ -39,7 +46,7 @@ final class Registration {
     enum Upstream {
         case idle
         /// The first `listen` went to the holder; these listens wait for its answer.
-        case starting([(connection: Connection, request: PendingRequest, arguments: ChannelValue)])
+        case starting([(caller: Caller, request: PendingRequest, arguments: ChannelValue)])
         case active
     }
 
@@ -49,6 +56,9 @@ final class Registration {
     let codec: DeclaredCodec?
     /// The listeners of a held event channel, kept by the server.
     let events: EventEntry?
+    /// The listeners other nodes have on a held event channel, by node: those nodes keep the streams,
+    /// this one sends them the holder's events.
+    var remoteListeners: [String: Int] = [:]
     var upstream = Upstream.idle
     let counts = ChannelCounts()
     /// Events the holder sent before its answer to the first `listen` arrived (it may emit from onListen).
@@ -114,6 +124,7 @@ extension ServerCore {
         }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
                                                     queueLimit: config.eventQueueLimit)
+        cluster?.hold(frame.channel)
         routesVersion &+= 1
         if frame.id != 0 { connection.writeFrame(.reply, id: frame.id, payload: nil) }  // id 0: no answer wanted
     }
@@ -137,6 +148,7 @@ extension ServerCore {
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true) {
         registrations.removeValue(forKey: registration.name)
+        cluster?.letGo(registration.name)
         channelGone(registration.counts)
         routesVersion &+= 1
         if failingForwarded { registration.holder.failForwarded(on: registration, .disconnected) }
@@ -145,27 +157,44 @@ extension ServerCore {
         }
         registration.upstream = .idle
         guard let events = registration.events else { return }
-        let gone = OutboundEvent(channel: registration.name, content: .error(ChannelError(
+        let ending = endListeners(of: events)
+        if !registration.remoteListeners.isEmpty {
+            registration.remoteListeners = [:]
+            for event in ending { cluster?.publish(event, fromHolder: true) }
+        }
+    }
+
+    /// The holder of `events` is gone: its listeners get an error event (`handler_gone`), then the end.
+    /// Returns the two events.
+    @discardableResult
+    func endListeners(of events: EventEntry) -> [OutboundEvent] {
+        let gone = OutboundEvent(channel: events.name, content: .error(ChannelError(
             code: WireError.handlerGone.code, message: WireError.handlerGone.message)), codec: events.codec)
-        let end = OutboundEvent(channel: registration.name, content: .end, codec: events.codec)
+        let end = OutboundEvent(channel: events.name, content: .end, codec: events.codec)
         for stream in events.listeners.all {
             stream.deliver(gone)
             stream.deliver(end)
         }
+        return [gone, end]
     }
 
     // MARK: Forwarding
 
     /// Routes a request (or a holder's event) on a client-held channel.
-    func routeToHolder(_ registration: Registration, input: RouteInput, request: PendingRequest, connection: Connection) {
-        if registration.holder === connection, registration.kind == .event, request.isDetached, case .bytes(let payload) = input {
+    func routeToHolder(_ registration: Registration, input: RouteInput, request: PendingRequest, from caller: Caller) {
+        if case .local(let connection) = caller, registration.holder === connection, registration.kind == .event,
+           request.isDetached, case .bytes(let payload) = input {
             return fanOut(registration, payload: payload.map(Array.init))
         }
         if registration.kind == .event, let events = registration.events {
             if let call = eventCall(registration, input: input, request: request) {
-                switch call.method {
-                case "listen": return listenToHolder(registration, events: events, call: call, connection: connection, request: request)
-                case "cancel": return cancelHeldStream(registration, events: events, call: call, connection: connection, request: request)
+                switch (call.method, caller) {
+                case ("listen", _): return listenToHolder(registration, events: events, call: call, caller: caller, request: request)
+                case ("cancel", .local(let connection)):
+                    return cancelHeldStream(registration, events: events, call: call, connection: connection, request: request)
+                case ("cancel", .remote(let node)):  // one of that node's listeners left
+                    remoteListenerLeft(registration, node: node, arguments: call.arguments)
+                    return request.answer(.success(.null, events.codec))
                 default: break
                 }
             } else if request.isAnswered {
@@ -251,21 +280,21 @@ extension ServerCore {
     }
 
     private func listenToHolder(_ registration: Registration, events: EventEntry, call: MethodCall,
-                                connection: Connection, request: PendingRequest) {
+                                caller: Caller, request: PendingRequest) {
         switch registration.upstream {
         case .active:
-            addListener(events, connection: connection, arguments: call.arguments, notifyingReplaced: false)
+            attach(caller, to: registration, events: events, arguments: call.arguments)
             request.answer(.success(.null, events.codec))
-            connection.streams[events.name]?.activate()
+            if case .local(let connection) = caller { connection.streams[events.name]?.activate() }
         case .starting(var waiting):
-            waiting.append((connection, request, call.arguments))
+            waiting.append((caller, request, call.arguments))
             registration.upstream = .starting(waiting)
         case .idle:
             guard let payload = try? events.codec.encodeMethodCall(call) else {
                 return request.answer(.error(.badPayload("listen arguments cannot be encoded")))
             }
-            registration.upstream = .starting([(connection, request, call.arguments)])
-            let upstream = PendingRequest.detached(connectionID: connection.id)
+            registration.upstream = .starting([(caller, request, call.arguments)])
+            let upstream = PendingRequest.detached(connectionID: registration.holder.id)
             forward(registration, payload: payload, request: upstream) { [weak self, weak registration] result in
                 guard let self, let registration else { return }
                 self.holderAnswered(listen: result, registration: registration, events: events)
@@ -287,7 +316,7 @@ extension ServerCore {
             if let refusal {
                 listen.request.answer(.failure(refusal, events.codec))
             } else {
-                addListener(events, connection: listen.connection, arguments: listen.arguments, notifyingReplaced: false)
+                attach(listen.caller, to: registration, events: events, arguments: listen.arguments)
             }
         }
         let early = registration.early
@@ -298,7 +327,19 @@ extension ServerCore {
         }
         for listen in waiting {
             listen.request.answer(.success(.null, events.codec))
-            listen.connection.streams[events.name]?.activate()
+            if case .local(let connection) = listen.caller { connection.streams[events.name]?.activate() }
+        }
+        // After the answers: another node sees its listen's answer before these (one NATS connection).
+        if !registration.remoteListeners.isEmpty {
+            for event in early { cluster?.publish(event, fromHolder: true) }
+        }
+    }
+
+    /// A listen the holder accepted: a stream here, or one more listener counted for another node.
+    private func attach(_ caller: Caller, to registration: Registration, events: EventEntry, arguments: ChannelValue) {
+        switch caller {
+        case .local(let connection): addListener(events, connection: connection, arguments: arguments, notifyingReplaced: false)
+        case .remote(let node): registration.remoteListeners[node, default: 0] += 1
         }
     }
 
@@ -313,8 +354,21 @@ extension ServerCore {
 
     /// A listener of a held event channel left; the last one's leaving is forwarded as `cancel`.
     func listenerLeft(_ name: String, arguments: ChannelValue) {
-        guard let registration = registrations[name], let events = registration.events,
-              events.listeners.isEmpty, case .active = registration.upstream else { return }
+        guard let registration = registrations[name] else { return }
+        cancelUpstreamIfUnheard(registration, arguments: arguments)
+    }
+
+    /// A listener on another node left (`count` of them, when the node is lost).
+    func remoteListenerLeft(_ registration: Registration, node: String, arguments: ChannelValue, count: Int = 1) {
+        guard let listening = registration.remoteListeners[node] else { return }
+        registration.remoteListeners[node] = listening > count ? listening - count : nil
+        cancelUpstreamIfUnheard(registration, arguments: arguments)
+    }
+
+    /// With no listener left on any node, the holder's stream is cancelled.
+    private func cancelUpstreamIfUnheard(_ registration: Registration, arguments: ChannelValue) {
+        guard let events = registration.events, events.listeners.isEmpty, registration.remoteListeners.isEmpty,
+              case .active = registration.upstream else { return }
         registration.upstream = .idle
         guard let payload = try? events.codec.encodeMethodCall(MethodCall(method: "cancel", arguments: arguments)) else { return }
         forward(registration, payload: payload, request: .detached(connectionID: registration.holder.id)) { _ in }
@@ -330,6 +384,10 @@ extension ServerCore {
             registration.early.append(event)
         }
         for stream in events.listeners.all { stream.deliver(event) }
-        if payload == nil { registration.upstream = .idle }
+        if !registration.remoteListeners.isEmpty { cluster?.publish(event, fromHolder: true) }
+        if payload == nil {
+            registration.upstream = .idle
+            registration.remoteListeners = [:]  // their streams end with this event
+        }
     }
 }

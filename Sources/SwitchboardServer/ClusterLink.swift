@@ -17,55 +17,150 @@ public struct ClusterSettings: Sendable {
     }
 }
 
-/// A node's end of the cluster. An event a channel broadcasts goes to the bus once, as the very wire
-/// frame its local listeners get, on the channel's subject; the node subscribes to a channel's subject
-/// while it has listeners on it, and hands what comes in to them. Delivery across nodes is NATS core's:
-/// at most once, in order per publishing node. Loop thread only.
+/// A node's end of the cluster (protocol/cluster.md). Loop thread only.
+///
+/// - Broadcasts: an event goes to the bus once, as the very wire frame local listeners get, on its
+///   channel's subject; the node subscribes to a channel's subject while it has listeners on it.
+/// - Calls to channels held on other nodes: a request goes to the holders' queue group, its answer
+///   comes back to this node's reply subject, and a CANCEL follows it to every holder.
+/// - Liveness: every node sends a beacon four times a second, naming the calls it is working on for
+///   each other node. A call no beacon has named for ``leaseMs`` is over (`handler_gone`), and so is a
+///   node no beacon came from for as long (a `kill -9`, a stopped process, a lost bus connection).
 final class ClusterLink {
     let settings: ClusterSettings
     private let bus: NATSBus
+    /// This node's id on the bus: random, so that two nodes never share one (their names may).
+    let instance = String(UInt64.random(in: 1...UInt64.max), radix: 16)
+    static let beaconIntervalMs: UInt64 = 250
+    static let leaseMs: UInt64 = 1500
+    private let loop: EventLoop
+    private let beaconTimer: Timer
+
+    // MARK: State: broadcasts
+
     /// Channels with local listeners: how many, and the subscription.
     private var listenerCounts: [String: Int] = [:]
     private var subscriptions: [String: BusSubscription] = [:]
-    /// The bus subject of each channel this node published on or listens to.
-    private var subjects: [String: String] = [:]
+    /// The digest of each channel name used on the bus.
+    private var digests: [String: String] = [:]
     /// Broadcasts sent to the bus, and remote ones handed to local listeners.
     private(set) var eventsOut = 0, eventsIn = 0
     /// Broadcasts that did not go out (a value with no wire form, a frame over NATS's max_payload, no
     /// bus connection, the bus's send queue full), and messages on an event subject that were not such
     /// a frame for that channel.
     private(set) var eventsUnsent = 0, eventsMalformed = 0
-    /// Where remote events go: the channel, the envelope, and the whole frame.
-    var onEvent: ((String, [UInt8], [UInt8]) -> Void)?
+    /// Where remote events go: the channel, the envelope (nil: the end of the stream), the whole
+    /// frame, and the node that sent it when the event came from a holder (nil: a broadcast).
+    var onEvent: ((_ channel: String, _ envelope: [UInt8]?, _ frame: [UInt8], _ holderNode: String?) -> Void)?
+
+    // MARK: State: calls to other nodes
+
+    /// A call this node sent to another node's holder, waiting for its answer.
+    private struct OutgoingCall {
+        let channel: String
+        let completion: (CallOutcome) -> Void
+        /// When it was sent, or last named in the beacon of the node working on it.
+        var renewedAt: UInt64
+    }
+    private var outgoing: [UInt64: OutgoingCall] = [:]
+    private var nextCall: UInt64 = 0
+    private(set) var callsOut = 0, callsExpired = 0, callsNoResponders = 0
+
+    /// How a call to another node ended.
+    enum CallOutcome {
+        case reply(BusMessage)
+        /// Nobody on any node holds the channel (NATS's no-responders), or the bus is disconnected.
+        case noHolder
+        /// The node working on it stopped naming it in its beacons, or went silent.
+        case expired
+    }
+
+    // MARK: State: calls from other nodes
+
+    /// A call from another node's client to a channel held here.
+    struct IncomingCall {
+        let message: BusMessage
+        /// The calling node's instance.
+        let caller: String
+        /// The caller's id for it; nil when it wants no answer.
+        let id: UInt64?
+    }
+    private struct CallKey: Hashable {
+        let caller: String
+        let id: UInt64
+    }
+    /// Calls from other nodes being worked on here, named in every beacon until answered.
+    private var served: [CallKey: PendingRequest] = [:]
+    private(set) var callsIn = 0
+    /// Channels held here: their subscriptions, and the name of each digest.
+    private var held: [String: [BusSubscription]] = [:]
+    private var heldByDigest: [String: String] = [:]
+    /// Where calls from other nodes go.
+    var onCall: ((_ channel: String, _ call: IncomingCall) -> Void)?
+
+    // MARK: State: other nodes
+
+    private struct Peer {
+        var lastSeen: UInt64
+        var name = ""
+        var held = 0
+    }
+    private var peers: [String: Peer] = [:]
+    /// A node whose beacons stopped (it was seen, by beacon or answer, then nothing for ``leaseMs``).
+    var onPeerLost: ((String) -> Void)?
+    private(set) var peersLost = 0
 
     init(settings: ClusterSettings, loop: EventLoop, logger: Logger) throws(UVError) {
         self.settings = settings
+        self.loop = loop
         var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)")
         options.echo = false  // a node's own broadcasts have reached its listeners already
         var logger = logger
         logger[metadataKey: "node"] = "\(settings.node)"
         bus = try NATSBus(loop: loop, options: options, logger: logger)
+        beaconTimer = try Timer(loop: loop)
         bus.onConnectionChange = { connected in
             if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
         }
+        // Subjects are checked here once: these are made of hex digits and fixed words.
+        _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [weak self] message in self?.answered(message) }
+        _ = try? bus.subscribe("switchboard.node.\(instance).call.*", queue: nil) { [weak self] message in
+            guard let self, let digest = message.subject.split(separator: ".").last,
+                  let channel = heldByDigest[String(digest)] else { return }
+            incoming(message, on: channel)
+        }
+        _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [weak self] message in self?.beacon(message) }
     }
 
-    func start() { bus.start() }
+    func start() {
+        bus.start()
+        beaconTimer.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [weak self] in self?.tick() }
+    }
 
-    /// Stops for good: nothing more goes out or comes in.
+    /// Stops for good: nothing more goes out or comes in, and no completion runs (the server answers
+    /// what is open as it shuts down).
     func close() {
+        beaconTimer.cancel()
         bus.close()
         subscriptions = [:]
         listenerCounts = [:]
+        outgoing = [:]
+        served = [:]
+        held = [:]
         onEvent = nil
+        onCall = nil
+        onPeerLost = nil
     }
 
-    /// Sends a local broadcast to the other nodes.
-    func publish(_ event: OutboundEvent) {
+    // MARK: Broadcasts
+
+    /// Sends a local event to the other nodes: a broadcast, or (`fromHolder`) an event of a channel a
+    /// client holds here, for the listeners other nodes have through this node.
+    func publish(_ event: OutboundEvent, fromHolder: Bool = false) {
         guard let frame = event.binaryFrame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
         let dropped = bus.counters.dropped
         do {
-            try bus.publish(subject(event.channel), headers: [], payload: frame)
+            try bus.publish(subject("event", event.channel), headers: fromHolder ? [.init("Sb-Node", instance)] : [], payload: frame)
         } catch {
             eventsUnsent += 1
             return
@@ -77,8 +172,8 @@ final class ClusterLink {
     func listenerAdded(on channel: String) {
         listenerCounts[channel, default: 0] += 1
         guard listenerCounts[channel] == 1 else { return }
-        subscriptions[channel] = try? bus.subscribe(subject(channel), queue: nil) { [weak self] message in
-            self?.received(message.payload, on: channel)
+        subscriptions[channel] = try? bus.subscribe(subject("event", channel), queue: nil) { [weak self] message in
+            self?.received(message, on: channel)
         }
     }
 
@@ -90,28 +185,202 @@ final class ClusterLink {
         if let subscription = subscriptions.removeValue(forKey: channel) { bus.unsubscribe(subscription) }
     }
 
-    /// A channel's subject: a digest of its name, since a name may hold anything a subject may not.
-    private func subject(_ channel: String) -> String {
-        if let subject = subjects[channel] { return subject }
-        let subject = "switchboard.event." + Digest.sha256Hex(Array(channel.utf8))
-        subjects[channel] = subject
-        return subject
+    /// `switchboard.<kind>.<digest>`: a digest of the name, since a name may hold anything a subject may not.
+    private func subject(_ kind: String, _ channel: String) -> String {
+        "switchboard.\(kind).\(digest(channel))"
     }
 
-    /// Takes a remote event only as one whole MESSAGE frame with id 0 and a payload, on `channel`, read
-    /// by the same decoder as a connection's frames.
-    private func received(_ bytes: [UInt8], on channel: String) {
+    private func digest(_ channel: String) -> String {
+        if let digest = digests[channel] { return digest }
+        let digest = Digest.sha256Hex(Array(channel.utf8))
+        digests[channel] = digest
+        return digest
+    }
+
+    /// Takes a remote event only as one whole MESSAGE frame with id 0 on `channel` (with a payload, or
+    /// without one for the end of a stream), read by the same decoder as a connection's frames.
+    private func received(_ message: BusMessage, on channel: String) {
+        let bytes = message.payload
         var buffer = InboundBuffer()
         buffer.append(bytes)
         var decoder = FrameDecoder(maxFrame: UInt32(clamping: bytes.count))
         guard case .frame(let frame)? = try? decoder.next(from: &buffer), buffer.readableBytes == 0,
-              frame.kind == .message, frame.id == 0, frame.channel == channel, let envelope = frame.payload else {
+              frame.kind == .message, frame.id == 0, frame.channel == channel else {
             eventsMalformed += 1
             return
         }
         eventsIn += 1
-        onEvent?(channel, envelope, bytes)
+        onEvent?(channel, frame.payload, bytes, message.header("Sb-Node"))
     }
+
+    // MARK: Calls to other nodes
+
+    /// Sends a call on `channel` to the holders' queue group, or to one node's holder (`node`); with
+    /// a `completion`, its one outcome comes back to it. Returns the call's id (nil: wants no answer).
+    @discardableResult
+    func call(_ channel: String, node: String? = nil, headers: [BusMessage.Header], payload: [UInt8],
+              completion: ((CallOutcome) -> Void)?) -> UInt64? {
+        let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject("call", channel)
+        let headers = [BusMessage.Header("Sb-Caller", instance)] + headers
+        guard let completion else {
+            try? bus.publish(subject, headers: headers, payload: payload)
+            return nil
+        }
+        guard bus.isConnected else {
+            completion(.noHolder)
+            return nil
+        }
+        nextCall += 1
+        let id = nextCall
+        do {
+            try bus.publish(subject, replyTo: "switchboard.reply.\(instance).\(id)", headers: headers, payload: payload)
+        } catch {
+            completion(.noHolder)  // over the bus's size limit: no node could be asked
+            return nil
+        }
+        callsOut += 1
+        outgoing[id] = OutgoingCall(channel: channel, completion: completion, renewedAt: loop.now)
+        return id
+    }
+
+    /// The caller cancelled call `id`: it is forgotten here, and every holder of its channel hears.
+    func cancelCall(_ id: UInt64) {
+        guard let call = outgoing.removeValue(forKey: id) else { return }
+        try? bus.publish(subject("cancel", call.channel), headers: [.init("Sb-Caller", instance)], payload: Array(String(id).utf8))
+    }
+
+    private func answered(_ message: BusMessage) {
+        guard let id = message.subject.split(separator: ".").last.flatMap({ UInt64($0) }),
+              let call = outgoing.removeValue(forKey: id) else { return }  // cancelled or expired meanwhile
+        if message.status == 503 {
+            callsNoResponders += 1
+            return call.completion(.noHolder)
+        }
+        if let node = message.header("Sb-Node") { notePeer(node) }
+        call.completion(.reply(message))
+    }
+
+    // MARK: Calls from other nodes
+
+    /// A client here holds `channel`: calls from other nodes may come to it (one holder per call across
+    /// the nodes that hold it: a NATS queue group), and so may their cancels.
+    func hold(_ channel: String) {
+        guard held[channel] == nil else { return }
+        heldByDigest[digest(channel)] = channel
+        var subscriptions: [BusSubscription] = []
+        if let calls = try? bus.subscribe(subject("call", channel), queue: "holders", { [weak self] message in
+            self?.incoming(message, on: channel)
+        }) { subscriptions.append(calls) }
+        if let cancels = try? bus.subscribe(subject("cancel", channel), queue: nil, { [weak self] message in
+            self?.cancelled(message)
+        }) { subscriptions.append(cancels) }
+        held[channel] = subscriptions
+    }
+
+    /// The holder of `channel` let it go.
+    func letGo(_ channel: String) {
+        guard let subscriptions = held.removeValue(forKey: channel) else { return }
+        heldByDigest.removeValue(forKey: digest(channel))
+        for subscription in subscriptions { bus.unsubscribe(subscription) }
+    }
+
+    private func incoming(_ message: BusMessage, on channel: String) {
+        guard let caller = message.header("Sb-Caller"), Self.isInstance(caller) else { return }
+        notePeer(caller)
+        callsIn += 1
+        let id = message.replyTo.flatMap { $0.split(separator: ".").last.flatMap { UInt64($0) } }
+        onCall?(channel, IncomingCall(message: message, caller: caller, id: id))
+    }
+
+    /// Keeps `request` (serving `call`) in the beacons until it is answered, and reachable by a cancel.
+    func serve(_ call: IncomingCall, by request: PendingRequest) {
+        guard let id = call.id, !request.isAnswered else { return }
+        served[CallKey(caller: call.caller, id: id)] = request
+    }
+
+    /// Sends the answer to `call` (if it wants one) and stops naming it in beacons.
+    func answer(_ call: IncomingCall, with answer: Answer) {
+        guard let id = call.id else { return }
+        served.removeValue(forKey: CallKey(caller: call.caller, id: id))
+        let (headers, payload) = RemoteAnswer.encode(answer)
+        try? bus.reply(to: call.message, headers: [.init("Sb-Node", instance)] + headers, payload: payload)
+    }
+
+    private func cancelled(_ message: BusMessage) {
+        guard let caller = message.header("Sb-Caller"), let id = UInt64(String(decoding: message.payload, as: UTF8.self)),
+              let request = served[CallKey(caller: caller, id: id)] else { return }
+        request.notifyCancel()
+        request.answer(request.cancelAnswer)
+    }
+
+    // MARK: Beacons
+
+    /// Whether `text` can be a node's instance: what ``instance`` is made of, hex digits.
+    private static func isInstance<S: StringProtocol>(_ text: S) -> Bool {
+        !text.isEmpty && text.utf8.count <= 16 && text.utf8.allSatisfy { (48...57).contains($0) || (97...102).contains($0) }
+    }
+
+    /// Starts watching `node`'s beacons (as if one had just come), once it answered or called: a node
+    /// that dies before its first beacon is lost all the same.
+    func notePeer(_ node: String) {
+        guard Self.isInstance(node) else { return }
+        if peers[node] == nil { peers[node] = Peer(lastSeen: loop.now) }
+    }
+
+    /// Sends this node's beacon, and ends what the silence of other nodes has let lapse.
+    private func tick() {
+        // "<instance> <channels held> <name>", then a line per calling node: "<instance> <id> <id> …".
+        // Split into beacons of at most 64 KiB, each with the first line, far below any max_payload.
+        let first = Array("\(instance) \(held.count) \(settings.node)\n".utf8)
+        var beacon = first
+        var byCaller: [String: [UInt64]] = [:]
+        for key in served.keys { byCaller[key.caller, default: []].append(key.id) }
+        for (caller, ids) in byCaller.sorted(by: { $0.key < $1.key }) {
+            let ids = ids.sorted()
+            for chunk in stride(from: 0, to: ids.count, by: 2048) {
+                let line = Array((caller + ids[chunk..<min(chunk + 2048, ids.count)].map { " \($0)" }.joined() + "\n").utf8)
+                if beacon.count + line.count > 64 << 10 {
+                    try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
+                    beacon = first
+                }
+                beacon += line
+            }
+        }
+        try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
+
+        let now = loop.now
+        let lapsedCalls = outgoing.filter { now - $0.value.renewedAt > Self.leaseMs }.keys.sorted()
+        for id in lapsedCalls {
+            guard let call = outgoing.removeValue(forKey: id) else { continue }
+            callsExpired += 1
+            call.completion(.expired)
+        }
+        let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
+        for node in lost {
+            peers.removeValue(forKey: node)
+            peersLost += 1
+            onPeerLost?(node)
+        }
+    }
+
+    /// Another node's beacon: it is alive, and so are the calls it names for this node.
+    private func beacon(_ message: BusMessage) {
+        let lines = String(decoding: message.payload, as: UTF8.self).split(separator: "\n")
+        guard let first = lines.first else { return }
+        let fields = first.split(separator: " ", maxSplits: 2)
+        guard fields.count >= 2, Self.isInstance(fields[0]), let heldCount = Int(fields[1]) else { return }
+        let now = loop.now
+        peers[String(fields[0])] = Peer(lastSeen: now, name: fields.count > 2 ? String(fields[2]) : "", held: heldCount)
+        for line in lines.dropFirst() {
+            let words = line.split(separator: " ")
+            guard words.first.map(String.init) == instance else { continue }
+            for word in words.dropFirst() {
+                if let id = UInt64(word), outgoing[id] != nil { outgoing[id]?.renewedAt = now }
+            }
+        }
+    }
+
+    // MARK: Stats
 
     /// For `switchboard/stats`.
     var statsValue: ChannelValue {
@@ -121,6 +390,12 @@ final class ClusterLink {
             "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn),
             "eventsUnsent": .int(eventsUnsent), "eventsMalformed": .int(eventsMalformed),
             "channelsListened": .int(subscriptions.count),
+            "channelsHeld": .int(held.count),
+            "nodes": .int(peers.count), "nodesLost": .int(peersLost),
+            "remoteHolders": .int(peers.values.reduce(0) { $0 + $1.held }),
+            "callsOut": .int(callsOut), "callsIn": .int(callsIn),
+            "callsPending": .int(outgoing.count), "callsServing": .int(served.count),
+            "callsNoHolder": .int(callsNoResponders), "callsExpired": .int(callsExpired),
             "busMessagesOut": .int(bus.messagesOut), "busMessagesIn": .int(bus.messagesIn),
             "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
             "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),

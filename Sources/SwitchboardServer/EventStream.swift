@@ -33,12 +33,13 @@ final class OutboundEvent {
         binaryFrame = Self.frame(channel: channel, content: content, codec: codec, isEnd: isEnd)
     }
 
-    /// An event that arrived whole from another node: `frame` is its MESSAGE frame, `envelope` the payload.
-    init(channel: String, envelope: [UInt8], frame: [UInt8], codec: (any MethodCodec)?) {
+    /// An event that arrived whole from another node: `frame` is its MESSAGE frame, `envelope` the
+    /// payload (nil: the end of the stream).
+    init(channel: String, envelope: [UInt8]?, frame: [UInt8], codec: (any MethodCodec)?) {
         self.channel = channel
-        content = .encoded(envelope)
+        content = envelope.map(EventContent.encoded) ?? .end
         self.codec = codec
-        isEnd = false
+        isEnd = envelope == nil
         binaryFrame = frame
     }
 

@@ -48,6 +48,8 @@ final class PendingRequest {
         case forwarded(holder: Connection, id: UInt32)
     }
     private(set) var isAnswered = false
+    /// Where the answer goes for a request from another node; nil for this node's clients.
+    private var remoteAnswer: ((Answer) -> Void)?
     /// Set (by ``Connection/makeRequest(_:methodCodec:)``) only while some plugin's outbound stage sees
     /// answers (see ``Pipeline/seesAnswers``); never touched otherwise.
     var trace: RequestTrace?
@@ -69,6 +71,17 @@ final class PendingRequest {
     }
 
     static func detached(connectionID: UInt64) -> PendingRequest { PendingRequest(connectionID: connectionID) }
+
+    /// A request from a client on another node (protocol/cluster.md): `answer` sends its one answer
+    /// back over the bus; `text` says whether that client speaks text mode, which decides the form of
+    /// a relayed answer; without `wantsAnswer` it is detached.
+    init(remoteText text: Bool, wantsAnswer: Bool, methodCodec: SharedMethodCodec?, answer: @escaping (Answer) -> Void) {
+        connectionID = 0
+        origin = text ? .text(id: nil, kind: .call) : .binary(id: 0)
+        serial = wantsAnswer ? 1 : 0
+        self.methodCodec = methodCodec
+        remoteAnswer = answer
+    }
 
     /// Makes an answered request, that nothing else refers to, a new request of the same connection:
     /// its connection keeps one such spare, and most calls are answered at once, so most calls allocate
@@ -111,6 +124,7 @@ final class PendingRequest {
     /// Answers a method call with a success envelope in its channel's codec.
     func answerSuccess(_ value: ChannelValue) {
         guard let methodCodec else { return answer(.notImplemented) }  // set for every method call
+        if remoteAnswer != nil { return answer(.success(value, methodCodec.codec)) }
         take()?.finish(self, success: value, codec: methodCodec.codec)
     }
 
@@ -122,6 +136,13 @@ final class PendingRequest {
 
     /// Sends the answer (if the requester is still connected) and closes the request.
     func answer(_ answer: Answer) {
+        if let remoteAnswer {
+            guard !isAnswered else { return }
+            isAnswered = true
+            onCancel = .nothing
+            self.remoteAnswer = nil
+            return remoteAnswer(answer)
+        }
         take()?.finish(self, with: answer)
     }
 

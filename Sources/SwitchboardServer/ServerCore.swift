@@ -70,6 +70,8 @@ final class ServerCore {
     var routesVersion = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
+    /// This node's listeners of event channels held on other nodes.
+    var remoteStreams: [String: RemoteStream] = [:]
     /// The connection that last made output this turn, first of a list linked through
     /// `Connection.nextDirty`: all are flushed once, just before the loop blocks. A list rather than an
     /// array, so that marking a connection is two plain stores.
@@ -119,7 +121,11 @@ final class ServerCore {
         try startPerTurnWork()
         if let settings = config.cluster {
             let cluster = try ClusterLink(settings: settings, loop: eventLoop, logger: logger)
-            cluster.onEvent = { [unowned self] channel, envelope, frame in deliverRemote(on: channel, envelope: envelope, frame: frame) }
+            cluster.onEvent = { [unowned self] channel, envelope, frame, holderNode in
+                deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: holderNode)
+            }
+            cluster.onCall = { [unowned self] channel, call in serveRemote(call, on: channel) }
+            cluster.onPeerLost = { [unowned self] node in peerLost(node) }
             cluster.start()
             self.cluster = cluster
         }
@@ -250,11 +256,15 @@ final class ServerCore {
         case .held(let registration)?:
             if registration.holder !== connection || origin != nil { registration.counts.requests += 1 }  // not its own events
             let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
-            routeToHolder(registration, input: input, request: request, connection: connection)
+            routeToHolder(registration, input: input, request: request, from: .local(connection))
             return request
         case nil:
             let request = connection.makeRequest(origin, methodCodec: nil)
-            request.answer(.notImplemented)
+            if let cluster {  // a client of another node may hold it
+                routeToCluster(cluster, channel: name, input: input, request: request, connection: connection)
+            } else {
+                request.answer(.notImplemented)
+            }
             return request
         }
         let request: PendingRequest
@@ -338,7 +348,7 @@ final class ServerCore {
         entry.listeners.add(stream)
         // Interest in other nodes' broadcasts, for a server-side channel (a held channel's events come
         // from its holder alone); the stream remembers, so that its leaving is counted the same way.
-        if let cluster, case .event(let local)? = channels[entry.name], local === entry {
+        if let cluster, isFedByCluster(entry) {
             stream.countsForCluster = true
             cluster.listenerAdded(on: entry.name)
         }
@@ -363,9 +373,24 @@ final class ServerCore {
         cluster?.publish(event)
     }
 
-    /// A broadcast made on another node, for this node's listeners.
-    private func deliverRemote(on name: String, envelope: [UInt8], frame: [UInt8]) {
-        guard case .event(let entry)? = channels[name] else { return }
+    /// Whether `entry` gets events from other nodes: a server-side channel's broadcasts, or the events
+    /// of a channel held on another node (a held channel's events here come from its holder alone).
+    private func isFedByCluster(_ entry: EventEntry) -> Bool {
+        if case .event(let local)? = channels[entry.name], local === entry { return true }
+        return remoteStreams[entry.name]?.entry === entry
+    }
+
+    /// An event from another node for this node's listeners: a broadcast, or (`holderNode` set) an
+    /// event of the channel held there that this node's listeners follow.
+    private func deliverRemote(on name: String, envelope: [UInt8]?, frame: [UInt8], holderNode: String?) {
+        let entry: EventEntry
+        if let holderNode {
+            guard let remote = remoteStreams[name], remote.holderNode == holderNode else { return }
+            entry = remote.entry
+        } else {
+            guard case .event(let local)? = channels[name] else { return }
+            entry = local
+        }
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, envelope: envelope, frame: frame, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }
@@ -373,7 +398,12 @@ final class ServerCore {
 
     /// `stream` left its channel's listeners.
     func listenerRemoved(_ stream: EventStream) {
-        if stream.countsForCluster { cluster?.listenerRemoved(from: stream.entry.name) }
+        guard stream.countsForCluster else { return }
+        cluster?.listenerRemoved(from: stream.entry.name)
+        let name = stream.entry.name
+        if let remote = remoteStreams[name], remote.entry === stream.entry, remote.entry.listeners.isEmpty {
+            remoteStreams.removeValue(forKey: name)
+        }
     }
 
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
@@ -531,6 +561,7 @@ final class ServerCore {
         }
         channels = [:]
         registrations = [:]
+        remoteStreams = [:]
         cluster?.close()
         cluster = nil
         listener = nil

@@ -10,12 +10,14 @@ import SwitchboardServer
 final class ClusterNodes {
     let servers: [Server]
 
-    init(_ count: Int, nats: NATSServerProcess) throws {
+    /// `count` nodes, node i attached to `nats[i % nats.count]`.
+    init(_ count: Int, nats: NATSServerProcess...) throws {
         servers = try (1...count).map { index in
             var config = ServerConfiguration()
             config.port = 0
             config.drainTimeoutMs = 300
-            config.cluster = ClusterSettings(servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)], node: "node\(index)")
+            let port = nats[(index - 1) % nats.count].port
+            config.cluster = ClusterSettings(servers: [NATSBus.Server(host: "127.0.0.1", port: port)], node: "node\(index)")
             var logger = Logger(label: "node\(index)")
             logger.logLevel = .critical
             let server = try Server(configuration: config, logger: logger)
@@ -110,7 +112,7 @@ struct ClusterTests {
         #expect(members[0].events.filter { $0 != zero } == posts, "node 1's own listener: each once (no echo from the bus)")
         #expect(members[0].events.count <= warmUps + 100 && members[1].events.count <= warmUps + 100)
         let quiet = try await members[2].cluster()
-        #expect(quiet["busMessagesIn"] == 0 && quiet["channelsListened"] == 0, "\(quiet)")
+        #expect(quiet["eventsIn"] == 0 && quiet["channelsListened"] == 0, "\(quiet)")
         let sender = try await members[0].cluster()
         #expect(sender["eventsOut"]?.intValue == warmUps + 100, "\(sender)")
 
@@ -120,10 +122,10 @@ struct ClusterTests {
         members[2].stopListening()
         #expect(try await eventually { try await members[2].cluster()["channelsListened"] == 0 })
         try await Task.sleep(for: .milliseconds(200))  // the UNSUB reaches nats-server
-        let before = try await members[2].cluster()["busMessagesIn"]
+        let before = try await members[2].cluster()["eventsIn"]
         for _ in 0..<10 { try await members[1].post(201) }
         #expect(try await eventually { members[0].events.filter { $0 == .uint8List([201]) }.count == 10 })
-        #expect(try await members[2].cluster()["busMessagesIn"] == before)
+        #expect(try await members[2].cluster()["eventsIn"] == before)
 
         for member in members { await member.client.close() }
         await nodes.stop()

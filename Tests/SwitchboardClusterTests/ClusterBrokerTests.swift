@@ -1,0 +1,246 @@
+import Synchronization
+import Testing
+import SwitchboardClient
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardTesting
+import SwitchboardWire
+
+/// A producer that, on listen, sends `count` events after `delayMs`, then ends; "hold" sends nothing.
+final class Countdown: EventProducer {
+    let count: Int
+    let listens = Mutex(0)
+    let cancels = Mutex(0)
+    init(count: Int) { self.count = count }
+    func onListen(arguments: ChannelValue, sink: ProducerSink) async -> ChannelError? {
+        listens.withLock { $0 += 1 }
+        if arguments == "refuse" { return ChannelError(code: "refused", message: "not now") }
+        guard arguments != "hold" else { return nil }
+        let count = self.count
+        Task {
+            try await Task.sleep(for: .milliseconds(300))  // every listener joins first
+            for i in 0..<count { sink.success(.int(i)) }
+            sink.endOfStream()
+        }
+        return nil
+    }
+    func onCancel(arguments: ChannelValue) async { cancels.withLock { $0 += 1 } }
+}
+
+func connect(_ server: Server) async throws -> Client {
+    var config = ClientConfiguration(port: server.port)
+    config.reconnect = nil
+    config.requestTimeout = .seconds(10)
+    return try await Client.connect(config)
+}
+
+/// The node's `cluster` stats, through `client`.
+func clusterStats(_ client: Client) async throws -> ChannelValue {
+    let stats: ChannelValue = try await SwitchboardClient.MethodChannel(name: "switchboard/stats", client: client).invokeMethod("get")
+    return stats["cluster"] ?? .null
+}
+
+/// Calls a holder parks until the test lets them go.
+final class Parked: Sendable {
+    private let continuations = Mutex<[CheckedContinuation<Void, Never>]>([])
+    func park() async { await withCheckedContinuation { continuation in continuations.withLock { $0.append(continuation) } } }
+    var count: Int { continuations.withLock { $0.count } }
+    func releaseAll() {
+        for continuation in continuations.withLock({ parked in defer { parked = [] }; return parked }) { continuation.resume() }
+    }
+}
+
+/// Registers the two channels of the broker tests on `holder`: `jobs/resize` (methods; "wait" parks
+/// in `parked`) and `jobs/notes` (string messages).
+func holdJobs(_ holder: Client, parked: Parked = Parked()) async throws {
+    try await SwitchboardClient.MethodChannel(name: "jobs/resize", client: holder).setMethodCallHandler { call in
+        switch call.method {
+        case "resize": return ["width": .int((call.arguments["width"]?.intValue ?? 0) / 2)]
+        case "fail": throw ChannelError(code: "too_big", message: "no", details: call.arguments)
+        case "wait":
+            await parked.park()
+            return "waited"
+        default: throw MissingImplementation(channel: "jobs/resize", method: call.method)
+        }
+    }
+    try await BasicMessageChannel(name: "jobs/notes", codec: StringCodec(), client: holder).setMessageHandler { "got \($0 ?? "nil")" }
+}
+
+@Suite("Broker routing across nodes", .serialized)
+struct ClusterBrokerTests {
+    @Test("a channel held on node 1 is called and messaged from nodes 2 and 3, in binary and text mode, with the bytes one node gives")
+    func callsAcrossNodes() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(3, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        try await holdJobs(holder)
+        let caller = try await connect(nodes.servers[1])
+        let resize = SwitchboardClient.MethodChannel(name: "jobs/resize", client: caller)
+        // Until node 1's subscription reaches nats-server, node 2 finds no holder (a null reply).
+        #expect(try await eventually { (try? await resize.invokeMethod("resize", arguments: ["width": 640])) == ["width": 320] })
+        await #expect(throws: ChannelError(code: "too_big", message: "no", details: 1)) { try await resize.invokeMethod("fail", arguments: 1) }
+        await #expect(throws: MissingImplementation.self) { try await resize.invokeMethod("other") }
+        #expect(try await BasicMessageChannel(name: "jobs/notes", codec: StringCodec(), client: caller).send("hi") == "got hi")
+
+        // Byte for byte what a caller on the holder's own node gets.
+        let local = try RawConnection(port: nodes.servers[0].port), remote = try RawConnection(port: nodes.servers[2].port)
+        for (id, method) in [(UInt32(1), "resize"), (2, "fail"), (3, "other")] {
+            try local.send(.call(id, "jobs/resize", method, ["width": 10]))
+            try remote.send(.call(id, "jobs/resize", method, ["width": 10]))
+            let mine = try await local.nextNonPing(), theirs = try await remote.nextNonPing()
+            #expect(theirs.bytes == mine.bytes, "\(method)")
+        }
+        try remote.send(Frame(.message, id: 4, channel: "jobs/notes", payload: Array("yo".utf8)))
+        let note = try await remote.nextNonPing()
+        #expect(note.kind == .reply && note.id == 4 && note.payload == Array("got yo".utf8))
+
+        // Text mode on node 3: the holder's node decodes the reply in the channel's codec.
+        let text = try RawConnection(port: nodes.servers[2].port)
+        try text.send(Array(#"{"id":1,"call":"jobs/resize","method":"resize","args":{"width":8}}"#.utf8) + [10])
+        #expect(try await text.line() == ["id": 1, "result": ["width": 4]])
+        try text.send(Array(#"{"id":2,"call":"jobs/resize","method":"fail","args":"x"}"#.utf8) + [10])
+        #expect(try await text.line() == ["id": 2, "error": ["code": "too_big", "message": "no", "details": "x"]])
+        try text.send(Array(#"{"id":3,"send":"jobs/notes","message":"hey"}"#.utf8) + [10])
+        #expect(try await text.line() == ["id": 3, "reply": "got hey"])
+
+        // No holder anywhere: the null reply of one node, from NATS's no-responders.
+        try remote.send(.call(5, "jobs/nobody", "x"))
+        let none = try await remote.nextNonPing()
+        #expect(none.kind == .reply && none.id == 5 && none.payload == nil)
+        #expect(try await clusterStats(caller)["callsOut"]!.intValue! >= 4)
+        try text.send(Array(#"{"id":9,"call":"switchboard/stats","method":"get"}"#.utf8) + [10])
+        let node3 = try await text.line()["result"]?["cluster"]
+        #expect(node3?["callsNoHolder"] == 1 && node3?["callsOut"] == 8, "\(String(describing: node3))")
+        #expect(try await clusterStats(holder)["callsIn"]!.intValue! >= 4)
+
+        await holder.close()
+        await caller.close()
+        await nodes.stop()
+    }
+
+    @Test("a CANCEL on node 2 reaches the holder on node 1; the holder leaving answers node 2's open calls with handler_gone")
+    func cancelAndHandlerGone() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        let parked = Parked()
+        try await holdJobs(holder, parked: parked)
+        let raw = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {
+            try raw.send(.call(1, "jobs/resize", "resize", ["width": 2]))
+            return try await raw.nextNonPing().payload != nil
+        })
+        try raw.send(.call(2, "jobs/resize", "wait"))
+        #expect(try await eventually { parked.count == 1 })
+        try raw.send(Frame(.cancel, id: 2, payload: nil))
+        let cancelled = try await raw.nextNonPing()
+        #expect(cancelled.id == 2)
+        // The holder's node relayed the CANCEL: the holder's client gave up on the call.
+        #expect(try await eventually { try await clusterStats(holder)["callsServing"] == 0 })
+
+        try raw.send(.call(3, "jobs/resize", "wait"))
+        #expect(try await eventually { parked.count == 2 })
+        await holder.close()
+        let gone = try await raw.nextNonPing()
+        #expect(gone.id == 3 && gone.errorCode == "handler_gone")
+        parked.releaseAll()
+        await nodes.stop()
+    }
+
+    @Test("listeners on nodes 2 and 3 of an event channel held on node 1 get its events in order and the end; the holder hears one listen and one cancel")
+    func eventsAcrossNodes() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(3, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        let producer = Countdown(count: 50)
+        try await SwitchboardClient.EventChannel(name: "feed", client: holder).setStreamHandler(producer)
+        let probe = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {  // node 1's holding reaches nats-server
+            try probe.send(.call(1, "feed", "listen", "hold"))
+            let answer = try await probe.nextNonPing()
+            return answer.kind == .reply && answer.payload != nil
+        })
+        try probe.send(.call(2, "feed", "cancel"))
+        _ = try await probe.nextNonPing()
+        #expect(try await eventually { producer.cancels.withLock { $0 } == 1 })
+
+        let listeners = [try RawConnection(port: nodes.servers[1].port), try RawConnection(port: nodes.servers[2].port),
+                         try RawConnection(port: nodes.servers[2].port)]
+        for listener in listeners { try listener.send(.call(7, "feed", "listen")) }
+        let codec = StandardMethodCodec()
+        let nullSuccess = try codec.encodeSuccessEnvelope(.null)
+        for (index, listener) in listeners.enumerated() {
+            let answer = try await listener.nextNonPing()
+            #expect(answer.kind == .reply && answer.id == 7 && answer.payload == nullSuccess, "listener \(index)")
+            var values: [ChannelValue] = []
+            while true {
+                let event = try await listener.nextNonPing()
+                guard let payload = event.payload else { break }  // the end of the stream
+                values.append(try #require(try? codec.decodeEnvelope(payload).get()))
+            }
+            #expect(values == (0..<50).map { .int($0) }, "listener \(index)")
+        }
+        #expect(producer.listens.withLock { $0 } == 2, "the probe's listen, then one for the three listeners")
+
+        // Streams that never end: two listeners, then both leave; the holder hears one cancel.
+        let a = try RawConnection(port: nodes.servers[1].port), b = try RawConnection(port: nodes.servers[2].port)
+        try a.send(.call(1, "feed", "listen", "hold"))
+        _ = try await a.nextNonPing()
+        try b.send(.call(1, "feed", "listen", "hold"))
+        _ = try await b.nextNonPing()
+        #expect(producer.listens.withLock { $0 } == 3)
+        try a.send(.call(2, "feed", "cancel"))
+        #expect(try await a.nextNonPing().id == 2)
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(producer.cancels.withLock { $0 } == 1, "b still listens")
+        try b.send(.call(2, "feed", "cancel"))
+        #expect(try await b.nextNonPing().id == 2)
+        #expect(try await eventually { producer.cancels.withLock { $0 } == 2 })
+
+        // A refused listen is refused on every node alike.
+        try a.send(.call(3, "feed", "listen", "refuse"))
+        let refused = try await a.nextNonPing()
+        let refusal = try codec.encodeErrorEnvelope(ChannelError(code: "refused", message: "not now"))
+        #expect(refused.payload == refusal)
+
+        // The holder leaves: a listener on another node gets handler_gone, then the end.
+        try a.send(.call(4, "feed", "listen", "hold"))
+        _ = try await a.nextNonPing()
+        await holder.close()
+        let gone = try await a.nextNonPing()
+        let goneEvent = try codec.decodeEnvelope(gone.payload)
+        #expect(goneEvent == .failure(ChannelError(code: "handler_gone", message: WireError.handlerGone.message)))
+        let end = try await a.nextNonPing()
+        #expect(end.kind == .message && end.payload == nil)
+        await nodes.stop()
+    }
+}
+
+@Suite("Several holders across nodes", .serialized)
+struct ClusterHoldersTests {
+    @Test("holders of one channel on two nodes form a queue group: a third node's calls are shared, a holder's own node keeps its calls; channel_taken holds within a node")
+    func queueGroup() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(3, nats: nats)
+        let first = try await connect(nodes.servers[0]), second = try await connect(nodes.servers[1])
+        try await SwitchboardClient.MethodChannel(name: "who", client: first).setMethodCallHandler { _ in "node1" }
+        try await SwitchboardClient.MethodChannel(name: "who", client: second).setMethodCallHandler { _ in "node2" }
+        let rival = try await connect(nodes.servers[0])
+        await #expect(throws: ClientError.server(code: "channel_taken", message: "the channel already has a handler")) {
+            try await SwitchboardClient.MethodChannel(name: "who", client: rival).setMethodCallHandler { _ in "rival" }
+        }
+        let caller = try await connect(nodes.servers[2])
+        let who = SwitchboardClient.MethodChannel(name: "who", client: caller)
+        var answers: [String: Int] = [:]
+        #expect(try await eventually {  // both subscriptions reach nats-server, then calls go to both
+            for _ in 0..<20 {
+                if let answer: ChannelValue = try? await who.invokeMethod("x"), let name = answer.stringValue { answers[name, default: 0] += 1 }
+            }
+            return answers["node1", default: 0] > 0 && answers["node2", default: 0] > 0
+        }, "\(answers)")
+        let local = SwitchboardClient.MethodChannel(name: "who", client: rival)
+        for _ in 0..<10 { #expect(try await local.invokeMethod("x") == "node1") }
+        for client in [first, second, rival, caller] { await client.close() }
+        await nodes.stop()
+    }
+}
