@@ -34,7 +34,13 @@ final class ClusterLink {
     static let beaconIntervalMs: UInt64 = 250
     static let leaseMs: UInt64 = 1500
     private let loop: EventLoop
+    private let logger: Logger
     private let beaconTimer: Timer
+    /// When the last beacon went, and how often the loop stalled past a lease between two (a stopped
+    /// or starved process: the other nodes took this one for gone, and NATS may have dropped its
+    /// connection as a slow consumer).
+    private var lastTick: UInt64 = 0
+    private(set) var stalls = 0
 
     // MARK: State: broadcasts
 
@@ -118,6 +124,7 @@ final class ClusterLink {
         var logger = logger
         logger[metadataKey: "node"] = "\(settings.node)"
         bus = try NATSBus(loop: loop, options: options, logger: logger)
+        self.logger = logger
         beaconTimer = try Timer(loop: loop)
         bus.onConnectionChange = { connected in
             if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
@@ -134,6 +141,7 @@ final class ClusterLink {
 
     func start() {
         bus.start()
+        lastTick = loop.now
         beaconTimer.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [weak self] in self?.tick() }
     }
 
@@ -197,20 +205,22 @@ final class ClusterLink {
         return digest
     }
 
-    /// Takes a remote event only as one whole MESSAGE frame with id 0 on `channel` (with a payload, or
-    /// without one for the end of a stream), read by the same decoder as a connection's frames.
+    /// Takes a remote event only as one whole MESSAGE frame with id 0 on `channel`, read by the same
+    /// decoder as a connection's frames: with a payload, or without one (the end of the stream) from a
+    /// holder's node.
     private func received(_ message: BusMessage, on channel: String) {
         let bytes = message.payload
+        let holderNode = message.header("Sb-Node")
         var buffer = InboundBuffer()
         buffer.append(bytes)
         var decoder = FrameDecoder(maxFrame: UInt32(clamping: bytes.count))
         guard case .frame(let frame)? = try? decoder.next(from: &buffer), buffer.readableBytes == 0,
-              frame.kind == .message, frame.id == 0, frame.channel == channel else {
+              frame.kind == .message, frame.id == 0, frame.channel == channel, frame.payload != nil || holderNode != nil else {
             eventsMalformed += 1
             return
         }
         eventsIn += 1
-        onEvent?(channel, frame.payload, bytes, message.header("Sb-Node"))
+        onEvent?(channel, frame.payload, bytes, holderNode)
     }
 
     // MARK: Calls to other nodes
@@ -349,6 +359,11 @@ final class ClusterLink {
         try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
 
         let now = loop.now
+        if now - lastTick > Self.leaseMs {
+            stalls += 1
+            logger.warning("this node stalled for \(now - lastTick) ms: the other nodes took it for gone, and NATS may have dropped it as a slow consumer")
+        }
+        lastTick = now
         let lapsedCalls = outgoing.filter { now - $0.value.renewedAt > Self.leaseMs }.keys.sorted()
         for id in lapsedCalls {
             guard let call = outgoing.removeValue(forKey: id) else { continue }
@@ -400,6 +415,7 @@ final class ClusterLink {
             "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
             "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),
             "busServerErrors": .int(bus.serverErrors), "busSlowConsumer": .int(bus.slowConsumer),
+            "stalls": .int(stalls),
         ])
     }
 }

@@ -4,6 +4,7 @@ import SwitchboardClient
 import SwitchboardCodec
 import SwitchboardServer
 import SwitchboardTesting
+import SwitchboardTransport
 import SwitchboardWire
 
 /// A producer that, on listen, sends `count` events after `delayMs`, then ends; "hold" sends nothing.
@@ -241,6 +242,34 @@ struct ClusterHoldersTests {
         let local = SwitchboardClient.MethodChannel(name: "who", client: rival)
         for _ in 0..<10 { #expect(try await local.invokeMethod("x") == "node1") }
         for client in [first, second, rival, caller] { await client.close() }
+        await nodes.stop()
+    }
+}
+
+@Suite("What other nodes send", .serialized)
+struct ClusterInputTests {
+    @Test("a message on an event subject that is not one whole event frame of that channel is counted and dropped; an end needs a holder's node")
+    func malformedEvents() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, nats: nats)
+        let member = try await RoomMember(nodes.servers[0])
+        member.listen()
+        #expect(try await eventually { try await member.cluster()["channelsListened"] == 1 })
+        let subject = "switchboard.event." + Digest.sha256Hex(Array("switchboard/room".utf8))
+        var end: [UInt8] = [], other: [UInt8] = [], good: [UInt8] = []
+        Frame(.message, id: 0, channel: "switchboard/room", payload: nil).write(to: &end)
+        Frame(.message, id: 0, channel: "elsewhere", payload: [0]).write(to: &other)
+        Frame(.message, id: 0, channel: "switchboard/room", payload: try StandardMethodCodec().encodeSuccessEnvelope(.int(7))).write(to: &good)
+        let bus = try #require(RawSocket(port: nats.port))
+        var commands = Array("CONNECT {\"verbose\":false}\r\n".utf8)
+        for payload in [Array("garbage".utf8), end, other, Array(good.dropLast()), good] {
+            commands += Array("PUB \(subject) \(payload.count)\r\n".utf8) + payload + Array("\r\n".utf8)
+        }
+        bus.send(commands)
+        #expect(try await eventually { member.events == [.int(7)] })
+        let stats = try await member.cluster()
+        #expect(stats["eventsMalformed"] == 4 && stats["eventsIn"] == 1, "\(stats)")
+        await member.client.close()
         await nodes.stop()
     }
 }
