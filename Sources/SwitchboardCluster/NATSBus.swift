@@ -185,19 +185,30 @@ public final class NATSBus: ClusterBus {
         enqueue(replyTo, replyTo: nil, headers: headers, payload: payload)
     }
 
-    /// Refuses what the NATS protocol cannot carry as it is (see ``BusError``).
+    /// Refuses what the NATS protocol cannot carry as it is (see ``BusError``). The last subject and
+    /// header list that passed are remembered: a caller that sends the same ones again (the same
+    /// strings and array, compared by identity first) is not checked byte by byte again.
     private func check(_ subject: String, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError) {
-        guard NATSCommand.isValidSubject(subject) else { throw .invalidSubject(subject) }
+        if subject != lastValidSubject {
+            guard NATSCommand.isValidSubject(subject) else { throw .invalidSubject(subject) }
+            lastValidSubject = subject
+        }
         var size = payload.count
         if !headers.isEmpty {
-            size += 12  // "NATS/1.0\r\n" and the blank line
-            for header in headers {
-                guard NATSCommand.isValidHeader(header) else { throw .invalidHeader(header.name) }
-                size += header.name.utf8.count + header.value.utf8.count + 4
+            if headers != lastValidHeaders.list {
+                var headerSize = 12  // "NATS/1.0\r\n" and the blank line
+                for header in headers {
+                    guard NATSCommand.isValidHeader(header) else { throw .invalidHeader(header.name) }
+                    headerSize += header.name.utf8.count + header.value.utf8.count + 4
+                }
+                lastValidHeaders = (headers, headerSize)
             }
+            size += lastValidHeaders.size
         }
         guard size <= maxPayload else { throw .tooLarge(size, limit: maxPayload) }
     }
+    private var lastValidSubject = ""
+    private var lastValidHeaders: (list: [BusMessage.Header], size: Int) = ([], 0)
 
     // MARK: Connection
 

@@ -68,18 +68,42 @@ enum NATSCommand {
 
     /// `PUB`, or `HPUB` when there are headers.
     static func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8], into out: inout [UInt8]) {
-        let reply = replyTo.map { " \($0)" } ?? ""
-        if headers.isEmpty {
-            out += Array("PUB \(subject)\(reply) \(payload.count)\r\n".utf8)
-        } else {
-            var block = Array("NATS/1.0\r\n".utf8)
-            for header in headers { block += Array("\(header.name): \(header.value)\r\n".utf8) }
-            block += [13, 10]
-            out += Array("HPUB \(subject)\(reply) \(block.count) \(block.count + payload.count)\r\n".utf8)
-            out += block
+        var blockSize = 0
+        if !headers.isEmpty {
+            blockSize = 12  // "NATS/1.0\r\n" and the closing "\r\n"
+            for header in headers { blockSize += header.name.utf8.count + header.value.utf8.count + 4 }
+        }
+        out += headers.isEmpty ? Array("PUB ".utf8) : Array("HPUB ".utf8)
+        out += subject.utf8
+        if let replyTo {
+            out.append(0x20)
+            out += replyTo.utf8
+        }
+        if !headers.isEmpty {
+            out.append(0x20)
+            appendDecimal(blockSize, to: &out)
+        }
+        out.append(0x20)
+        appendDecimal(blockSize + payload.count, to: &out)
+        out += [13, 10]
+        if !headers.isEmpty {
+            out += "NATS/1.0\r\n".utf8
+            for header in headers {
+                out += header.name.utf8
+                out += [0x3A, 0x20]
+                out += header.value.utf8
+                out += [13, 10]
+            }
+            out += [13, 10]
         }
         out += payload
         out += [13, 10]
+    }
+
+    private static func appendDecimal(_ value: Int, to out: inout [UInt8]) {
+        guard value >= 10 else { return out.append(UInt8(truncatingIfNeeded: 0x30 + value)) }
+        appendDecimal(value / 10, to: &out)
+        out.append(UInt8(truncatingIfNeeded: 0x30 + value % 10))
     }
 
     /// `SUB subject [queue] sid`.
@@ -106,16 +130,27 @@ enum NATSCommand {
     /// Whether `header` can be sent as one: a name of HTTP token characters, a value without control
     /// characters (so without CR or LF).
     static func isValidHeader(_ header: BusMessage.Header) -> Bool {
-        !header.name.isEmpty
-            && header.name.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F && !Array(#"()<>@,;:\"/[]?={}"#.utf8).contains($0) }
+        !header.name.isEmpty && header.name.utf8.allSatisfy(isTokenByte)
             && !header.value.utf8.contains { ($0 < 0x20 && $0 != 0x09) || $0 == 0x7F }
+    }
+
+    /// An HTTP token character: visible ASCII but for the separators `()<>@,;:\"/[]?={}`.
+    private static func isTokenByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x28, 0x29, 0x3C, 0x3E, 0x40, 0x2C, 0x3B, 0x3A, 0x5C, 0x22, 0x2F, 0x5B, 0x5D, 0x3F, 0x3D, 0x7B, 0x7D: false
+        default: byte > 0x20 && byte < 0x7F
+        }
     }
 
     /// Whether `subject` can be sent as one: not empty, no whitespace or control characters, no empty
     /// token (NATS separates tokens with `.`).
     static func isValidSubject(_ subject: String) -> Bool {
-        !subject.isEmpty && !subject.utf8.contains { $0 <= 0x20 || $0 == 0x7F }
-            && !subject.split(separator: ".", omittingEmptySubsequences: false).contains { $0.isEmpty }
+        var previous: UInt8 = 0x2E  // a leading "." makes an empty first token
+        for byte in subject.utf8 {
+            if byte <= 0x20 || byte == 0x7F || (byte == 0x2E && previous == 0x2E) { return false }
+            previous = byte
+        }
+        return previous != 0x2E  // also false when empty
     }
 }
 
@@ -150,8 +185,10 @@ struct NATSParser {
             return nil
         }
         let line = buffer[start..<lineEnd]
-        let fields = line.split(separator: 0x20, omittingEmptySubsequences: true).map { String(decoding: $0, as: UTF8.self) }
-        guard let verb = fields.first?.uppercased() else { throw NATSProtocolError(description: "empty control line") }
+        let fields = ControlFields(line)
+        guard fields.count > 0 else { throw NATSProtocolError(description: "empty control line") }
+        // Every operation's name has four letters or fewer, in any case.
+        let verb = String(decoding: line[fields[0]].prefix(5).map { $0 >= 0x61 && $0 <= 0x7A ? $0 - 0x20 : $0 }, as: UTF8.self)
         let afterLine = lineEnd + 2
         switch verb {
         case "PING": start = afterLine; return .ping
@@ -167,46 +204,96 @@ struct NATSParser {
         case "MSG", "HMSG":
             return try message(fields, isHeaders: verb == "HMSG", payloadAt: afterLine)
         default:
-            throw NATSProtocolError(description: "unknown operation \(verb.prefix(16))")
+            throw NATSProtocolError(description: "unknown operation \(verb)")
         }
     }
 
+    /// A field of decimal digits, as a number (nil if it is not one, or too large).
+    private static func decimal(_ field: ArraySlice<UInt8>) -> Int? {
+        guard !field.isEmpty, field.count <= 18 else { return nil }
+        var value = 0
+        for byte in field {
+            guard byte >= 0x30, byte <= 0x39 else { return nil }
+            value = value * 10 + Int(byte - 0x30)
+        }
+        return value
+    }
+
+    /// The space-separated fields of a control line (at most six are kept: no operation has more),
+    /// without allocating.
+    private struct ControlFields {
+        private var ranges = InlineArray<6, Range<Int>>(repeating: 0..<0)
+        private(set) var count = 0
+
+        init(_ line: ArraySlice<UInt8>) {
+            var index = line.startIndex
+            while index < line.endIndex {
+                while index < line.endIndex, line[index] == 0x20 { index += 1 }
+                guard index < line.endIndex else { break }
+                let fieldStart = index
+                while index < line.endIndex, line[index] != 0x20 { index += 1 }
+                if count < 6 { ranges[count] = fieldStart..<index }
+                count += 1
+            }
+        }
+
+        subscript(index: Int) -> Range<Int> { ranges[index] }
+    }
+
     /// `MSG subject sid [reply] size` or `HMSG subject sid [reply] headerSize totalSize`, with its payload.
-    private mutating func message(_ fields: [String], isHeaders: Bool, payloadAt payloadStart: Int) throws(NATSProtocolError) -> NATSInbound? {
+    private mutating func message(_ fields: ControlFields, isHeaders: Bool, payloadAt payloadStart: Int) throws(NATSProtocolError) -> NATSInbound? {
         let counts = isHeaders ? 2 : 1
+        let name = isHeaders ? "HMSG" : "MSG"
         guard fields.count == 3 + counts || fields.count == 4 + counts,
-              let sid = UInt64(fields[2]) else { throw NATSProtocolError(description: "malformed \(fields[0])") }
-        let sizes = fields.suffix(counts).map { Int($0) }
-        guard let total = sizes.last ?? nil, let headerSize = isHeaders ? sizes.first ?? nil : 0,
-              total >= 0, headerSize >= 0, headerSize <= total else {
-            throw NATSProtocolError(description: "malformed size in \(fields[0])")
+              let sid = Self.decimal(buffer[fields[2]]) else { throw NATSProtocolError(description: "malformed \(name)") }
+        guard let total = Self.decimal(buffer[fields[fields.count - 1]]),
+              let headerSize = isHeaders ? Self.decimal(buffer[fields[fields.count - 2]]) : 0, headerSize <= total else {
+            throw NATSProtocolError(description: "malformed size in \(name)")
         }
         guard total <= maxPayload else { throw NATSProtocolError(description: "message of \(total) bytes over the limit") }
         guard buffer.count >= payloadStart + total + 2 else { return nil }
         guard buffer[payloadStart + total] == 13, buffer[payloadStart + total + 1] == 10 else {
             throw NATSProtocolError(description: "payload not followed by CRLF")
         }
-        var message = BusMessage(subject: fields[1], replyTo: fields.count == 4 + counts ? fields[3] : nil,
+        var message = BusMessage(subject: String(decoding: buffer[fields[1]], as: UTF8.self),
+                                 replyTo: fields.count == 4 + counts ? String(decoding: buffer[fields[3]], as: UTF8.self) : nil,
                                  payload: Array(buffer[(payloadStart + headerSize)..<(payloadStart + total)]))
         if isHeaders {
-            try parseHeaders(buffer[payloadStart..<(payloadStart + headerSize)], into: &message)
+            try Self.parseHeaders(buffer[payloadStart..<(payloadStart + headerSize)], into: &message)
         }
         start = payloadStart + total + 2
-        return .message(sid: sid, message)
+        return .message(sid: UInt64(sid), message)
     }
 
     /// `NATS/1.0[ status[ description]]` then `name: value` lines, then an empty line.
-    private func parseHeaders(_ block: ArraySlice<UInt8>, into message: inout BusMessage) throws(NATSProtocolError) {
-        let text = String(decoding: block, as: UTF8.self)
-        var lines = text.split(separator: "\r\n" as Character, omittingEmptySubsequences: false)
-        guard let first = lines.first, first.hasPrefix("NATS/1.0") else { throw NATSProtocolError(description: "header block without NATS/1.0") }
-        lines.removeFirst()
-        let status = first.dropFirst("NATS/1.0".count).trimmingSpaces.prefix { $0 != " " }
-        message.status = status.isEmpty ? nil : Int(status)
-        for line in lines where !line.isEmpty {
-            guard let colon = line.firstIndex(of: ":") else { throw NATSProtocolError(description: "malformed header line") }
-            message.headers.append(.init(String(line[..<colon]), String(line[line.index(after: colon)...]).trimmingSpaces))
+    private static func parseHeaders(_ block: ArraySlice<UInt8>, into message: inout BusMessage) throws(NATSProtocolError) {
+        guard block.starts(with: "NATS/1.0".utf8) else { throw NATSProtocolError(description: "header block without NATS/1.0") }
+        var lineStart = block.startIndex
+        var isFirst = true
+        while lineStart < block.endIndex {
+            let lineEnd = block[lineStart...].firstIndex(of: 10) ?? block.endIndex
+            let line = trimmed(block[lineStart..<lineEnd])  // drops the CR too
+            lineStart = lineEnd + 1
+            if isFirst {
+                isFirst = false
+                let status = trimmed(line.dropFirst(8)).prefix { $0 != 0x20 }
+                message.status = status.isEmpty ? nil : decimal(status)
+                continue
+            }
+            if line.isEmpty { continue }
+            guard let colon = line.firstIndex(of: 0x3A) else { throw NATSProtocolError(description: "malformed header line") }
+            message.headers.append(.init(String(decoding: line[..<colon], as: UTF8.self),
+                                         String(decoding: trimmed(line[(colon + 1)...]), as: UTF8.self)))
         }
+    }
+
+    /// `bytes` without leading and trailing spaces, tabs and carriage returns.
+    private static func trimmed(_ bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
+        let isSpace = { (byte: UInt8) in byte == 0x20 || byte == 0x09 || byte == 13 }
+        guard let first = bytes.firstIndex(where: { !isSpace($0) }), let last = bytes.lastIndex(where: { !isSpace($0) }) else {
+            return bytes[bytes.startIndex..<bytes.startIndex]
+        }
+        return bytes[first...last]
     }
 
     private func findLineEnd() -> Int? {

@@ -29,8 +29,9 @@ public struct ClusterSettings: Sendable {
 final class ClusterLink {
     let settings: ClusterSettings
     private let bus: NATSBus
-    /// This node's id on the bus: random, so that two nodes never share one (their names may).
-    let instance = String(UInt64.random(in: 1...UInt64.max), radix: 16)
+    /// This node's id on the bus: random, so that two nodes never share one (their names may); 15 hex
+    /// digits at most, so that Swift keeps it inline.
+    let instance = String(UInt64.random(in: 1..<(1 << 60)), radix: 16)
     static let beaconIntervalMs: UInt64 = 250
     static let leaseMs: UInt64 = 1500
     private let loop: EventLoop
@@ -47,8 +48,9 @@ final class ClusterLink {
     /// Channels with local listeners: how many, and the subscription.
     private var listenerCounts: [String: Int] = [:]
     private var subscriptions: [String: BusSubscription] = [:]
-    /// The digest of each channel name used on the bus.
+    /// The digest of each channel name used on the bus, and the subject of its calls.
     private var digests: [String: String] = [:]
+    private var callSubjects: [String: String] = [:]
     /// Broadcasts sent to the bus, and remote ones handed to local listeners.
     private(set) var eventsOut = 0, eventsIn = 0
     /// Broadcasts that did not go out (a value with no wire form, a frame over NATS's max_payload, no
@@ -71,6 +73,18 @@ final class ClusterLink {
     private var outgoing: [UInt64: OutgoingCall] = [:]
     private var nextCall: UInt64 = 0
     private(set) var callsOut = 0, callsExpired = 0, callsNoResponders = 0
+
+    /// What a call's payload holds (its `Sb-Input` header).
+    enum CallInput: String, CaseIterable {
+        /// A binary MESSAGE payload as it is; a MESSAGE without payload.
+        case bytes, none
+        /// A text-mode call (`{"method":…,"args":…}`) or send, as JSON.
+        case call, message
+    }
+    /// The headers of each kind of call, made once (text-mode callers' add `Sb-Text`).
+    private var callHeaders: [CallInput: (binary: [BusMessage.Header], text: [BusMessage.Header])] = [:]
+    /// The headers of each kind of answer, made as first needed.
+    private var answerHeaders: [String: [BusMessage.Header]] = [:]
 
     /// How a call to another node ended.
     enum CallOutcome {
@@ -137,6 +151,10 @@ final class ClusterLink {
             incoming(message, on: channel)
         }
         _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [weak self] message in self?.beacon(message) }
+        for input in CallInput.allCases {
+            let binary: [BusMessage.Header] = [.init("Sb-Caller", instance), .init("Sb-Input", input.rawValue)]
+            callHeaders[input] = (binary, binary + [.init("Sb-Text", "1")])
+        }
     }
 
     func start() {
@@ -198,6 +216,19 @@ final class ClusterLink {
         "switchboard.\(kind).\(digest(channel))"
     }
 
+    private func callSubject(_ channel: String) -> String {
+        if let subject = callSubjects[channel] { return subject }
+        let subject = subject("call", channel)
+        callSubjects[channel] = subject
+        return subject
+    }
+
+    /// The number after the last `.` of a subject (a call's id in a reply subject).
+    private static func lastNumber(of subject: String) -> UInt64? {
+        guard let dot = subject.utf8.lastIndex(of: 0x2E) else { return nil }
+        return UInt64(subject[subject.utf8.index(after: dot)...])
+    }
+
     private func digest(_ channel: String) -> String {
         if let digest = digests[channel] { return digest }
         let digest = Digest.sha256Hex(Array(channel.utf8))
@@ -228,10 +259,11 @@ final class ClusterLink {
     /// Sends a call on `channel` to the holders' queue group, or to one node's holder (`node`); with
     /// a `completion`, its one outcome comes back to it. Returns the call's id (nil: wants no answer).
     @discardableResult
-    func call(_ channel: String, node: String? = nil, headers: [BusMessage.Header], payload: [UInt8],
+    func call(_ channel: String, node: String? = nil, input: CallInput, fromText: Bool = false, payload: [UInt8],
               completion: ((CallOutcome) -> Void)?) -> UInt64? {
-        let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject("call", channel)
-        let headers = [BusMessage.Header("Sb-Caller", instance)] + headers
+        let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? callSubject(channel)
+        guard let kinds = callHeaders[input] else { return nil }  // made for every input in init
+        let headers = fromText ? kinds.text : kinds.binary
         guard let completion else {
             try? bus.publish(subject, headers: headers, payload: payload)
             return nil
@@ -260,8 +292,7 @@ final class ClusterLink {
     }
 
     private func answered(_ message: BusMessage) {
-        guard let id = message.subject.split(separator: ".").last.flatMap({ UInt64($0) }),
-              let call = outgoing.removeValue(forKey: id) else { return }  // cancelled or expired meanwhile
+        guard let id = Self.lastNumber(of: message.subject), let call = outgoing.removeValue(forKey: id) else { return }  // cancelled or expired meanwhile
         if message.status == 503 {
             callsNoResponders += 1
             return call.completion(.noHolder)
@@ -298,7 +329,7 @@ final class ClusterLink {
         guard let caller = message.header("Sb-Caller"), Self.isInstance(caller) else { return }
         notePeer(caller)
         callsIn += 1
-        let id = message.replyTo.flatMap { $0.split(separator: ".").last.flatMap { UInt64($0) } }
+        let id = message.replyTo.flatMap(Self.lastNumber)
         onCall?(channel, IncomingCall(message: message, caller: caller, id: id))
     }
 
@@ -312,8 +343,16 @@ final class ClusterLink {
     func answer(_ call: IncomingCall, with answer: Answer) {
         guard let id = call.id else { return }
         served.removeValue(forKey: CallKey(caller: call.caller, id: id))
-        let (headers, payload) = RemoteAnswer.encode(answer)
-        try? bus.reply(to: call.message, headers: [.init("Sb-Node", instance)] + headers, payload: payload)
+        let (kind, codec, payload) = RemoteAnswer.encode(answer)
+        let key = codec.map { kind + " " + $0 } ?? kind
+        let headers: [BusMessage.Header]
+        if let made = answerHeaders[key] {
+            headers = made
+        } else {
+            headers = [.init("Sb-Node", instance), .init("Sb-Answer", kind)] + (codec.map { [.init("Sb-Codec", $0)] } ?? [])
+            answerHeaders[key] = headers
+        }
+        try? bus.reply(to: call.message, headers: headers, payload: payload)
     }
 
     private func cancelled(_ message: BusMessage) {

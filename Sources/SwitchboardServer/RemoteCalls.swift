@@ -27,27 +27,29 @@ struct RemoteListeners: StreamHandler {
 }
 
 /// An ``Answer`` as it crosses the bus from the holder's node to the caller's: the `Sb-Answer` header
-/// names the case, the payload carries its bytes (protocol/cluster.md).
+/// names the case (and `Sb-Codec` the codec of an envelope), the payload carries its bytes
+/// (protocol/cluster.md).
 enum RemoteAnswer {
-    static func encode(_ answer: Answer) -> ([BusMessage.Header], [UInt8]) {
+    /// The `Sb-Answer` and `Sb-Codec` values and the payload of `answer`.
+    static func encode(_ answer: Answer) -> (kind: String, codec: String?, payload: [UInt8]) {
         switch answer {
         case .success(let value, let codec):
             guard let payload = try? codec.encodeSuccessEnvelope(value) else {
                 return encode(.error(.badPayload("the answer could not be encoded")))
             }
-            return ([.init("Sb-Answer", "success"), .init("Sb-Codec", codecName(codec))], payload)
+            return ("success", codecName(codec), payload)
         case .failure(let error, let codec):
             guard let payload = try? codec.encodeErrorEnvelope(error) else {
                 return encode(.error(.badPayload("error envelope could not be encoded")))
             }
-            return ([.init("Sb-Answer", "failure"), .init("Sb-Codec", codecName(codec))], payload)
-        case .notImplemented: return ([.init("Sb-Answer", "null")], [])
-        case .messageBytes(nil): return ([.init("Sb-Answer", "none")], [])
-        case .messageBytes(let bytes?): return ([.init("Sb-Answer", "bytes")], bytes)
+            return ("failure", codecName(codec), payload)
+        case .notImplemented: return ("null", nil, [])
+        case .messageBytes(nil): return ("none", nil, [])
+        case .messageBytes(let bytes?): return ("bytes", nil, bytes)
         case .messageValue(let value):
             guard let payload = try? JSONText.serialize(value) else { return encode(.error(.badPayload("reply has no JSON form"))) }
-            return ([.init("Sb-Answer", "value")], payload)
-        case .error(let error): return ([.init("Sb-Answer", "error")], error.payload)
+            return ("value", nil, payload)
+        case .error(let error): return ("error", nil, error.payload)
         }
     }
 
@@ -93,33 +95,33 @@ extension ServerCore {
         if let streamCall, streamCall.method == "cancel" {
             return cancelRemoteStream(name, arguments: streamCall.arguments, request: request, connection: connection)
         }
-        var headers: [BusMessage.Header] = []
+        let kind: ClusterLink.CallInput
         let payload: [UInt8]
         switch input {
         case .bytes(let bytes?):
-            headers.append(.init("Sb-Input", "bytes"))
+            kind = .bytes
             payload = Array(bytes)
         case .bytes(nil):
-            headers.append(.init("Sb-Input", "none"))
+            kind = .none
             payload = []
         case .call(let call):
-            headers.append(.init("Sb-Input", "call"))
+            kind = .call
             guard let json = try? JSONText.serialize(.stringMap(["method": .string(call.method), "args": call.arguments])) else {
                 return request.answer(.error(.badPayload("the call has no JSON form")))
             }
             payload = json
         case .message(let value):
-            headers.append(.init("Sb-Input", "message"))
+            kind = .message
             guard let json = try? JSONText.serialize(value) else { return request.answer(.error(.badPayload("the message has no JSON form"))) }
             payload = json
         }
-        if request.isText { headers.append(.init("Sb-Text", "1")) }
+        let text = request.isText
         guard !request.isDetached else {
-            cluster.call(name, headers: headers, payload: payload, completion: nil)
+            cluster.call(name, input: kind, fromText: text, payload: payload, completion: nil)
             return
         }
         guard let streamCall else {
-            let id = cluster.call(name, headers: headers, payload: payload) { [weak self] outcome in
+            let id = cluster.call(name, input: kind, fromText: text, payload: payload) { [weak self] outcome in
                 self?.remoteAnswered(outcome, request: request)
             }
             if let id { request.onCancel = .handler { [weak cluster] in cluster?.cancelCall(id) } }
@@ -128,7 +130,7 @@ extension ServerCore {
         // A listen: subscribed to the channel's events before it goes, so none sent after its answer is
         // missed; a node's listeners all follow the holder that answered its first listen.
         cluster.listenerAdded(on: name)
-        cluster.call(name, node: remoteStreams[name]?.holderNode, headers: headers, payload: payload) { [weak self] outcome in
+        cluster.call(name, node: remoteStreams[name]?.holderNode, input: kind, fromText: text, payload: payload) { [weak self] outcome in
             guard let self else { return }
             remoteListenAnswered(outcome, channel: name, arguments: streamCall.arguments, request: request, connection: connection)
             self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
@@ -141,8 +143,13 @@ extension ServerCore {
         switch input {
         case .call(let c): call = c
         case .message: call = nil
-        case .bytes(let payload):
+        case .bytes(let payload?):
+            // Decoded only when it may be one: a Standard call whose method is a 6-byte string, or JSON.
+            guard payload.count >= 8, payload.first == 7 && payload[payload.startIndex + 1] == 6 || payload.first == UInt8(ascii: "{") else {
+                return nil
+            }
             call = (try? StandardMethodCodec().decodeMethodCall(from: payload)) ?? (try? JSONMethodCodec().decodeMethodCall(from: payload))
+        case .bytes(nil): call = nil
         }
         guard let call, call.method == "listen" || call.method == "cancel" else { return nil }
         return call
@@ -195,7 +202,7 @@ extension ServerCore {
     /// `cancel` call that wants no answer.
     func remoteListenerLeft(_ name: String, holderNode: String, arguments: ChannelValue) {
         guard let cluster, let payload = try? JSONText.serialize(.stringMap(["method": "cancel", "args": arguments])) else { return }
-        cluster.call(name, node: holderNode, headers: [.init("Sb-Input", "call")], payload: payload, completion: nil)
+        cluster.call(name, node: holderNode, input: .call, payload: payload, completion: nil)
     }
 
     // MARK: Serving another node

@@ -28,6 +28,8 @@ struct Bench: ParsableCommand {
     @Option(help: "Server port.") var port = 7420
     @Option(help: "fanout: a port for listeners (repeatable; default: --port): they are spread over these in turn, the publisher stays on --port (the nodes of a cluster).")
     var listenPort: [Int] = []
+    @Option(help: "relay: the port of the holder (NATS: the responder), default --port: another node of a cluster.")
+    var holderPort: Int?
     @Option(name: [.customShort("c"), .long], help: "rpc: connections; handshakes: connections opened at a time.")
     var connections = 50
     @Option(name: [.customShort("d"), .long], help: "rpc: requests in flight per connection; fanout: posts unanswered.")
@@ -56,6 +58,7 @@ struct Bench: ParsableCommand {
         if tls, target == .nats { throw ValidationError("--tls: NATS negotiates TLS after INFO, which the bench does not do") }
         if ws, target != .switchboard { throw ValidationError("--ws is for Switchboard") }
         if !listenPort.isEmpty, workload != .fanout { throw ValidationError("--listen-port is for fanout") }
+        if holderPort != nil, workload != .relay { throw ValidationError("--holder-port is for relay") }
     }
 
     func run() throws {
@@ -78,7 +81,8 @@ struct Bench: ParsableCommand {
             let rpc = RPCWorkload(loop: loop, target: target, connections: connections, depth: depth, size: size,
                                   relay: workload == .relay || target == .nats, limit: operations)
             workloads.append(rpc)
-            try rpc.run(dialer: dialer, warmup: warmup, duration: duration, completion: done)
+            try rpc.run(dialer: dialer, responderDialer: holderPort.map(dialer.to(port:)) ?? dialer, warmup: warmup,
+                        duration: duration, completion: done)
         case .fanout:
             let fanout = FanoutWorkload(loop: loop, target: target, listeners: count, size: size, window: depth,
                                         posts: operations)

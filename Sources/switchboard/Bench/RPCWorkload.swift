@@ -15,6 +15,8 @@ final class RPCWorkload {
     private var histogram = makeHistogram()
     private var completed = 0, totalCompleted = 0, errors = 0
     private var responder: Responder?
+    /// Holds the callers back while a holder on another node is made known.
+    private var delay: Timer?
 
     init(loop: EventLoop, target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool, limit: Int?) {
         self.loop = loop
@@ -54,16 +56,25 @@ final class RPCWorkload {
         }
     }
 
-    func run(dialer: Dialer, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) throws {
+    /// Runs with the callers on `dialer`'s server and the responder or holder on `responderDialer`'s
+    /// (another node of a cluster, if it differs: the callers then start half a second after the
+    /// holder is in place, so that its subscription has reached the other nodes).
+    func run(dialer: Dialer, responderDialer: Dialer, warmup: Double, duration: Double,
+             completion: @escaping (BenchResult) -> Void) throws {
         self.scheme = dialer.scheme
         let start = { [self] in connectClients(dialer: dialer, warmup: warmup, duration: duration, completion: completion) }
+        let startAfterResponder = responderDialer.port == dialer.port ? start : { [self] in
+            guard let timer = try? Timer(loop: loop) else { abortBench("cannot start a timer") }
+            delay = timer
+            timer.start(after: 500, start)
+        }
         switch (target, relay) {
         case (.nats, _):
             let nats = NATSResponder()
-            connectResponder(dialer: dialer, handshake: nats.handshake, respond: nats.respond, then: start)
+            connectResponder(dialer: responderDialer, handshake: nats.handshake, respond: nats.respond, then: startAfterResponder)
         case (.switchboard, true):
             let holder = SwitchboardHolder(channel: "bench/relay")
-            connectResponder(dialer: dialer, handshake: holder.handshake, respond: holder.respond, then: start)
+            connectResponder(dialer: responderDialer, handshake: holder.handshake, respond: holder.respond, then: startAfterResponder)
         case (.redis, true):
             abortBench("relay has no Redis equivalent")
         default:
