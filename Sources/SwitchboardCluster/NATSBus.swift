@@ -207,7 +207,7 @@ public final class NATSBus: ClusterBus {
         }
         guard size <= maxPayload else { throw .tooLarge(size, limit: maxPayload) }
     }
-    private var lastValidSubject = ""
+    private var lastValidSubject: String?
     private var lastValidHeaders: (list: [BusMessage.Header], size: Int) = ([], 0)
 
     // MARK: Connection
