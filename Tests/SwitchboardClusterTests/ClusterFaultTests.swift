@@ -99,6 +99,30 @@ struct ClusterFaultTests {
         await nodes.stop()
     }
 
+    @Test("kill -9 of a listener's node: the holder's node forgets its listeners, and the holder hears its cancel within two seconds")
+    func killedListenerNode() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        let producer = Countdown(count: 0)
+        try await SwitchboardClient.EventChannel(name: "feed", client: holder).setStreamHandler(producer)
+        let victim = try NodeProcess(nats: nats, node: "victim")
+        let listener = try RawConnection(port: victim.port)
+        #expect(try await eventually {
+            try listener.send(.call(1, "feed", "listen", "hold"))
+            let answer = try await listener.nextNonPing()
+            return answer.kind == .reply && answer.payload != nil
+        })
+        #expect(producer.listens.withLock { $0 } == 1)
+        victim.signal(SIGKILL)
+        let killedAt = ContinuousClock.now
+        #expect(try await eventually(4) { producer.cancels.withLock { $0 } == 1 })
+        #expect(ContinuousClock.now - killedAt < .seconds(2.5))
+        #expect(try await clusterStats(holder)["nodesLost"] == 1)
+        await holder.close()
+        await nodes.stop()
+    }
+
     @Test("a node stopped with SIGSTOP: the others go on, NATS drops it as a slow consumer, and once resumed it counts the stall, reconnects and gets the room again")
     func stoppedNode() async throws {
         let monitor = NATSServerProcess.freePort()
