@@ -280,8 +280,8 @@ struct NATSParser {
                 message.status = status.isEmpty ? nil : decimal(status)
                 continue
             }
-            if line.isEmpty { continue }
-            guard let colon = line.firstIndex(of: 0x3A) else { throw NATSProtocolError(description: "malformed header line") }
+            // A line that is not a header is skipped: whoever published it, the connection goes on.
+            guard let colon = line.firstIndex(of: 0x3A) else { continue }
             message.headers.append(.init(String(decoding: line[..<colon], as: UTF8.self),
                                          String(decoding: trimmed(line[(colon + 1)...]), as: UTF8.self)))
         }

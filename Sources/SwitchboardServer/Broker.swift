@@ -192,9 +192,8 @@ extension ServerCore {
                 case ("listen", _): return listenToHolder(registration, events: events, call: call, caller: caller, request: request)
                 case ("cancel", .local(let connection)):
                     return cancelHeldStream(registration, events: events, call: call, connection: connection, request: request)
-                case ("cancel", .remote(let node)):  // one of that node's listeners left
-                    remoteListenerLeft(registration, node: node, arguments: call.arguments)
-                    return request.answer(.success(.null, events.codec))
+                case ("cancel", .remote):  // a node's listeners leave with a `leave`: this caller had no stream
+                    return request.answer(.failure(ChannelError(code: "error", message: "No active stream to cancel"), events.codec))
                 default: break
                 }
             } else if request.isAnswered {
@@ -267,11 +266,17 @@ extension ServerCore {
 
     /// The listen/cancel call of a request to a held event channel; nil if it is some other call.
     private func eventCall(_ registration: Registration, input: RouteInput, request: PendingRequest) -> MethodCall? {
+        if case .message = input {
+            request.answer(.error(.badRequest("\(registration.name) is an event channel: use \"listen\"")))
+        }
+        return heldEventCall(registration, input: input)
+    }
+
+    /// The call a request on a held event channel carries, if it is one.
+    func heldEventCall(_ registration: Registration, input: RouteInput) -> MethodCall? {
         switch input {
         case .call(let call): return call
-        case .message:
-            request.answer(.error(.badRequest("\(registration.name) is an event channel: use \"listen\"")))
-            return nil
+        case .message: return nil
         case .bytes(let payload):
             // Without a declared codec the call is opaque; a Standard-encoded listen/cancel is still recognised.
             let codec = registration.methodCodec ?? StandardMethodCodec()
@@ -333,6 +338,10 @@ extension ServerCore {
         if !registration.remoteListeners.isEmpty {
             for event in early { cluster?.publish(event, fromHolder: true) }
         }
+        if early.contains(where: \.isEnd) {  // the holder ended the stream before it answered the listen
+            registration.upstream = .idle
+            registration.remoteListeners = [:]
+        }
     }
 
     /// A listen the holder accepted: a stream here, or one more listener counted for another node.
@@ -380,14 +389,14 @@ extension ServerCore {
         registration.counts.events += 1
         let event = OutboundEvent(channel: registration.name, content: payload.map(EventContent.encoded) ?? .end,
                                   codec: registration.methodCodec)
-        if case .starting = registration.upstream, registration.early.count < events.queueLimit {
+        if case .starting = registration.upstream, registration.early.count < events.queueLimit || payload == nil {
             registration.early.append(event)
         }
         for stream in events.listeners.all { stream.deliver(event) }
         if !registration.remoteListeners.isEmpty { cluster?.publish(event, fromHolder: true) }
-        if payload == nil {
+        if payload == nil, case .active = registration.upstream {
             registration.upstream = .idle
             registration.remoteListeners = [:]  // their streams end with this event
-        }
+        }  // while starting, the end waits in `early` for the holder's answer to the listen
     }
 }

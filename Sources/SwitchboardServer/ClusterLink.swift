@@ -80,6 +80,8 @@ final class ClusterLink {
         case bytes, none
         /// A text-mode call (`{"method":…,"args":…}`) or send, as JSON.
         case call, message
+        /// One of the caller node's listeners left the stream: the cancel's arguments, as JSON.
+        case leave
     }
     /// The headers of each kind of call, made once (text-mode callers' add `Sb-Text`).
     private var callHeaders: [CallInput: (binary: [BusMessage.Header], text: [BusMessage.Header])] = [:]
@@ -146,8 +148,12 @@ final class ClusterLink {
         // Subjects are checked here once: these are made of hex digits and fixed words.
         _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [weak self] message in self?.answered(message) }
         _ = try? bus.subscribe("switchboard.node.\(instance).call.*", queue: nil) { [weak self] message in
-            guard let self, let digest = message.subject.split(separator: ".").last,
-                  let channel = heldByDigest[String(digest)] else { return }
+            guard let self, let digest = message.subject.split(separator: ".").last else { return }
+            guard let channel = heldByDigest[String(digest)] else {  // no longer held here: no handler, at once
+                let answer = RemoteAnswer.encode(.notImplemented)
+                try? bus.reply(to: message, headers: answerHeaders(answer.kind, codec: nil, startsStream: false), payload: [])
+                return
+            }
             incoming(message, on: channel)
         }
         _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [weak self] message in self?.beacon(message) }
@@ -285,9 +291,10 @@ final class ClusterLink {
         return id
     }
 
-    /// The caller cancelled call `id`: it is forgotten here, and every holder of its channel hears.
+    /// The caller cancelled call `id`: every holder of its channel hears, and the one working on it
+    /// answers it (or the lease ends it).
     func cancelCall(_ id: UInt64) {
-        guard let call = outgoing.removeValue(forKey: id) else { return }
+        guard let call = outgoing[id] else { return }
         try? bus.publish(subject("cancel", call.channel), headers: [.init("Sb-Caller", instance)], payload: Array(String(id).utf8))
     }
 
@@ -318,6 +325,18 @@ final class ClusterLink {
         held[channel] = subscriptions
     }
 
+    /// Calls from other nodes come here no more (the server is shutting down).
+    func letGoAll() {
+        for channel in Array(held.keys) { letGo(channel) }
+    }
+
+    /// Answers what other nodes' clients wait for here with `going_away` (the server is stopping); the
+    /// bus stays up until ``close()``, to carry the answers.
+    func stopServing() {
+        letGoAll()
+        for request in served.values { request.answer(.error(.goingAway)) }
+    }
+
     /// The holder of `channel` let it go.
     func letGo(_ channel: String) {
         guard let subscriptions = held.removeValue(forKey: channel) else { return }
@@ -339,20 +358,25 @@ final class ClusterLink {
         served[CallKey(caller: call.caller, id: id)] = request
     }
 
-    /// Sends the answer to `call` (if it wants one) and stops naming it in beacons.
-    func answer(_ call: IncomingCall, with answer: Answer) {
+    /// Sends the answer to `call` (if it wants one) and stops naming it in beacons; `startsStream`
+    /// marks the success of an event channel's listen, which starts the caller node's stream.
+    func answer(_ call: IncomingCall, with answer: Answer, startsStream: Bool = false) {
         guard let id = call.id else { return }
         served.removeValue(forKey: CallKey(caller: call.caller, id: id))
         let (kind, codec, payload) = RemoteAnswer.encode(answer)
-        let key = codec.map { kind + " " + $0 } ?? kind
-        let headers: [BusMessage.Header]
-        if let made = answerHeaders[key] {
-            headers = made
-        } else {
-            headers = [.init("Sb-Node", instance), .init("Sb-Answer", kind)] + (codec.map { [.init("Sb-Codec", $0)] } ?? [])
-            answerHeaders[key] = headers
-        }
-        try? bus.reply(to: call.message, headers: headers, payload: payload)
+        try? bus.reply(to: call.message, headers: answerHeaders(kind, codec: codec, startsStream: startsStream && kind == "success"),
+                       payload: payload)
+    }
+
+    /// The headers of an answer, made once for each kind.
+    private func answerHeaders(_ kind: String, codec: String?, startsStream: Bool) -> [BusMessage.Header] {
+        let key = kind + " " + (codec ?? "") + (startsStream ? " stream" : "")
+        if let made = answerHeaders[key] { return made }
+        var headers: [BusMessage.Header] = [.init("Sb-Node", instance), .init("Sb-Answer", kind)]
+        if let codec { headers.append(.init("Sb-Codec", codec)) }
+        if startsStream { headers.append(.init("Sb-Stream", "listening")) }
+        answerHeaders[key] = headers
+        return headers
     }
 
     private func cancelled(_ message: BusMessage) {
@@ -399,8 +423,15 @@ final class ClusterLink {
 
         let now = loop.now
         if now - lastTick > Self.leaseMs {
+            // The other nodes took this one for gone and forgot its listeners: it does the same with
+            // theirs, whatever beacons it reads next, so that both sides agree.
             stalls += 1
             logger.warning("this node stalled for \(now - lastTick) ms: the other nodes took it for gone, and NATS may have dropped it as a slow consumer")
+            for node in peers.keys.sorted() {
+                peersLost += 1
+                onPeerLost?(node)
+            }
+            peers = [:]
         }
         lastTick = now
         let lapsedCalls = outgoing.filter { now - $0.value.renewedAt > Self.leaseMs }.keys.sorted()

@@ -511,6 +511,7 @@ final class Connection {
     private func cancelRequest(_ id: UInt32) {
         guard let request = withBinaryRequests({ $0[id] }) else { core.stats.ignoredFrames += 1; return }
         request.notifyCancel()
+        if case .relayed = request.onCancel { return }  // the holder's node answers it
         request.answer(request.cancelAnswer)
     }
 

@@ -7,22 +7,41 @@ import SwitchboardWire
 final class RemoteStream {
     let entry: EventEntry
     let holderNode: String
+    /// Tells this stream from a later one on the same channel: a listener of a retired stream (its
+    /// holder ended it, or its node went silent) tells no node when it leaves.
+    let id: UInt64
 
-    init(entry: EventEntry, holderNode: String) {
+    init(entry: EventEntry, holderNode: String, id: UInt64) {
         self.entry = entry
         self.holderNode = holderNode
+        self.id = id
     }
 }
 
 /// The stream handler of a ``RemoteStream``: a listener's leaving is told to the holder's node, which
 /// cancels the holder's stream when no node has a listener left.
 struct RemoteListeners: StreamHandler {
-    let holderNode: String
+    let streamID: UInt64
 
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? { nil }
     func onCancel(arguments: ChannelValue, sink: EventSink) {
         guard let stream = sink.liveStream else { return }
-        stream.connection.core.remoteListenerLeft(stream.entry.name, holderNode: holderNode, arguments: arguments)
+        stream.connection.core.remoteListenerLeft(stream.entry.name, streamID: streamID, arguments: arguments)
+    }
+}
+
+/// A listen on its way to another node, or waiting for the first of this node's listens on the
+/// channel to be answered (so that all of a node's listeners follow one holder).
+struct RemoteListen {
+    let input: ClusterLink.CallInput
+    let payload: [UInt8]
+    let arguments: ChannelValue
+    let request: PendingRequest
+    let connection: Connection
+
+    /// Whether someone still waits for it: its requester (or, for a listen with id 0, its connection).
+    var isWanted: Bool {
+        request.isDetached ? !connection.isClosing : request.connection === connection && !request.isAnswered
     }
 }
 
@@ -92,8 +111,12 @@ extension ServerCore {
     func routeToCluster(_ cluster: ClusterLink, channel name: String, input: RouteInput, request: PendingRequest,
                         connection: Connection) {
         let streamCall = self.streamCall(input)
-        if let streamCall, streamCall.method == "cancel" {
-            return cancelRemoteStream(name, arguments: streamCall.arguments, request: request, connection: connection)
+        // A cancel of the stream this connection has from another node's holder ends it here; any other
+        // `cancel` goes on as a call (the channel may well be a method channel).
+        if let streamCall, streamCall.method == "cancel", let stream = connection.streams[name],
+           let remote = remoteStreams[name], stream.entry === remote.entry {
+            connection.endStream(stream, notifyHandler: true, arguments: streamCall.arguments)
+            return request.answer(.success(.null, remote.entry.codec))
         }
         let kind: ClusterLink.CallInput
         let payload: [UInt8]
@@ -115,29 +138,23 @@ extension ServerCore {
             guard let json = try? JSONText.serialize(value) else { return request.answer(.error(.badPayload("the message has no JSON form"))) }
             payload = json
         }
-        let text = request.isText
+        if let streamCall, streamCall.method == "listen" {
+            return listenRemotely(name, RemoteListen(input: kind, payload: payload, arguments: streamCall.arguments,
+                                                     request: request, connection: connection))
+        }
         guard !request.isDetached else {
-            cluster.call(name, input: kind, fromText: text, payload: payload, completion: nil)
+            cluster.call(name, input: kind, fromText: request.isText, payload: payload, completion: nil)
             return
         }
-        guard let streamCall else {
-            let id = cluster.call(name, input: kind, fromText: text, payload: payload) { [weak self] outcome in
-                self?.remoteAnswered(outcome, request: request)
-            }
-            if let id { request.onCancel = .handler { [weak cluster] in cluster?.cancelCall(id) } }
-            return
+        let id = cluster.call(name, input: kind, fromText: request.isText, payload: payload) { [weak self] outcome in
+            self?.remoteAnswered(outcome, request: request)
         }
-        // A listen: subscribed to the channel's events before it goes, so none sent after its answer is
-        // missed; a node's listeners all follow the holder that answered its first listen.
-        cluster.listenerAdded(on: name)
-        cluster.call(name, node: remoteStreams[name]?.holderNode, input: kind, fromText: text, payload: payload) { [weak self] outcome in
-            guard let self else { return }
-            remoteListenAnswered(outcome, channel: name, arguments: streamCall.arguments, request: request, connection: connection)
-            self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
-        }
+        // A CANCEL goes to the holder's node, which answers it as it would its own client's.
+        if let id { request.onCancel = .relayed { [weak cluster] in cluster?.cancelCall(id) } }
     }
 
-    /// The listen or cancel a request carries, if it is one (decoded as the holder's node would).
+    /// The listen or cancel a request may carry (decoded as the holder's node would): the channel's
+    /// kind is known there only.
     private func streamCall(_ input: RouteInput) -> MethodCall? {
         let call: MethodCall?
         switch input {
@@ -163,46 +180,73 @@ extension ServerCore {
         }
     }
 
-    private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, arguments: ChannelValue,
-                                      request: PendingRequest, connection: Connection) {
-        guard case .reply(let message) = outcome, let holderNode = message.header("Sb-Node") else {
-            return remoteAnswered(outcome, request: request)
+    /// Sends a listen to the node that feeds this node's listeners of `name`, or (for the first) to the
+    /// holders' queue group; a listen while the first is out waits for its answer.
+    private func listenRemotely(_ name: String, _ listen: RemoteListen) {
+        guard let cluster, listen.isWanted else { return }
+        let holderNode = remoteStreams[name]?.holderNode
+        if holderNode == nil {
+            if listensInFlight[name] != nil { return listensInFlight[name]!.append(listen) }
+            listensInFlight[name] = []
         }
-        let answer = RemoteAnswer.decode(message)
-        guard case .success(_, let codec) = answer else { return request.answer(answer) }
-        let remote = remoteStreams[name]
-        guard request.connection === connection, !request.isAnswered, remote == nil || remote?.holderNode == holderNode else {
-            // Nobody to listen (the requester left or cancelled), or another holder already feeds this
-            // node's listeners: the holder's node is told at once that this listener is gone.
-            remoteListenerLeft(name, holderNode: holderNode, arguments: arguments)
-            return request.answer(.error(.handlerGone))
+        // Subscribed to the channel's events before the listen goes, so that none sent after its answer is missed.
+        cluster.listenerAdded(on: name)
+        cluster.call(name, node: holderNode, input: listen.input, fromText: listen.request.isText, payload: listen.payload) {
+            [weak self] outcome in
+            guard let self else { return }
+            remoteListenAnswered(outcome, channel: name, listen)
+            self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
+            if holderNode == nil, let waiting = listensInFlight.removeValue(forKey: name) {
+                for next in waiting { listenRemotely(name, next) }
+            }
         }
+    }
+
+    private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, _ listen: RemoteListen) {
+        guard case .reply(let message) = outcome, message.header("Sb-Stream") == "listening",
+              let holderNode = message.header("Sb-Node"), case .success(_, let codec) = RemoteAnswer.decode(message) else {
+            return remoteAnswered(outcome, request: listen.request)  // not an event channel's stream: a plain answer
+        }
+        guard listen.isWanted, remoteStreams[name].map({ $0.holderNode == holderNode }) ?? true else {
+            // Nobody to listen (the requester left or cancelled), or, rarely, another holder feeds this
+            // node's listeners already: the holder's node is told at once that this listener is gone.
+            leave(name, holderNode: holderNode, arguments: listen.arguments)
+            return listen.request.answer(.error(.handlerGone))
+        }
+        let connection = listen.connection
+        if let old = connection.streams[name] { connection.endStream(old, notifyHandler: true) }  // a listen replaces a stream
         let entry: EventEntry
-        if let remote {
+        if let remote = remoteStreams[name] {
             entry = remote.entry
         } else {
-            entry = EventEntry(name: name, codec: codec, handler: RemoteListeners(holderNode: holderNode),
+            nextRemoteStreamID += 1
+            entry = EventEntry(name: name, codec: codec, handler: RemoteListeners(streamID: nextRemoteStreamID),
                                overflow: .dropOldest, queueLimit: config.eventQueueLimit)
-            remoteStreams[name] = RemoteStream(entry: entry, holderNode: holderNode)
+            remoteStreams[name] = RemoteStream(entry: entry, holderNode: holderNode, id: nextRemoteStreamID)
         }
-        addListener(entry, connection: connection, arguments: arguments, notifyingReplaced: true)
-        request.answer(.success(.null, entry.codec))
+        addListener(entry, connection: connection, arguments: listen.arguments, notifyingReplaced: true)
+        listen.request.answer(.success(.null, entry.codec))
         connection.streams[name]?.activate()
     }
 
-    private func cancelRemoteStream(_ name: String, arguments: ChannelValue, request: PendingRequest, connection: Connection) {
-        guard let remote = remoteStreams[name], let stream = connection.streams[name], stream.entry === remote.entry else {
-            return request.answer(.failure(ChannelError(code: "error", message: "No active stream to cancel"), StandardMethodCodec()))
-        }
-        connection.endStream(stream, notifyHandler: true, arguments: arguments)
-        request.answer(.success(.null, remote.entry.codec))
+    /// One of this node's listeners of `name` left its stream `streamID`: the holder's node is told,
+    /// unless that stream was retired; the stream goes with its last listener.
+    func remoteListenerLeft(_ name: String, streamID: UInt64, arguments: ChannelValue) {
+        guard let remote = remoteStreams[name], remote.id == streamID else { return }
+        leave(name, holderNode: remote.holderNode, arguments: arguments)
+        if remote.entry.listeners.isEmpty { remoteStreams.removeValue(forKey: name) }
     }
 
-    /// One of this node's listeners of a channel held on `holderNode` left: that node is told, as a
-    /// `cancel` call that wants no answer.
-    func remoteListenerLeft(_ name: String, holderNode: String, arguments: ChannelValue) {
-        guard let cluster, let payload = try? JSONText.serialize(.stringMap(["method": "cancel", "args": arguments])) else { return }
-        cluster.call(name, node: holderNode, input: .call, payload: payload, completion: nil)
+    /// Tells `holderNode` that one listener of `name` here is gone (a `leave`, which wants no answer).
+    private func leave(_ name: String, holderNode: String, arguments: ChannelValue) {
+        guard let cluster, let payload = try? JSONText.serialize(arguments) else { return }
+        cluster.call(name, node: holderNode, input: .leave, payload: payload, completion: nil)
+    }
+
+    /// The holder of `name` ended the stream this node's listeners follow, or its node went silent:
+    /// later listens go to the holders' queue group again.
+    func retireRemoteStream(_ name: String) {
+        remoteStreams.removeValue(forKey: name)
     }
 
     // MARK: Serving another node
@@ -211,14 +255,21 @@ extension ServerCore {
     func serveRemote(_ call: ClusterLink.IncomingCall, on name: String) {
         guard let cluster else { return }
         guard let registration = registrations[name] else { return cluster.answer(call, with: .notImplemented) }
-        registration.counts.requests += 1
+        guard !isDraining else { return cluster.answer(call, with: .error(.goingAway)) }
         let message = call.message
+        let inputKind = message.header("Sb-Input")
+        if inputKind == "leave" {  // one of that node's listeners left
+            let arguments = (try? JSONText.parse(message.payload)) ?? .null
+            return remoteListenerLeft(registration, node: call.caller, arguments: arguments)
+        }
+        registration.counts.requests += 1
+        var listens = false  // an event channel's listen: its success starts the caller node's stream
         let request = PendingRequest(remoteText: message.header("Sb-Text") == "1", wantsAnswer: call.id != nil,
                                      methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
-            [weak cluster] answer in cluster?.answer(call, with: answer)
+            [weak cluster] answer in cluster?.answer(call, with: answer, startsStream: listens)
         }
         let input: RouteInput
-        switch message.header("Sb-Input") {
+        switch inputKind {
         case "bytes": input = .bytes(message.payload[...])
         case "none": input = .bytes(nil)
         case "call":
@@ -233,6 +284,7 @@ extension ServerCore {
             input = .message(value)
         default: return request.answer(.error(.badRequest("another node's call has no known input")))
         }
+        listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))
         cluster.serve(call, by: request)
     }
@@ -243,7 +295,8 @@ extension ServerCore {
     /// `handler_gone` then the end, and its listeners of channels held here are forgotten.
     func peerLost(_ node: String) {
         logger.warning("a cluster node went silent", metadata: ["instance": "\(node)"])
-        for remote in remoteStreams.values where remote.holderNode == node {
+        for (name, remote) in remoteStreams where remote.holderNode == node {
+            retireRemoteStream(name)
             endListeners(of: remote.entry)
         }
         for registration in Array(registrations.values) {

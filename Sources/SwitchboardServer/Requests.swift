@@ -46,6 +46,9 @@ final class PendingRequest {
         case handler(() -> Void)
         /// Forwarded to a client holding the channel, under that client's id `id`.
         case forwarded(holder: Connection, id: UInt32)
+        /// Sent to another node: the CANCEL is relayed there (by `body`), and the answer to it comes
+        /// from there, as that node answers its own clients' CANCELs.
+        case relayed(() -> Void)
     }
     private(set) var isAnswered = false
     /// Where the answer goes for a request from another node; nil for this node's clients.
@@ -110,7 +113,7 @@ final class PendingRequest {
     func notifyCancel() {
         switch onCancel {
         case .nothing: break
-        case .handler(let body): body()
+        case .handler(let body), .relayed(let body): body()
         case .forwarded(let holder, let id): holder.sendCancel(id)
         }
     }

@@ -70,8 +70,11 @@ final class ServerCore {
     var routesVersion = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
-    /// This node's listeners of event channels held on other nodes.
+    /// This node's listeners of event channels held on other nodes, the listens waiting for the first
+    /// one on their channel to be answered, and the last stream's id.
     var remoteStreams: [String: RemoteStream] = [:]
+    var listensInFlight: [String: [RemoteListen]] = [:]
+    var nextRemoteStreamID: UInt64 = 0
     /// The connection that last made output this turn, first of a list linked through
     /// `Connection.nextDirty`: all are flushed once, just before the loop blocks. A list rather than an
     /// array, so that marking a connection is two plain stores.
@@ -394,16 +397,12 @@ final class ServerCore {
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, envelope: envelope, frame: frame, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }
+        if holderNode != nil, envelope == nil { retireRemoteStream(name) }  // the holder ended it
     }
 
     /// `stream` left its channel's listeners.
     func listenerRemoved(_ stream: EventStream) {
-        guard stream.countsForCluster else { return }
-        cluster?.listenerRemoved(from: stream.entry.name)
-        let name = stream.entry.name
-        if let remote = remoteStreams[name], remote.entry === stream.entry, remote.entry.listeners.isEmpty {
-            remoteStreams.removeValue(forKey: name)
-        }
+        if stream.countsForCluster { cluster?.listenerRemoved(from: stream.entry.name) }
     }
 
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
@@ -503,6 +502,7 @@ final class ServerCore {
         // handshake): a frame now could only garble what it is about to say, so it gets its GOAWAY
         // when its first bytes choose a mode.
         for connection in connections.values { connection.sendGoAway() }
+        cluster?.letGoAll()  // other nodes' calls go to other holders from now on
         let timer = try? Timer(loop: eventLoop)
         shutdownTimer = timer
         timer?.start(after: config.drainTimeoutMs) { [unowned self] in finishShutdown() }
@@ -519,7 +519,7 @@ final class ServerCore {
     func finishShutdown() {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
-        cluster?.close()
+        cluster?.stopServing()  // calls from other nodes get going_away; the bus stays up to send it
         listener?.cancel()
         listener = nil
         tlsListener?.cancel()
@@ -542,6 +542,7 @@ final class ServerCore {
             closingConnections.removeAll { !$0.transport.isOpen }
             guard closingConnections.isEmpty || waited >= 2000 else { return }
             for connection in closingConnections { connection.close(.shutdown) }
+            cluster?.close()
             phase = .stopped
             logger.notice("stopped")
             eventLoop.stop()
@@ -562,6 +563,7 @@ final class ServerCore {
         channels = [:]
         registrations = [:]
         remoteStreams = [:]
+        listensInFlight = [:]
         cluster?.close()
         cluster = nil
         listener = nil

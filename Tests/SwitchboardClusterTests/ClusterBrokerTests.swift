@@ -273,3 +273,139 @@ struct ClusterInputTests {
         await nodes.stop()
     }
 }
+
+/// A producer whose events the test sends, through the sink of the last listen; "end" ends at once.
+final class Feed: EventProducer {
+    let sink = Mutex<ProducerSink?>(nil)
+    let listens = Mutex(0)
+    let cancels = Mutex(0)
+    func onListen(arguments: ChannelValue, sink: ProducerSink) async -> ChannelError? {
+        listens.withLock { $0 += 1 }
+        self.sink.withLock { $0 = sink }
+        if arguments == "end" { sink.endOfStream() }
+        return nil
+    }
+    func onCancel(arguments: ChannelValue) async { cancels.withLock { $0 += 1 } }
+    func send(_ value: ChannelValue) { sink.withLock { $0 }?.success(value) }
+}
+
+@Suite("Broker routing across nodes: edge cases", .serialized)
+struct ClusterBrokerEdgeTests {
+    /// Three nodes; a client of node 1 holds `name` with `producer`; returns once node 2 reaches it.
+    static func feedOnNode1(_ nodes: ClusterNodes, _ producer: Feed, name: String = "feed") async throws -> Client {
+        let holder = try await connect(nodes.servers[0])
+        try await SwitchboardClient.EventChannel(name: name, client: holder).setStreamHandler(producer)
+        let probe = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {
+            try probe.send(.call(1, name, "x"))  // not a listen: no stream, only the reach
+            _ = try await probe.nextNonPing()
+            return try await clusterStats(holder)["callsIn"] != 0
+        })
+        return holder
+    }
+
+    @Test("methods named listen and cancel on a held method channel are calls like any other across nodes")
+    func listenAndCancelAsMethods() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        try await SwitchboardClient.MethodChannel(name: "verbs", client: holder).setMethodCallHandler { call in .string("did \(call.method)") }
+        let caller = try await connect(nodes.servers[1])
+        let verbs = SwitchboardClient.MethodChannel(name: "verbs", client: caller)
+        #expect(try await eventually { (try? await verbs.invokeMethod("x")) == "did x" })
+        #expect(try await verbs.invokeMethod("listen") == "did listen")
+        #expect(try await verbs.invokeMethod("cancel") == "did cancel")
+        let text = try RawConnection(port: nodes.servers[1].port)
+        try text.send(Array(#"{"id":1,"listen":"verbs"}"#.utf8) + [10])
+        #expect(try await text.line() == ["id": 1, "result": "did listen"])
+        for client in [holder, caller] { await client.close() }
+        await nodes.stop()
+    }
+
+    @Test("a CANCEL across nodes gets the answer a caller on the holder's node gets")
+    func cancelAnswerAsOnOneNode() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        let parked = Parked()
+        try await holdJobs(holder, parked: parked)
+        let local = try RawConnection(port: nodes.servers[0].port), remote = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {
+            try remote.send(.call(1, "jobs/resize", "resize", ["width": 2]))
+            return try await remote.nextNonPing().payload != nil
+        })
+        for connection in [local, remote] {
+            try connection.send(.call(2, "jobs/resize", "wait"))
+        }
+        #expect(try await eventually { parked.count == 2 })
+        for connection in [local, remote] { try connection.send(Frame(.cancel, id: 2, payload: nil)) }
+        let mine = try await local.nextNonPing(), theirs = try await remote.nextNonPing()
+        #expect(mine.kind == .reply && theirs.bytes == mine.bytes, "\(mine) \(theirs)")
+        parked.releaseAll()
+        await holder.close()
+        await nodes.stop()
+    }
+
+    @Test("a listen with id 0, a listen again on the same connection, and a stream the holder ends before answering")
+    func listenShapes() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let producer = Feed()
+        let holder = try await Self.feedOnNode1(nodes, producer)
+        let codec = StandardMethodCodec()
+
+        // id 0: nobody gets the answer, but the stream runs, and its end is the holder's cancel.
+        let quiet = try RawConnection(port: nodes.servers[1].port)
+        try quiet.send(.call(0, "feed", "listen", "hold"))
+        #expect(try await eventually { producer.listens.withLock { $0 } == 1 })
+        try await Task.sleep(for: .milliseconds(100))
+        producer.send(1)
+        let first = try await quiet.nextNonPing()
+        #expect(try codec.decodeEnvelope(first.payload) == .success(1))
+
+        // Listening again replaces the stream, and events keep coming.
+        try quiet.send(.call(5, "feed", "listen", "hold"))
+        let again = try await quiet.nextNonPing()
+        #expect(again.kind == .reply && again.id == 5)
+        producer.send(2)
+        let second = try await quiet.nextNonPing()
+        #expect(try codec.decodeEnvelope(second.payload) == .success(2))
+        try quiet.send(.call(6, "feed", "cancel"))
+        #expect(try await quiet.nextNonPing().id == 6)
+        #expect(try await eventually { producer.cancels.withLock { $0 } == 1 })
+
+        // The holder ends the stream inside onListen: the listener gets its answer, then the end.
+        let ended = try RawConnection(port: nodes.servers[1].port)
+        try ended.send(.call(7, "feed", "listen", "end"))
+        let answer = try await ended.nextNonPing()
+        #expect(answer.kind == .reply && answer.id == 7)
+        let end = try await ended.nextNonPing()
+        #expect(end.kind == .message && end.payload == nil)
+        await holder.close()
+        await nodes.stop()
+    }
+
+    @Test("the holder's node shuts down: calls from other nodes get going_away at once, not handler_gone after the lease")
+    func holderNodeShutsDown() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        let parked = Parked()
+        try await holdJobs(holder, parked: parked)
+        let remote = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {
+            try remote.send(.call(1, "jobs/resize", "resize", ["width": 2]))
+            return try await remote.nextNonPing().payload != nil
+        })
+        try remote.send(.call(2, "jobs/resize", "wait"))
+        #expect(try await eventually { parked.count == 1 })
+        let started = ContinuousClock.now
+        nodes.servers[0].shutdown()
+        let answer = try await remote.nextNonPing()
+        #expect(answer.id == 2 && answer.errorCode == "going_away")
+        #expect(ContinuousClock.now - started < .seconds(1))
+        parked.releaseAll()
+        await holder.close()
+        await nodes.stop()
+    }
+}
