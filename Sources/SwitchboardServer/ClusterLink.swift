@@ -146,9 +146,9 @@ final class ClusterLink {
             if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
         }
         // Subjects are checked here once: these are made of hex digits and fixed words.
-        _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [weak self] message in self?.answered(message) }
-        _ = try? bus.subscribe("switchboard.node.\(instance).call.*", queue: nil) { [weak self] message in
-            guard let self, let digest = message.subject.split(separator: ".").last else { return }
+        _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [unowned self] message in answered(message) }
+        _ = try? bus.subscribe("switchboard.node.\(instance).call.*", queue: nil) { [unowned self] message in
+            guard let digest = message.subject.split(separator: ".").last else { return }
             guard let channel = heldByDigest[String(digest)] else {  // no longer held here: no handler, at once
                 let answer = RemoteAnswer.encode(.notImplemented)
                 try? bus.reply(to: message, headers: answerHeaders(answer.kind, codec: nil, startsStream: false), payload: [])
@@ -156,17 +156,21 @@ final class ClusterLink {
             }
             incoming(message, on: channel)
         }
-        _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [weak self] message in self?.beacon(message) }
+        _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [unowned self] message in beacon(message) }
         for input in CallInput.allCases {
             let binary: [BusMessage.Header] = [.init("Sb-Caller", instance), .init("Sb-Input", input.rawValue)]
             callHeaders[input] = (binary, binary + [.init("Sb-Text", "1")])
         }
     }
 
+    /// The bus and the timer call back into this link: they never outlive it (a link that was never
+    /// closed stops its timer here).
+    deinit { beaconTimer.cancel() }
+
     func start() {
         bus.start()
         lastTick = loop.now
-        beaconTimer.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [weak self] in self?.tick() }
+        beaconTimer.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [unowned self] in tick() }
     }
 
     /// Stops for good: nothing more goes out or comes in, and no completion runs (the server answers
@@ -204,8 +208,8 @@ final class ClusterLink {
     func listenerAdded(on channel: String) {
         listenerCounts[channel, default: 0] += 1
         guard listenerCounts[channel] == 1 else { return }
-        subscriptions[channel] = try? bus.subscribe(subject("event", channel), queue: nil) { [weak self] message in
-            self?.received(message, on: channel)
+        subscriptions[channel] = try? bus.subscribe(subject("event", channel), queue: nil) { [unowned self] message in
+            received(message, on: channel)
         }
     }
 
@@ -316,11 +320,11 @@ final class ClusterLink {
         guard held[channel] == nil else { return }
         heldByDigest[digest(channel)] = channel
         var subscriptions: [BusSubscription] = []
-        if let calls = try? bus.subscribe(subject("call", channel), queue: "holders", { [weak self] message in
-            self?.incoming(message, on: channel)
+        if let calls = try? bus.subscribe(subject("call", channel), queue: "holders", { [unowned self] message in
+            incoming(message, on: channel)
         }) { subscriptions.append(calls) }
-        if let cancels = try? bus.subscribe(subject("cancel", channel), queue: nil, { [weak self] message in
-            self?.cancelled(message)
+        if let cancels = try? bus.subscribe(subject("cancel", channel), queue: nil, { [unowned self] message in
+            cancelled(message)
         }) { subscriptions.append(cancels) }
         held[channel] = subscriptions
     }

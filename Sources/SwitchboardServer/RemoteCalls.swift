@@ -146,11 +146,12 @@ extension ServerCore {
             cluster.call(name, input: kind, fromText: request.isText, payload: payload, completion: nil)
             return
         }
-        let id = cluster.call(name, input: kind, fromText: request.isText, payload: payload) { [weak self] outcome in
-            self?.remoteAnswered(outcome, request: request)
+        // The core outlives every call: its cluster link drops them when it closes.
+        let id = cluster.call(name, input: kind, fromText: request.isText, payload: payload) { [unowned self] outcome in
+            remoteAnswered(outcome, request: request)
         }
         // A CANCEL goes to the holder's node, which answers it as it would its own client's.
-        if let id { request.onCancel = .relayed { [weak cluster] in cluster?.cancelCall(id) } }
+        if let id { request.onCancel = .relayed { [unowned self] in self.cluster?.cancelCall(id) } }
     }
 
     /// The listen or cancel a request may carry (decoded as the holder's node would): the channel's
@@ -192,8 +193,7 @@ extension ServerCore {
         // Subscribed to the channel's events before the listen goes, so that none sent after its answer is missed.
         cluster.listenerAdded(on: name)
         cluster.call(name, node: holderNode, input: listen.input, fromText: listen.request.isText, payload: listen.payload) {
-            [weak self] outcome in
-            guard let self else { return }
+            [unowned self] outcome in
             remoteListenAnswered(outcome, channel: name, listen)
             self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
             if holderNode == nil, let waiting = listensInFlight.removeValue(forKey: name) {
@@ -266,7 +266,7 @@ extension ServerCore {
         var listens = false  // an event channel's listen: its success starts the caller node's stream
         let request = PendingRequest(remoteText: message.header("Sb-Text") == "1", wantsAnswer: call.id != nil,
                                      methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
-            [weak cluster] answer in cluster?.answer(call, with: answer, startsStream: listens)
+            [unowned self] answer in self.cluster?.answer(call, with: answer, startsStream: listens)
         }
         let input: RouteInput
         switch inputKind {
