@@ -5,7 +5,7 @@ import Foundation
 
 /// A blocking TCP socket on loopback, for tests that speak raw bytes to a live server's port.
 public final class RawSocket {
-    private let fd: Int32
+    private var fd: Int32
 
     /// Connects to `127.0.0.1:port`; reads give up after `timeout` seconds. Nil if the connection fails.
     public init?(port: Int, timeout: Double = 5) {
@@ -22,7 +22,16 @@ public final class RawSocket {
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
     }
 
-    deinit { close(fd) }
+    deinit { if fd >= 0 { close(fd) } }
+
+    /// Closes abruptly: the peer gets a reset (RST), not an end of stream.
+    public func reset() {
+        guard fd >= 0 else { return }
+        var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+        close(fd)
+        fd = -1
+    }
 
     public func send(_ bytes: [UInt8]) {
         _ = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }

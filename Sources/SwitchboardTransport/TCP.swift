@@ -104,6 +104,10 @@ public final class TCPConnection: LoopResource, Transport {
     private var shutdownDone = false
     private var peerFinished = false
     private var isReading = false
+    /// A write that failed at once: later writes are dropped, and the owner hears of it on the next
+    /// loop turn, never from inside its own ``write(_:)`` call (where it may be midway through its state).
+    private var writeFailure: UVError?
+    private var failureReport: Timer?
 
     init(loop: EventLoop) throws(UVError) {
         super.init(type: UV_TCP)
@@ -233,7 +237,7 @@ public final class TCPConnection: LoopResource, Transport {
 
     /// Writes all of `bytes` (in order after earlier writes) and empties the array, keeping its capacity.
     public func write(_ bytes: inout [UInt8]) {
-        guard !isClosing, !bytes.isEmpty else { bytes.removeAll(keepingCapacity: true); return }
+        guard !isClosing, !bytes.isEmpty, writeFailure == nil else { bytes.removeAll(keepingCapacity: true); return }
         var written = 0
         if writeQueueBytes == 0 {
             let rc = bytes.withUnsafeBytes { raw -> Int32 in
@@ -245,8 +249,7 @@ public final class TCPConnection: LoopResource, Transport {
                 written = Int(rc)
             } else if rc < 0, rc != UV_EAGAIN.rawValue {
                 bytes.removeAll(keepingCapacity: true)
-                handler?(.closed(UVError(code: rc, operation: "uv_try_write")))
-                return
+                return reportLater(UVError(code: rc, operation: "uv_try_write"))
             }
         }
         let remaining = bytes.count - written
@@ -282,10 +285,25 @@ public final class TCPConnection: LoopResource, Transport {
         }
         if rc < 0 {  // the callback will never run: release now
             memory.deallocate()
-            handler?(.closed(UVError(code: rc, operation: "uv_write")))
-            return
+            return reportLater(UVError(code: rc, operation: "uv_write"))
         }
         writeQueueBytes += count
+    }
+
+    /// Tells the owner that writing failed, on the next loop turn (see ``writeFailure``).
+    private func reportLater(_ error: UVError) {
+        writeFailure = error
+        guard let loop = stream.pointee.loop, let owner = loop.pointee.data,
+              let timer = try? Timer(loop: Unmanaged<EventLoop>.fromOpaque(owner).takeUnretainedValue()) else {
+            handler?(.closed(error))  // no timer to be had: the owner hears at once, as before
+            return
+        }
+        failureReport = timer
+        timer.start(after: 0) { [unowned self] in  // the timer is this connection's, cancelled when it closes
+            failureReport?.cancel()
+            failureReport = nil
+            handler?(.closed(error))
+        }
     }
 
     /// Closes gracefully (see ``Transport/closeAfterWrites()``): a TCP shutdown once queued writes have
@@ -324,5 +342,7 @@ public final class TCPConnection: LoopResource, Transport {
     override func willClose() {
         handler = nil
         connectCompletion = nil
+        failureReport?.cancel()
+        failureReport = nil
     }
 }
