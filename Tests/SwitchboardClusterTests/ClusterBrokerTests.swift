@@ -67,6 +67,37 @@ func holdJobs(_ holder: Client, parked: Parked = Parked()) async throws {
     try await BasicMessageChannel(name: "jobs/notes", codec: StringCodec(), client: holder).setMessageHandler { "got \($0 ?? "nil")" }
 }
 
+/// Whether calls from `connection`'s node reach the `jobs/resize` holder (its node's subscription has
+/// reached nats-server), trying for up to ten seconds.
+func reachesJobs(_ connection: RawConnection) async throws -> Bool {
+    try await eventually {
+        try connection.send(.call(1, "jobs/resize", "resize", ["width": 2]))
+        return try await connection.nextNonPing().payload != nil
+    }
+}
+
+/// Nodes on one nats-server, with a client of node 1 holding the jobs channels ("wait" parks in
+/// `parked`).
+struct JobsCluster {
+    let nats: NATSServerProcess
+    let nodes: ClusterNodes
+    let holder: Client
+    let parked = Parked()
+
+    init(nodes count: Int) async throws {
+        nats = try NATSServerProcess()
+        nodes = try ClusterNodes(count, nats: nats)
+        holder = try await connect(nodes.servers[0])
+        try await holdJobs(holder, parked: parked)
+    }
+
+    func stop() async {
+        parked.releaseAll()
+        await holder.close()
+        await nodes.stop()
+    }
+}
+
 @Suite("Broker routing across nodes", .serialized)
 struct ClusterBrokerTests {
     @Test("a channel held on node 1 is called and messaged from nodes 2 and 3, in binary and text mode, with the bytes one node gives")
@@ -121,31 +152,24 @@ struct ClusterBrokerTests {
 
     @Test("a CANCEL on node 2 reaches the holder on node 1; the holder leaving answers node 2's open calls with handler_gone")
     func cancelAndHandlerGone() async throws {
-        let nats = try NATSServerProcess()
-        let nodes = try ClusterNodes(2, nats: nats)
-        let holder = try await connect(nodes.servers[0])
-        let parked = Parked()
-        try await holdJobs(holder, parked: parked)
-        let raw = try RawConnection(port: nodes.servers[1].port)
-        #expect(try await eventually {
-            try raw.send(.call(1, "jobs/resize", "resize", ["width": 2]))
-            return try await raw.nextNonPing().payload != nil
-        })
+        let cluster = try await JobsCluster(nodes: 2)
+        let parked = cluster.parked
+        let raw = try RawConnection(port: cluster.nodes.servers[1].port)
+        #expect(try await reachesJobs(raw))
         try raw.send(.call(2, "jobs/resize", "wait"))
         #expect(try await eventually { parked.count == 1 })
         try raw.send(Frame(.cancel, id: 2, payload: nil))
         let cancelled = try await raw.nextNonPing()
         #expect(cancelled.id == 2)
         // The holder's node relayed the CANCEL: the holder's client gave up on the call.
-        #expect(try await eventually { try await clusterStats(holder)["callsServing"] == 0 })
+        #expect(try await eventually { try await clusterStats(cluster.holder)["callsServing"] == 0 })
 
         try raw.send(.call(3, "jobs/resize", "wait"))
         #expect(try await eventually { parked.count == 2 })
-        await holder.close()
+        await cluster.holder.close()
         let gone = try await raw.nextNonPing()
         #expect(gone.id == 3 && gone.errorCode == "handler_gone")
-        parked.releaseAll()
-        await nodes.stop()
+        await cluster.stop()
     }
 
     @Test("listeners on nodes 2 and 3 of an event channel held on node 1 get its events in order and the end; the holder hears one listen and one cancel")
@@ -324,26 +348,17 @@ struct ClusterBrokerEdgeTests {
 
     @Test("a CANCEL across nodes gets the answer a caller on the holder's node gets")
     func cancelAnswerAsOnOneNode() async throws {
-        let nats = try NATSServerProcess()
-        let nodes = try ClusterNodes(2, nats: nats)
-        let holder = try await connect(nodes.servers[0])
-        let parked = Parked()
-        try await holdJobs(holder, parked: parked)
-        let local = try RawConnection(port: nodes.servers[0].port), remote = try RawConnection(port: nodes.servers[1].port)
-        #expect(try await eventually {
-            try remote.send(.call(1, "jobs/resize", "resize", ["width": 2]))
-            return try await remote.nextNonPing().payload != nil
-        })
+        let cluster = try await JobsCluster(nodes: 2)
+        let local = try RawConnection(port: cluster.nodes.servers[0].port), remote = try RawConnection(port: cluster.nodes.servers[1].port)
+        #expect(try await reachesJobs(remote))
         for connection in [local, remote] {
             try connection.send(.call(2, "jobs/resize", "wait"))
         }
-        #expect(try await eventually { parked.count == 2 })
+        #expect(try await eventually { cluster.parked.count == 2 })
         for connection in [local, remote] { try connection.send(Frame(.cancel, id: 2, payload: nil)) }
         let mine = try await local.nextNonPing(), theirs = try await remote.nextNonPing()
         #expect(mine.kind == .reply && theirs.bytes == mine.bytes, "\(mine) \(theirs)")
-        parked.releaseAll()
-        await holder.close()
-        await nodes.stop()
+        await cluster.stop()
     }
 
     @Test("a listen with id 0, a listen again on the same connection, and a stream the holder ends before answering")
@@ -387,25 +402,16 @@ struct ClusterBrokerEdgeTests {
 
     @Test("the holder's node shuts down: calls from other nodes get going_away at once, not handler_gone after the lease")
     func holderNodeShutsDown() async throws {
-        let nats = try NATSServerProcess()
-        let nodes = try ClusterNodes(2, nats: nats)
-        let holder = try await connect(nodes.servers[0])
-        let parked = Parked()
-        try await holdJobs(holder, parked: parked)
-        let remote = try RawConnection(port: nodes.servers[1].port)
-        #expect(try await eventually {
-            try remote.send(.call(1, "jobs/resize", "resize", ["width": 2]))
-            return try await remote.nextNonPing().payload != nil
-        })
+        let cluster = try await JobsCluster(nodes: 2)
+        let remote = try RawConnection(port: cluster.nodes.servers[1].port)
+        #expect(try await reachesJobs(remote))
         try remote.send(.call(2, "jobs/resize", "wait"))
-        #expect(try await eventually { parked.count == 1 })
+        #expect(try await eventually { cluster.parked.count == 1 })
         let started = ContinuousClock.now
-        nodes.servers[0].shutdown()
+        cluster.nodes.servers[0].shutdown()
         let answer = try await remote.nextNonPing()
         #expect(answer.id == 2 && answer.errorCode == "going_away")
         #expect(ContinuousClock.now - started < .seconds(1))
-        parked.releaseAll()
-        await holder.close()
-        await nodes.stop()
+        await cluster.stop()
     }
 }

@@ -70,10 +70,7 @@ struct ClusterFaultTests {
         try await holdJobs(holder, parked: parked)
         try await SwitchboardClient.EventChannel(name: "feed", client: holder).setStreamHandler(Countdown(count: 0))
         let caller = try RawConnection(port: nodes.servers[0].port)
-        #expect(try await eventually {
-            try caller.send(.call(1, "jobs/resize", "resize", ["width": 2]))
-            return try await caller.nextNonPing().payload != nil
-        })
+        #expect(try await reachesJobs(caller))
         let listener = try RawConnection(port: nodes.servers[0].port)
         try listener.send(.call(1, "feed", "listen", "hold"))
         #expect(try await listener.nextNonPing().kind == .reply)
