@@ -308,7 +308,8 @@ extension ServerCore {
     }
 
     private func holderAnswered(listen result: Result<[UInt8]?, InvokeError>, registration: Registration, events: EventEntry) {
-        guard case .starting(let waiting) = registration.upstream else { return }
+        guard case .starting(let all) = registration.upstream else { return }
+        let waiting = all.filter { !$0.request.isAnswered }  // a listen cancelled meanwhile starts no stream
         var refusal: ChannelError?
         switch result {
         case .failure: refusal = ChannelError(code: WireError.handlerGone.code, message: WireError.handlerGone.message)

@@ -69,6 +69,9 @@ final class ClusterLink {
         let completion: (CallOutcome) -> Void
         /// When it was sent, or last named in the beacon of the node working on it.
         var renewedAt: UInt64
+        /// When its caller cancelled it: from then on beacons renew it no more, so that a cancel the
+        /// holder's node never heard still ends it within a lease.
+        var cancelledAt: UInt64?
     }
     private var outgoing: [UInt64: OutgoingCall] = [:]
     private var nextCall: UInt64 = 0
@@ -95,6 +98,8 @@ final class ClusterLink {
         case noHolder
         /// The node working on it stopped naming it in its beacons, or went silent.
         case expired
+        /// Its caller cancelled it, and no answer came within a lease of the cancel.
+        case cancelled
     }
 
     // MARK: State: calls from other nodes
@@ -114,11 +119,16 @@ final class ClusterLink {
     /// Calls from other nodes being worked on here, named in every beacon until answered.
     private var served: [CallKey: PendingRequest] = [:]
     private(set) var callsIn = 0
-    /// Channels held here: their subscriptions, and the name of each digest.
-    private var held: [String: [BusSubscription]] = [:]
+    /// Channels held here: their subscriptions (calls, while calls are taken; cancels), and the name
+    /// of each digest.
+    private var held: [String: (calls: BusSubscription?, cancels: BusSubscription?)] = [:]
     private var heldByDigest: [String: String] = [:]
-    /// Where calls from other nodes go.
+    /// Where calls from other nodes go, and who hears that one of them was answered (the drain of a
+    /// shutdown waits for them as for its own clients' requests).
     var onCall: ((_ channel: String, _ call: IncomingCall) -> Void)?
+    var onServedAnswered: (() -> Void)?
+    /// Calls from other nodes being worked on here.
+    var servingCount: Int { served.count }
 
     // MARK: State: other nodes
 
@@ -186,6 +196,7 @@ final class ClusterLink {
         onEvent = nil
         onCall = nil
         onPeerLost = nil
+        onServedAnswered = nil
     }
 
     // MARK: Broadcasts
@@ -298,7 +309,8 @@ final class ClusterLink {
     /// The caller cancelled call `id`: every holder of its channel hears, and the one working on it
     /// answers it (or the lease ends it).
     func cancelCall(_ id: UInt64) {
-        guard let call = outgoing[id] else { return }
+        guard let call = outgoing[id], call.cancelledAt == nil else { return }
+        outgoing[id]?.cancelledAt = loop.now
         try? bus.publish(subject("cancel", call.channel), headers: [.init("Sb-Caller", instance)], payload: Array(String(id).utf8))
     }
 
@@ -319,25 +331,28 @@ final class ClusterLink {
     func hold(_ channel: String) {
         guard held[channel] == nil else { return }
         heldByDigest[digest(channel)] = channel
-        var subscriptions: [BusSubscription] = []
-        if let calls = try? bus.subscribe(subject("call", channel), queue: "holders", { [unowned self] message in
+        let calls = try? bus.subscribe(subject("call", channel), queue: "holders") { [unowned self] message in
             incoming(message, on: channel)
-        }) { subscriptions.append(calls) }
-        if let cancels = try? bus.subscribe(subject("cancel", channel), queue: nil, { [unowned self] message in
+        }
+        let cancels = try? bus.subscribe(subject("cancel", channel), queue: nil) { [unowned self] message in
             cancelled(message)
-        }) { subscriptions.append(cancels) }
-        held[channel] = subscriptions
+        }
+        held[channel] = (calls, cancels)
     }
 
-    /// Calls from other nodes come here no more (the server is shutting down).
-    func letGoAll() {
-        for channel in Array(held.keys) { letGo(channel) }
+    /// New calls from other nodes come here no more (the server is draining); the calls being served
+    /// can still be cancelled.
+    func stopTakingCalls() {
+        for channel in held.keys.sorted() {
+            if let calls = held[channel]?.calls { bus.unsubscribe(calls) }
+            held[channel]?.calls = nil
+        }
     }
 
     /// Answers what other nodes' clients wait for here with `going_away` (the server is stopping); the
     /// bus stays up until ``close()``, to carry the answers.
     func stopServing() {
-        letGoAll()
+        for channel in held.keys.sorted() { letGo(channel) }
         for request in served.values { request.answer(.error(.goingAway)) }
     }
 
@@ -345,7 +360,7 @@ final class ClusterLink {
     func letGo(_ channel: String) {
         guard let subscriptions = held.removeValue(forKey: channel) else { return }
         heldByDigest.removeValue(forKey: digest(channel))
-        for subscription in subscriptions { bus.unsubscribe(subscription) }
+        for subscription in [subscriptions.calls, subscriptions.cancels] { subscription.map(bus.unsubscribe) }
     }
 
     private func incoming(_ message: BusMessage, on channel: String) {
@@ -366,7 +381,7 @@ final class ClusterLink {
     /// marks the success of an event channel's listen, which starts the caller node's stream.
     func answer(_ call: IncomingCall, with answer: Answer, startsStream: Bool = false) {
         guard let id = call.id else { return }
-        served.removeValue(forKey: CallKey(caller: call.caller, id: id))
+        if served.removeValue(forKey: CallKey(caller: call.caller, id: id)) != nil { onServedAnswered?() }
         let (kind, codec, payload) = RemoteAnswer.encode(answer)
         try? bus.reply(to: call.message, headers: answerHeaders(kind, codec: codec, startsStream: startsStream && kind == "success"),
                        payload: payload)
@@ -438,11 +453,11 @@ final class ClusterLink {
             peers = [:]
         }
         lastTick = now
-        let lapsedCalls = outgoing.filter { now - $0.value.renewedAt > Self.leaseMs }.keys.sorted()
+        let lapsedCalls = outgoing.filter { now - ($0.value.cancelledAt ?? $0.value.renewedAt) > Self.leaseMs }.keys.sorted()
         for id in lapsedCalls {
             guard let call = outgoing.removeValue(forKey: id) else { continue }
             callsExpired += 1
-            call.completion(.expired)
+            call.completion(call.cancelledAt == nil ? .expired : .cancelled)
         }
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {

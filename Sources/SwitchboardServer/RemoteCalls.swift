@@ -30,8 +30,7 @@ struct RemoteListeners: StreamHandler {
     }
 }
 
-/// A listen on its way to another node, or waiting for the first of this node's listens on the
-/// channel to be answered (so that all of a node's listeners follow one holder).
+/// A listen on its way to another node.
 struct RemoteListen {
     let input: ClusterLink.CallInput
     let payload: [UInt8]
@@ -111,12 +110,12 @@ extension ServerCore {
     func routeToCluster(_ cluster: ClusterLink, channel name: String, input: RouteInput, request: PendingRequest,
                         connection: Connection) {
         let streamCall = self.streamCall(input)
-        // A cancel of the stream this connection has from another node's holder ends it here; any other
-        // `cancel` goes on as a call (the channel may well be a method channel).
+        // A cancel of the stream this connection has from another node's holder (retired or not) ends it
+        // here; any other `cancel` goes on as a call (the channel may well be a method channel).
         if let streamCall, streamCall.method == "cancel", let stream = connection.streams[name],
-           let remote = remoteStreams[name], stream.entry === remote.entry {
+           stream.entry.handler is RemoteListeners {
             connection.endStream(stream, notifyHandler: true, arguments: streamCall.arguments)
-            return request.answer(.success(.null, remote.entry.codec))
+            return request.answer(.success(.null, stream.entry.codec))
         }
         let kind: ClusterLink.CallInput
         let payload: [UInt8]
@@ -178,28 +177,22 @@ extension ServerCore {
         case .reply(let message): request.answer(RemoteAnswer.decode(message))
         case .noHolder: request.answer(.notImplemented)
         case .expired: request.answer(.error(.handlerGone))
+        case .cancelled: request.answer(request.cancelAnswer)
         }
     }
 
-    /// Sends a listen to the node that feeds this node's listeners of `name`, or (for the first) to the
-    /// holders' queue group; a listen while the first is out waits for its answer.
+    /// Sends a listen to the node that feeds this node's listeners of `name`, or, with no stream yet,
+    /// to the holders' queue group.
     private func listenRemotely(_ name: String, _ listen: RemoteListen) {
         guard let cluster, listen.isWanted else { return }
-        let holderNode = remoteStreams[name]?.holderNode
-        if holderNode == nil {
-            if listensInFlight[name] != nil { return listensInFlight[name]!.append(listen) }
-            listensInFlight[name] = []
-        }
         // Subscribed to the channel's events before the listen goes, so that none sent after its answer is missed.
         cluster.listenerAdded(on: name)
-        cluster.call(name, node: holderNode, input: listen.input, fromText: listen.request.isText, payload: listen.payload) {
-            [unowned self] outcome in
+        let id = cluster.call(name, node: remoteStreams[name]?.holderNode, input: listen.input, fromText: listen.request.isText,
+                              payload: listen.payload) { [unowned self] outcome in
             remoteListenAnswered(outcome, channel: name, listen)
             self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
-            if holderNode == nil, let waiting = listensInFlight.removeValue(forKey: name) {
-                for next in waiting { listenRemotely(name, next) }
-            }
         }
+        if let id, !listen.request.isDetached { listen.request.onCancel = .relayed { [unowned self] in self.cluster?.cancelCall(id) } }
     }
 
     private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, _ listen: RemoteListen) {
@@ -207,11 +200,13 @@ extension ServerCore {
               let holderNode = message.header("Sb-Node"), case .success(_, let codec) = RemoteAnswer.decode(message) else {
             return remoteAnswered(outcome, request: listen.request)  // not an event channel's stream: a plain answer
         }
-        guard listen.isWanted, remoteStreams[name].map({ $0.holderNode == holderNode }) ?? true else {
-            // Nobody to listen (the requester left or cancelled), or, rarely, another holder feeds this
-            // node's listeners already: the holder's node is told at once that this listener is gone.
+        guard listen.isWanted else {  // the requester left or cancelled: the holder's node is told at once
+            return leave(name, holderNode: holderNode, arguments: listen.arguments)
+        }
+        if let remote = remoteStreams[name], remote.holderNode != holderNode {
+            // Two first listens went to different holders: this one follows the stream already here.
             leave(name, holderNode: holderNode, arguments: listen.arguments)
-            return listen.request.answer(.error(.handlerGone))
+            return listenRemotely(name, listen)
         }
         let connection = listen.connection
         if let old = connection.streams[name] { connection.endStream(old, notifyHandler: true) }  // a listen replaces a stream

@@ -70,10 +70,8 @@ final class ServerCore {
     var routesVersion = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
-    /// This node's listeners of event channels held on other nodes, the listens waiting for the first
-    /// one on their channel to be answered, and the last stream's id.
+    /// This node's listeners of event channels held on other nodes, and the last stream's id.
     var remoteStreams: [String: RemoteStream] = [:]
-    var listensInFlight: [String: [RemoteListen]] = [:]
     var nextRemoteStreamID: UInt64 = 0
     /// The connection that last made output this turn, first of a list linked through
     /// `Connection.nextDirty`: all are flushed once, just before the loop blocks. A list rather than an
@@ -129,6 +127,7 @@ final class ServerCore {
             }
             cluster.onCall = { [unowned self] channel, call in serveRemote(call, on: channel) }
             cluster.onPeerLost = { [unowned self] node in peerLost(node) }
+            cluster.onServedAnswered = { [unowned self] in requestFinished() }
             cluster.start()
             self.cluster = cluster
         }
@@ -440,7 +439,7 @@ final class ServerCore {
     /// drain). One timer with one callback, so that no request can replace another's.
     func kickLoop() {
         kick?.start(after: 0) { [unowned self] in
-            if phase == .draining, stats.repliesPending == 0 { finishShutdown() }
+            if phase == .draining, isDrained { finishShutdown() }
         }
     }
 
@@ -502,7 +501,7 @@ final class ServerCore {
         // handshake): a frame now could only garble what it is about to say, so it gets its GOAWAY
         // when its first bytes choose a mode.
         for connection in connections.values { connection.sendGoAway() }
-        cluster?.letGoAll()  // other nodes' calls go to other holders from now on
+        cluster?.stopTakingCalls()  // other nodes' calls go to other holders from now on
         let timer = try? Timer(loop: eventLoop)
         shutdownTimer = timer
         timer?.start(after: config.drainTimeoutMs) { [unowned self] in finishShutdown() }
@@ -511,9 +510,13 @@ final class ServerCore {
 
     /// Called whenever a request is answered: the drain may be over.
     func requestFinished() {
-        guard phase == .draining, stats.repliesPending == 0 else { return }
+        guard phase == .draining, isDrained else { return }
         kickLoop()
     }
+
+    /// Whether no request waits for an answer: from this node's clients, nor from other nodes' (served
+    /// here by a client holding the channel).
+    private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 }
 
     /// Answers what is left with `going_away`, ends every stream, closes every connection, stops the loop.
     func finishShutdown() {
@@ -563,7 +566,6 @@ final class ServerCore {
         channels = [:]
         registrations = [:]
         remoteStreams = [:]
-        listensInFlight = [:]
         cluster?.close()
         cluster = nil
         listener = nil

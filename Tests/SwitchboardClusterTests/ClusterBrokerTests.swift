@@ -415,3 +415,71 @@ struct ClusterBrokerEdgeTests {
         await cluster.stop()
     }
 }
+
+@Suite("Broker routing across nodes: cancels and concurrency", .serialized)
+struct ClusterBrokerCancelTests {
+    @Test("a CANCEL while the holder's node drains still reaches the holder and gets the cancel's answer, not going_away")
+    func cancelWhileDraining() async throws {
+        let cluster = try await JobsCluster(nodes: 2)
+        let remote = try RawConnection(port: cluster.nodes.servers[1].port)
+        #expect(try await reachesJobs(remote))
+        try remote.send(.call(2, "jobs/resize", "wait"))
+        #expect(try await eventually { cluster.parked.count == 1 })
+        cluster.nodes.servers[0].shutdown()  // drains for 300 ms: the call is still being served
+        try await Task.sleep(for: .milliseconds(50))
+        try remote.send(Frame(.cancel, id: 2, payload: nil))
+        let answer = try await remote.nextNonPing()
+        let cancelled = try StandardMethodCodec().encodeErrorEnvelope(ChannelError(code: "cancelled", message: "the caller cancelled"))
+        #expect(answer.kind == .reply && answer.id == 2 && answer.payload == cancelled, "\(answer) \(answer.payload.map { String(decoding: $0, as: UTF8.self) } ?? "")")
+        await cluster.stop()
+    }
+
+    @Test("a cancel of a stream whose holder ended it, with the end still queued behind events without credit, ends it here")
+    func cancelOfRetiredStream() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let producer = Feed()
+        let holder = try await ClusterBrokerEdgeTests.feedOnNode1(nodes, producer)
+        let listener = try RawConnection(port: nodes.servers[1].port)
+        try listener.send(Frame(.demand, channel: "feed", payload: [0, 0, 0, 1]))  // room for one event
+        try listener.send(.call(1, "feed", "listen", "hold"))
+        #expect(try await listener.nextNonPing().kind == .reply)
+        for value in 1...3 { producer.send(.int(value)) }
+        producer.sink.withLock { $0 }?.endOfStream()
+        let first = try await listener.nextNonPing()
+        #expect(try StandardMethodCodec().decodeEnvelope(first.payload) == .success(1))
+        #expect(try await eventually { try await clusterStats(holder)["eventsOut"] == 4 })
+        try await Task.sleep(for: .milliseconds(100))  // the end has reached node 2 and waits in the queue
+        try listener.send(.call(2, "feed", "cancel"))
+        let answer = try await listener.nextNonPing()
+        let success = try StandardMethodCodec().encodeSuccessEnvelope(.null)
+        #expect(answer.kind == .reply && answer.id == 2 && answer.payload == success)
+        await holder.close()
+        await nodes.stop()
+    }
+
+    @Test("listens on a method channel held elsewhere go out together, not one after another")
+    func concurrentListensOnAMethodChannel() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        let parked = Parked()
+        try await SwitchboardClient.MethodChannel(name: "verbs", client: holder).setMethodCallHandler { call in
+            if call.method == "listen" { await parked.park() }
+            return .string("did \(call.method)")
+        }
+        let raw = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {
+            try raw.send(.call(1, "verbs", "x"))
+            return try await raw.nextNonPing().payload != nil
+        })
+        for id in UInt32(2)...4 { try raw.send(.call(id, "verbs", "listen")) }
+        #expect(try await eventually { parked.count == 3 }, "all three listens reached the holder")
+        parked.releaseAll()
+        var answered: Set<UInt32> = []
+        for _ in 0..<3 { answered.insert(try await raw.nextNonPing().id) }
+        #expect(answered == [2, 3, 4])
+        await holder.close()
+        await nodes.stop()
+    }
+}
