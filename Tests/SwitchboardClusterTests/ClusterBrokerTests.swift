@@ -98,7 +98,7 @@ struct JobsCluster {
     }
 }
 
-@Suite("Broker routing across nodes", .serialized)
+@Suite("Broker routing across nodes", .serialized, .needsNATSServer)
 struct ClusterBrokerTests {
     @Test("a channel held on node 1 is called and messaged from nodes 2 and 3, in binary and text mode, with the bytes one node gives")
     func callsAcrossNodes() async throws {
@@ -241,7 +241,7 @@ struct ClusterBrokerTests {
     }
 }
 
-@Suite("Several holders across nodes", .serialized)
+@Suite("Several holders across nodes", .serialized, .needsNATSServer)
 struct ClusterHoldersTests {
     @Test("holders of one channel on two nodes form a queue group: a third node's calls are shared, a holder's own node keeps its calls; channel_taken holds within a node")
     func queueGroup() async throws {
@@ -270,7 +270,7 @@ struct ClusterHoldersTests {
     }
 }
 
-@Suite("What other nodes send", .serialized)
+@Suite("What other nodes send", .serialized, .needsNATSServer)
 struct ClusterInputTests {
     @Test("a message on an event subject that is not one whole event frame of that channel is counted and dropped; an end needs a holder's node")
     func malformedEvents() async throws {
@@ -313,7 +313,7 @@ final class Feed: EventProducer {
     func send(_ value: ChannelValue) { sink.withLock { $0 }?.success(value) }
 }
 
-@Suite("Broker routing across nodes: edge cases", .serialized)
+@Suite("Broker routing across nodes: edge cases", .serialized, .needsNATSServer)
 struct ClusterBrokerEdgeTests {
     /// Three nodes; a client of node 1 holds `name` with `producer`; returns once node 2 reaches it.
     static func feedOnNode1(_ nodes: ClusterNodes, _ producer: Feed, name: String = "feed") async throws -> Client {
@@ -416,7 +416,7 @@ struct ClusterBrokerEdgeTests {
     }
 }
 
-@Suite("Broker routing across nodes: cancels and concurrency", .serialized)
+@Suite("Broker routing across nodes: cancels and concurrency", .serialized, .needsNATSServer)
 struct ClusterBrokerCancelTests {
     @Test("a CANCEL while the holder's node drains still reaches the holder and gets the cancel's answer, not going_away")
     func cancelWhileDraining() async throws {

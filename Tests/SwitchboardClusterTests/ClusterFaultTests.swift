@@ -56,7 +56,7 @@ func eventsUntilEnd(_ connection: RawConnection) async throws -> [Frame] {
     }
 }
 
-@Suite("Cluster faults", .serialized)
+@Suite("Cluster faults", .serialized, .needsNATSServer)
 struct ClusterFaultTests {
     @Test("kill -9 of the holder's node: callers elsewhere get handler_gone and listeners an error event then the end, within two seconds")
     func killedNode() async throws {

@@ -87,7 +87,7 @@ func eventually(_ seconds: Double = 10, _ condition: () async throws -> Bool) as
     return try await condition()
 }
 
-@Suite("A cluster of nodes over nats-server", .serialized)
+@Suite("A cluster of nodes over nats-server", .serialized, .needsNATSServer)
 struct ClusterTests {
     @Test("a room post on one node reaches the room's listeners on every node once, in order; a node with no listener carries none of it")
     func roomAcrossNodes() async throws {

@@ -73,6 +73,13 @@ final class NATSServerProcess {
     }
 }
 
+extension Trait where Self == ConditionTrait {
+    /// Runs a suite only where nats-server is installed; elsewhere it is skipped, and says so loudly.
+    static var needsNATSServer: Self {
+        .enabled(if: NATSServerProcess.path != nil, "NATS SERVER NOT INSTALLED: the cluster is NOT tested (scripts/setup installs it)")
+    }
+}
+
 /// One loop, driven by the test's thread, with buses on it.
 final class BusHarness {
     let loop: EventLoop
@@ -112,8 +119,7 @@ final class BusHarness {
     }
 }
 
-@Suite("NATS bus against nats-server", .enabled(if: NATSServerProcess.path != nil,
-                                                  "NATS SERVER NOT INSTALLED: the cluster bus is NOT tested (scripts/setup installs it)"))
+@Suite("NATS bus against nats-server", .needsNATSServer)
 struct NATSBusTests {
     @Test("publish and subscribe, queue groups, unsubscribe")
     func pubSub() throws {
