@@ -59,6 +59,8 @@ final class Registration {
     /// The listeners other nodes have on a held event channel, by node: those nodes keep the streams,
     /// this one sends them the holder's events.
     var remoteListeners: [String: Int] = [:]
+    /// Nodes whose beacons reported fewer listeners than counted here, and in how many beacons in a row.
+    var listenerShortfalls: [String: Int] = [:]
     var upstream = Upstream.idle
     let counts = ChannelCounts()
     /// Events the holder sent before its answer to the first `listen` arrived (it may emit from onListen).
@@ -349,7 +351,9 @@ extension ServerCore {
     private func attach(_ caller: Caller, to registration: Registration, events: EventEntry, arguments: ChannelValue) {
         switch caller {
         case .local(let connection): addListener(events, connection: connection, arguments: arguments, notifyingReplaced: false)
-        case .remote(let node): registration.remoteListeners[node, default: 0] += 1
+        case .remote(let node):
+            registration.remoteListeners[node, default: 0] += 1
+            registration.listenerShortfalls[node] = nil  // the count changed: beacons are judged afresh
         }
     }
 
@@ -372,6 +376,7 @@ extension ServerCore {
     func remoteListenerLeft(_ registration: Registration, node: String, arguments: ChannelValue, count: Int = 1) {
         guard let listening = registration.remoteListeners[node] else { return }
         registration.remoteListeners[node] = listening > count ? listening - count : nil
+        registration.listenerShortfalls[node] = nil
         cancelUpstreamIfUnheard(registration, arguments: arguments)
     }
 

@@ -140,6 +140,12 @@ final class ClusterLink {
     private var peers: [String: Peer] = [:]
     /// A node whose beacons stopped (it was seen, by beacon or answer, then nothing for ``leaseMs``).
     var onPeerLost: ((String) -> Void)?
+    /// This node's listeners of channels held elsewhere, for its beacons: the holder's node, the
+    /// channel, and how many.
+    var listenersToReport: (() -> [(holderNode: String, channel: String, count: Int)])?
+    /// Another node's beacon told how many listeners it has on each channel held here (channels it has
+    /// none on are missing).
+    var onListenerReport: ((_ node: String, _ counts: [String: Int]) -> Void)?
     private(set) var peersLost = 0
 
     init(settings: ClusterSettings, loop: EventLoop, logger: Logger) throws(UVError) {
@@ -197,6 +203,8 @@ final class ClusterLink {
         onCall = nil
         onPeerLost = nil
         onServedAnswered = nil
+        listenersToReport = nil
+        onListenerReport = nil
     }
 
     // MARK: Broadcasts
@@ -421,10 +429,16 @@ final class ClusterLink {
 
     /// Sends this node's beacon, and ends what the silence of other nodes has let lapse.
     private func tick() {
-        // "<instance> <channels held> <name>", then a line per calling node: "<instance> <id> <id> …".
-        // Split into beacons of at most 64 KiB, each with the first line, far below any max_payload.
+        // "<instance> <channels held> <name>"; then "L <holder> <digest> <count>" for each channel held
+        // elsewhere that this node has listeners on, and a lone "L" after them; then a line per calling
+        // node: "<instance> <id> <id> …". Split into beacons of at most 64 KiB, each with the first line
+        // (the listeners all in the first), far below any max_payload.
         let first = Array("\(instance) \(held.count) \(settings.node)\n".utf8)
         var beacon = first
+        for listening in (listenersToReport?() ?? []).sorted(by: { ($0.holderNode, $0.channel) < ($1.holderNode, $1.channel) }) {
+            beacon += "L \(listening.holderNode) \(digest(listening.channel)) \(listening.count)\n".utf8
+        }
+        beacon += "L\n".utf8
         var byCaller: [String: [UInt64]] = [:]
         for key in served.keys { byCaller[key.caller, default: []].append(key.id) }
         for (caller, ids) in byCaller.sorted(by: { $0.key < $1.key }) {
@@ -474,14 +488,24 @@ final class ClusterLink {
         let fields = first.split(separator: " ", maxSplits: 2)
         guard fields.count >= 2, Self.isInstance(fields[0]), let heldCount = Int(fields[1]) else { return }
         let now = loop.now
-        peers[String(fields[0])] = Peer(lastSeen: now, name: fields.count > 2 ? String(fields[2]) : "", held: heldCount)
+        let node = String(fields[0])
+        peers[node] = Peer(lastSeen: now, name: fields.count > 2 ? String(fields[2]) : "", held: heldCount)
+        var listeners: [String: Int]?  // set by the listener section, which only a beacon's first part has
         for line in lines.dropFirst() {
             let words = line.split(separator: " ")
+            if words.first == "L" {
+                if listeners == nil { listeners = [:] }
+                guard words.count == 4, words[1] == instance, let channel = heldByDigest[String(words[2])],
+                      let count = Int(words[3]) else { continue }
+                listeners?[channel] = count
+                continue
+            }
             guard words.first.map(String.init) == instance else { continue }
             for word in words.dropFirst() {
                 if let id = UInt64(word), outgoing[id] != nil { outgoing[id]?.renewedAt = now }
             }
         }
+        if let listeners { onListenerReport?(node, listeners) }
     }
 
     // MARK: Stats

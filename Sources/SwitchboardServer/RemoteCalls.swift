@@ -284,6 +284,29 @@ extension ServerCore {
         cluster.serve(call, by: request)
     }
 
+    /// `node`'s beacon told how many listeners it has on channels held here. Fewer than counted here
+    /// in two beacons in a row (one could precede a listen's answer reaching it) means `leave`s were
+    /// lost: the count follows the beacon, and the holder hears `cancel` if no listener is left.
+    func reconcileListeners(of node: String, _ counts: [String: Int]) {
+        for registration in registrations.values {
+            guard let counted = registration.remoteListeners[node] else { continue }
+            let reported = counts[registration.name] ?? 0
+            guard reported < counted else {
+                registration.listenerShortfalls[node] = nil
+                continue
+            }
+            let shortfalls = registration.listenerShortfalls[node, default: 0] + 1
+            guard shortfalls >= 2 else {
+                registration.listenerShortfalls[node] = shortfalls
+                continue
+            }
+            registration.listenerShortfalls[node] = nil
+            logger.notice("a node's listeners were fewer than counted: leaves were lost",
+                          metadata: ["channel": "\(registration.name)", "instance": "\(node)"])
+            remoteListenerLeft(registration, node: node, arguments: .null, count: counted - reported)
+        }
+    }
+
     // MARK: A node going silent
 
     /// `node` sent no beacon for a lease: this node's listeners of channels held there get

@@ -128,6 +128,10 @@ final class ServerCore {
             cluster.onCall = { [unowned self] channel, call in serveRemote(call, on: channel) }
             cluster.onPeerLost = { [unowned self] node in peerLost(node) }
             cluster.onServedAnswered = { [unowned self] in requestFinished() }
+            cluster.listenersToReport = { [unowned self] in
+                remoteStreams.values.map { ($0.holderNode, $0.entry.name, $0.entry.listeners.all.count) }
+            }
+            cluster.onListenerReport = { [unowned self] node, counts in reconcileListeners(of: node, counts) }
             cluster.start()
             self.cluster = cluster
         }

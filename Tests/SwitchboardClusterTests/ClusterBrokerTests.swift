@@ -313,6 +313,38 @@ final class Feed: EventProducer {
     func send(_ value: ChannelValue) { sink.withLock { $0 }?.success(value) }
 }
 
+extension ClusterInputTests {
+    @Test("a node whose beacons report fewer listeners than counted (its leave was lost) has its count put right, and the holder hears cancel")
+    func lostLeaveIsReconciled() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, nats: nats)
+        let producer = Feed()
+        let holder = try await connect(nodes.servers[0])
+        try await SwitchboardClient.EventChannel(name: "feed", client: holder).setStreamHandler(producer)
+        #expect(try await eventually { try await clusterStats(holder)["channelsHeld"] == 1 })
+        // A node of our own making, on a raw NATS connection: it listens once, then never sends its leave.
+        let fake = try #require(RawSocket(port: nats.port))
+        let subject = "switchboard.call." + Digest.sha256Hex(Array("feed".utf8))
+        let headers = "NATS/1.0\r\nSb-Caller: fa4e\r\nSb-Input: call\r\n\r\n"
+        let call = #"{"method":"listen","args":"hold"}"#
+        fake.send("CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\nSUB switchboard.reply.fa4e.* 1\r\n")
+        for id in 1...25 where producer.listens.withLock({ $0 }) == 0 {  // until the holder's subscription is in place
+            fake.send("HPUB \(subject) switchboard.reply.fa4e.\(id) \(headers.utf8.count) \(headers.utf8.count + call.utf8.count)\r\n\(headers)\(call)\r\n")
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        #expect(producer.listens.withLock { $0 } == 1)
+        let beacon = "fa4e 0 fake\nL\n"  // alive, with no listener anywhere
+        for _ in 0..<12 where producer.cancels.withLock({ $0 }) == 0 {
+            fake.send("PUB switchboard.beacon \(beacon.utf8.count)\r\n\(beacon)\r\n")
+            try await Task.sleep(for: .milliseconds(250))
+        }
+        #expect(producer.cancels.withLock { $0 } == 1, "two beacons without the listener cancel the holder's stream")
+        #expect(try await clusterStats(holder)["nodesLost"] == 0, "the fake node stayed alive throughout")
+        await holder.close()
+        await nodes.stop()
+    }
+}
+
 @Suite("Broker routing across nodes: edge cases", .serialized, .needsNATSServer)
 struct ClusterBrokerEdgeTests {
     /// Three nodes; a client of node 1 holds `name` with `producer`; returns once node 2 reaches it.
