@@ -31,6 +31,11 @@ let package = Package(
             path: "Sources/FuzzJSONText"
         ),
         .executableTarget(
+            name: "fuzz-nats-parser",
+            dependencies: ["FuzzSupport", .product(name: "SwitchboardCluster", package: "main")],
+            path: "Sources/FuzzNATSParser"
+        ),
+        .executableTarget(
             name: "fuzz-connection",
             dependencies: [
                 "FuzzSupport",

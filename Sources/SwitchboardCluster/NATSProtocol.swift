@@ -36,7 +36,7 @@ public struct BusMessage: Sendable, Equatable {
 }
 
 /// What a NATS server sends.
-enum NATSInbound: Equatable {
+public enum NATSInbound: Equatable, Sendable {
     /// `INFO {json}`: the server's description (its JSON text).
     case info(String)
     /// `MSG` or `HMSG`, for subscription `sid`.
@@ -50,8 +50,8 @@ enum NATSInbound: Equatable {
 
 /// The server sent something that is not the NATS protocol, or more than the limits allow: the
 /// connection cannot go on.
-struct NATSProtocolError: Error, Equatable, CustomStringConvertible {
-    let description: String
+public struct NATSProtocolError: Error, Equatable, CustomStringConvertible {
+    public let description: String
 }
 
 /// What a client writes.
@@ -155,19 +155,23 @@ enum NATSCommand {
 }
 
 /// Splits what a server sends into ``NATSInbound`` values, however the bytes arrive. Bounded: a control
-/// line longer than `maxControlLine` or a payload larger than `maxPayload` is a protocol error.
-struct NATSParser {
-    let maxControlLine: Int
-    let maxPayload: Int
+/// line longer than `maxControlLine` or a payload larger than `maxPayload` is a protocol error. Public
+/// for the fuzzer (`Fuzz/`); ``NATSBus`` is its one user.
+public struct NATSParser {
+    public let maxControlLine: Int
+    public let maxPayload: Int
     private var buffer: [UInt8] = []
     private var start = 0
 
-    init(maxControlLine: Int = 4096, maxPayload: Int = 8 << 20) {
+    public init(maxControlLine: Int = 4096, maxPayload: Int = 8 << 20) {
         self.maxControlLine = maxControlLine
         self.maxPayload = maxPayload
     }
 
-    mutating func feed(_ bytes: [UInt8]) {
+    /// The bytes held, not yet parsed into operations.
+    public var bufferedBytes: Int { buffer.count - start }
+
+    public mutating func feed(_ bytes: [UInt8]) {
         if start > 0, start == buffer.count {
             buffer.removeAll(keepingCapacity: true)
             start = 0
@@ -179,9 +183,10 @@ struct NATSParser {
     }
 
     /// The next complete operation, or nil until more bytes arrive.
-    mutating func next() throws(NATSProtocolError) -> NATSInbound? {
+    public mutating func next() throws(NATSProtocolError) -> NATSInbound? {
         guard let lineEnd = findLineEnd() else {
-            if buffer.count - start > maxControlLine { throw NATSProtocolError(description: "control line too long") }
+            // A line at the limit may be waiting for the LF after its CR: too long only past that.
+            if buffer.count - start > maxControlLine + 1 { throw NATSProtocolError(description: "control line too long") }
             return nil
         }
         let line = buffer[start..<lineEnd]

@@ -18,6 +18,17 @@ struct NATSProtocolTests {
         return out
     }
 
+    @Test("a control line at the limit is read however it is cut, even between its CR and LF (found by fuzz-nats-parser)")
+    func lineAtTheLimit() throws {
+        let line = "PING" + String(repeating: " ", count: 12)  // 16 bytes: the limit below
+        for chunk in 1...18 {
+            #expect(try parse(line + "\r\n", chunk: chunk, parser: NATSParser(maxControlLine: 16)) == [.ping], "chunk \(chunk)")
+        }
+        #expect(throws: NATSProtocolError(description: "control line too long")) {
+            try parse(line + " \r", parser: NATSParser(maxControlLine: 16))  // 17 bytes and no LF yet
+        }
+    }
+
     @Test("every server operation, whole or one byte at a time")
     func operations() throws {
         let stream = "INFO {\"server_id\":\"x\",\"max_payload\":1048576}\r\nPING\r\nPONG\r\n+OK\r\n-ERR 'Slow Consumer Detected'\r\n"
