@@ -510,6 +510,26 @@ final class ClusterLink {
 
     // MARK: Stats
 
+    /// For `/metrics`: the totals (counters), then the values of now (gauges), as `switchboard/stats`
+    /// has them.
+    var metrics: (totals: [(String, Int)], gauges: [(String, Int)]) {
+        let bus = self.bus.counters
+        let totals = [
+            ("events_out", eventsOut), ("events_in", eventsIn), ("events_unsent", eventsUnsent), ("events_malformed", eventsMalformed),
+            ("calls_out", callsOut), ("calls_in", callsIn), ("calls_no_holder", callsNoResponders), ("calls_expired", callsExpired),
+            ("nodes_lost", peersLost), ("stalls", stalls),
+            ("bus_messages_out", bus.messagesOut), ("bus_messages_in", bus.messagesIn), ("bus_bytes_out", bus.bytesOut),
+            ("bus_bytes_in", bus.bytesIn), ("bus_dropped", bus.dropped), ("bus_reconnects", bus.reconnects),
+            ("bus_server_errors", bus.serverErrors), ("bus_slow_consumer", bus.slowConsumer),
+        ]
+        let gauges = [
+            ("connected", self.bus.isConnected ? 1 : 0), ("nodes", peers.count), ("remote_holders", peers.values.reduce(0) { $0 + $1.held }),
+            ("channels_listened", subscriptions.count), ("channels_held", held.count),
+            ("calls_pending", outgoing.count), ("calls_serving", served.count),
+        ]
+        return (totals.map { ("switchboard_cluster_\($0.0)_total", $0.1) }, gauges.map { ("switchboard_cluster_\($0.0)", $0.1) })
+    }
+
     /// For `switchboard/stats`.
     var statsValue: ChannelValue {
         let bus = self.bus.counters

@@ -68,6 +68,11 @@ final class MetricsReporter {
             for (code, total) in codes { count("switchboard_plugin_rejections_total", ["plugin": plugin, "code": code], total: total) }
         }
         for (plugin, total) in tallies.pluginFailures { count("switchboard_plugin_failures_total", ["plugin": plugin], total: total) }
+        if let cluster = core.cluster {
+            let metrics = cluster.metrics
+            for (label, total) in metrics.totals { count(label, total: total) }
+            for (label, value) in metrics.gauges { gauge(label, value: value) }
+        }
         let channels = core.channelCounts()
         // Channels gone since: forget their totals (one that comes back starts again from 0).
         let present = Set(channels.map(\.name))
