@@ -250,13 +250,13 @@ extension ServerCore {
     func serveRemote(_ call: ClusterLink.IncomingCall, on name: String) {
         guard let cluster else { return }
         guard let registration = registrations[name] else { return cluster.answer(call, with: .notImplemented) }
-        guard !isDraining else { return cluster.answer(call, with: .error(.goingAway)) }
         let message = call.message
         let inputKind = message.header("Sb-Input")
-        if inputKind == "leave" {  // one of that node's listeners left
+        if inputKind == "leave" {  // one of that node's listeners left (heard while draining too)
             let arguments = (try? JSONText.parse(message.payload)) ?? .null
             return remoteListenerLeft(registration, node: call.caller, arguments: arguments)
         }
+        guard !isDraining else { return cluster.answer(call, with: .error(.goingAway)) }
         registration.counts.requests += 1
         var listens = false  // an event channel's listen: its success starts the caller node's stream
         let request = PendingRequest(remoteText: message.header("Sb-Text") == "1", wantsAnswer: call.id != nil,
