@@ -196,12 +196,8 @@ public final class NATSBus: ClusterBus {
         var size = payload.count
         if !headers.isEmpty {
             if headers != lastValidHeaders.list {
-                var headerSize = 12  // "NATS/1.0\r\n" and the blank line
-                for header in headers {
-                    guard NATSCommand.isValidHeader(header) else { throw .invalidHeader(header.name) }
-                    headerSize += header.name.utf8.count + header.value.utf8.count + 4
-                }
-                lastValidHeaders = (headers, headerSize)
+                for header in headers where !NATSCommand.isValidHeader(header) { throw .invalidHeader(header.name) }
+                lastValidHeaders = (headers, NATSCommand.headerBlockSize(headers))
             }
             size += lastValidHeaders.size
         }

@@ -68,11 +68,7 @@ enum NATSCommand {
 
     /// `PUB`, or `HPUB` when there are headers.
     static func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8], into out: inout [UInt8]) {
-        var blockSize = 0
-        if !headers.isEmpty {
-            blockSize = 12  // "NATS/1.0\r\n" and the closing "\r\n"
-            for header in headers { blockSize += header.name.utf8.count + header.value.utf8.count + 4 }
-        }
+        let blockSize = headerBlockSize(headers)
         out += headers.isEmpty ? Array("PUB ".utf8) : Array("HPUB ".utf8)
         out += subject.utf8
         if let replyTo {
@@ -98,6 +94,13 @@ enum NATSCommand {
         }
         out += payload
         out += [13, 10]
+    }
+
+    /// The bytes `headers` take as an HPUB header block (0 for none): "NATS/1.0\r\n", a
+    /// "name: value\r\n" line each, and the closing "\r\n".
+    static func headerBlockSize(_ headers: [BusMessage.Header]) -> Int {
+        guard !headers.isEmpty else { return 0 }
+        return headers.reduce(12) { $0 + $1.name.utf8.count + $1.value.utf8.count + 4 }
     }
 
     private static func appendDecimal(_ value: Int, to out: inout [UInt8]) {

@@ -48,9 +48,15 @@ final class ClusterLink {
     /// Channels with local listeners: how many, and the subscription.
     private var listenerCounts: [String: Int] = [:]
     private var subscriptions: [String: BusSubscription] = [:]
-    /// The digest of each channel name used on the bus, and the subject of its calls.
+    /// The digest of each channel name used on the bus, and the subjects made of it: made once, so that
+    /// a broadcast or a call builds no string (and the bus's check of a repeated subject stays cheap).
     private var digests: [String: String] = [:]
-    private var callSubjects: [String: String] = [:]
+    private var subjects: [SubjectKey: String] = [:]
+    private enum SubjectKind: String { case event, call, cancel }
+    private struct SubjectKey: Hashable {
+        let kind: SubjectKind
+        let channel: String
+    }
     /// Broadcasts sent to the bus, and remote ones handed to local listeners.
     private(set) var eventsOut = 0, eventsIn = 0
     /// Broadcasts that did not go out (a value with no wire form, a frame over NATS's max_payload, no
@@ -89,7 +95,12 @@ final class ClusterLink {
     /// The headers of each kind of call, made once (text-mode callers' add `Sb-Text`).
     private var callHeaders: [CallInput: (binary: [BusMessage.Header], text: [BusMessage.Header])] = [:]
     /// The headers of each kind of answer, made as first needed.
-    private var answerHeaders: [String: [BusMessage.Header]] = [:]
+    private var answerHeaders: [AnswerKey: [BusMessage.Header]] = [:]
+    private struct AnswerKey: Hashable {
+        let kind: String
+        let codec: String?
+        let startsStream: Bool
+    }
 
     /// How a call to another node ended.
     enum CallOutcome {
@@ -215,7 +226,7 @@ final class ClusterLink {
         guard let frame = event.binaryFrame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
         let dropped = bus.counters.dropped
         do {
-            try bus.publish(subject("event", event.channel), headers: fromHolder ? [.init("Sb-Node", instance)] : [], payload: frame)
+            try bus.publish(subject(.event, event.channel), headers: fromHolder ? [.init("Sb-Node", instance)] : [], payload: frame)
         } catch {
             eventsUnsent += 1
             return
@@ -227,7 +238,7 @@ final class ClusterLink {
     func listenerAdded(on channel: String) {
         listenerCounts[channel, default: 0] += 1
         guard listenerCounts[channel] == 1 else { return }
-        subscriptions[channel] = try? bus.subscribe(subject("event", channel), queue: nil) { [unowned self] message in
+        subscriptions[channel] = try? bus.subscribe(subject(.event, channel), queue: nil) { [unowned self] message in
             received(message, on: channel)
         }
     }
@@ -241,14 +252,11 @@ final class ClusterLink {
     }
 
     /// `switchboard.<kind>.<digest>`: a digest of the name, since a name may hold anything a subject may not.
-    private func subject(_ kind: String, _ channel: String) -> String {
-        "switchboard.\(kind).\(digest(channel))"
-    }
-
-    private func callSubject(_ channel: String) -> String {
-        if let subject = callSubjects[channel] { return subject }
-        let subject = subject("call", channel)
-        callSubjects[channel] = subject
+    private func subject(_ kind: SubjectKind, _ channel: String) -> String {
+        let key = SubjectKey(kind: kind, channel: channel)
+        if let subject = subjects[key] { return subject }
+        let subject = "switchboard.\(kind.rawValue).\(digest(channel))"
+        subjects[key] = subject
         return subject
     }
 
@@ -290,7 +298,7 @@ final class ClusterLink {
     @discardableResult
     func call(_ channel: String, node: String? = nil, input: CallInput, fromText: Bool = false, payload: [UInt8],
               completion: ((CallOutcome) -> Void)?) -> UInt64? {
-        let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? callSubject(channel)
+        let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
         guard let kinds = callHeaders[input] else { return nil }  // made for every input in init
         let headers = fromText ? kinds.text : kinds.binary
         guard let completion else {
@@ -319,7 +327,7 @@ final class ClusterLink {
     func cancelCall(_ id: UInt64) {
         guard let call = outgoing[id], call.cancelledAt == nil else { return }
         outgoing[id]?.cancelledAt = loop.now
-        try? bus.publish(subject("cancel", call.channel), headers: [.init("Sb-Caller", instance)], payload: Array(String(id).utf8))
+        try? bus.publish(subject(.cancel, call.channel), headers: [.init("Sb-Caller", instance)], payload: Array(String(id).utf8))
     }
 
     private func answered(_ message: BusMessage) {
@@ -339,10 +347,10 @@ final class ClusterLink {
     func hold(_ channel: String) {
         guard held[channel] == nil else { return }
         heldByDigest[digest(channel)] = channel
-        let calls = try? bus.subscribe(subject("call", channel), queue: "holders") { [unowned self] message in
+        let calls = try? bus.subscribe(subject(.call, channel), queue: "holders") { [unowned self] message in
             incoming(message, on: channel)
         }
-        let cancels = try? bus.subscribe(subject("cancel", channel), queue: nil) { [unowned self] message in
+        let cancels = try? bus.subscribe(subject(.cancel, channel), queue: nil) { [unowned self] message in
             cancelled(message)
         }
         held[channel] = (calls, cancels)
@@ -397,7 +405,7 @@ final class ClusterLink {
 
     /// The headers of an answer, made once for each kind.
     private func answerHeaders(_ kind: String, codec: String?, startsStream: Bool) -> [BusMessage.Header] {
-        let key = kind + " " + (codec ?? "") + (startsStream ? " stream" : "")
+        let key = AnswerKey(kind: kind, codec: codec, startsStream: startsStream)
         if let made = answerHeaders[key] { return made }
         var headers: [BusMessage.Header] = [.init("Sb-Node", instance), .init("Sb-Answer", kind)]
         if let codec { headers.append(.init("Sb-Codec", codec)) }

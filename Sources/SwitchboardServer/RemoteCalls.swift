@@ -26,7 +26,7 @@ struct RemoteListeners: StreamHandler {
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? { nil }
     func onCancel(arguments: ChannelValue, sink: EventSink) {
         guard let stream = sink.liveStream else { return }
-        stream.connection.core.remoteListenerLeft(stream.entry.name, streamID: streamID, arguments: arguments)
+        stream.connection.core.listenerLeftRemoteStream(stream.entry.name, streamID: streamID, arguments: arguments)
     }
 }
 
@@ -226,7 +226,7 @@ extension ServerCore {
 
     /// One of this node's listeners of `name` left its stream `streamID`: the holder's node is told,
     /// unless that stream was retired; the stream goes with its last listener.
-    func remoteListenerLeft(_ name: String, streamID: UInt64, arguments: ChannelValue) {
+    func listenerLeftRemoteStream(_ name: String, streamID: UInt64, arguments: ChannelValue) {
         guard let remote = remoteStreams[name], remote.id == streamID else { return }
         leave(name, holderNode: remote.holderNode, arguments: arguments)
         if remote.entry.listeners.isEmpty { remoteStreams.removeValue(forKey: name) }
