@@ -1,5 +1,5 @@
 /// The message bus between Switchboard nodes: subjects, publish and subscribe, queue groups, and
-/// request and reply. ``NATSBus`` is the one there is; a second bus would implement the same protocol.
+/// request and reply. ``NATSBus`` joins nodes; ``LoopBus`` joins the loops of one server.
 ///
 /// Loop thread only: every method is called, and every handler and completion runs, on the bus's loop.
 /// Delivery is at most once, as in NATS core: what is published while the bus is disconnected is
@@ -7,6 +7,10 @@
 /// a line break, a message over the server's limit) is refused with ``BusError`` before anything goes
 /// out, so that no name a client chose can smuggle a command onto the bus.
 public protocol ClusterBus: AnyObject {
+    /// Starts delivering (and, for a bus with a connection, connecting).
+    func start()
+    /// Stops for good: open requests complete with `.disconnected`, and every handler is let go.
+    func close()
     /// Sends `payload` (and `headers`) to every subscriber of `subject`, or to one per queue group; with
     /// `replyTo`, answers go to that subject (and so does NATS's no-responders status, 503).
     func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError)
@@ -68,4 +72,11 @@ public struct BusCounters: Sendable, Equatable {
     public var serverErrors = 0, slowConsumer = 0
 
     public init() {}
+}
+
+extension ClusterBus {
+    /// Publishes without a reply subject.
+    public func publish(_ subject: String, headers: [BusMessage.Header] = [], payload: [UInt8]) throws(BusError) {
+        try publish(subject, replyTo: nil, headers: headers, payload: payload)
+    }
 }

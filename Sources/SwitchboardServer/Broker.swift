@@ -124,6 +124,9 @@ extension ServerCore {
             guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
             release(existing, reason: "re-registered")
         }
+        if loopCount > 1, let group, !group.claim(frame.channel, for: index) {  // held on another loop
+            return connection.writeError(.channelTaken, id: frame.id)
+        }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
                                                     queueLimit: config.eventQueueLimit)
         cluster?.hold(frame.channel)
@@ -150,6 +153,7 @@ extension ServerCore {
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true) {
         registrations.removeValue(forKey: registration.name)
+        if loopCount > 1 { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)
         channelGone(registration.counts)
         routesVersion &+= 1

@@ -16,22 +16,23 @@ public final class MethodChannel: Sendable {
     public let name: String
     /// How calls and envelopes are encoded.
     public let codec: any MethodCodec
-    /// The server's core, not the ``Server``: a handler that captures its channel must not keep the
+    /// The server's cores, not the ``Server``: a handler that captures its channel must not keep the
     /// server alive through the jobs that set the channel up (a server that never runs frees itself).
-    let core: LoopBound<ServerCore>
+    let cores: [LoopBound<ServerCore>]
 
     /// Makes a channel on `server`; it answers nothing until a handler is set.
     public init(name: String, codec: any MethodCodec = StandardMethodCodec(), server: Server) {
         self.name = name
         self.codec = codec
-        core = server.core
+        cores = server.group.cores
     }
 
-    /// Sets (or, with nil, removes) the handler. It runs on the server's loop thread and must answer
-    /// through `result` exactly once, from any thread, now or later.
+    /// Sets (or, with nil, removes) the handler. It runs on the loop thread of the connection that
+    /// called (with several loops, on several threads at once) and must answer through `result` exactly
+    /// once, from any thread, now or later.
     public func setMethodCallHandler(_ handler: (@Sendable (MethodCall, MethodResult) -> Void)?) {
         let name = self.name, codec = self.codec
-        core.onLoop { core in
+        cores.onEveryLoop { core in
             core.setChannel(name, handler.map { .method(MethodEntry(codec: codec, handler: $0)) })
         }
     }
@@ -56,13 +57,14 @@ public final class MethodChannel: Sendable {
         }
     }
 
-    /// Calls `method` on a connected client's handler of this channel; `completion` runs on the loop thread.
+    /// Calls `method` on a connected client's handler of this channel; `completion` runs on the
+    /// client's loop thread.
     public func invokeMethod(
         _ method: String, arguments: ChannelValue = .null, on client: ClientID,
         completion: @escaping @Sendable (Result<ChannelValue, InvokeError>) -> Void
     ) {
         let name = self.name, codec = self.codec
-        core.onLoop { core in
+        cores.owner(of: client).onLoop { core in
             let payload: [UInt8]
             do throws(CodecError) { payload = try codec.encodeMethodCall(MethodCall(method: method, arguments: arguments)) } catch {
                 return completion(.failure(.codec(error)))
@@ -129,6 +131,21 @@ public struct MethodResult: Sendable {
     }
 }
 
+extension [LoopBound<ServerCore>] {
+    /// Runs `body` with each core on its loop thread.
+    func onEveryLoop(_ body: @escaping @Sendable (ServerCore) -> Void) {
+        for core in self { core.onLoop(body) }
+    }
+
+    /// The core whose loop thread calls; nil off every loop thread.
+    var current: LoopBound<ServerCore>? { first { $0.loop.isInLoopThread } }
+    /// The index of the calling loop (0 off every loop thread).
+    var currentIndex: Int { firstIndex { $0.loop.isInLoopThread } ?? 0 }
+
+    /// The core serving `client` (connection ids are dealt round the loops).
+    func owner(of client: ClientID) -> LoopBound<ServerCore> { self[Int((client.rawValue &- 1) % UInt64(count))] }
+}
+
 extension LoopBound {
     /// Runs `body` with the value on the loop thread: at once when already there, else queued.
     func onLoop(_ body: @escaping @Sendable (Value) -> Void) {
@@ -152,9 +169,9 @@ public final class EventChannel: Sendable {
     public let overflow: OverflowPolicy
     /// Per-listener queue length; nil = the server's default.
     public let queueLimit: Int?
-    /// The server's core, not the ``Server``: a handler that captures its channel must not keep the
+    /// The server's cores, not the ``Server``: a handler that captures its channel must not keep the
     /// server alive through the jobs that set the channel up (a server that never runs frees itself).
-    let core: LoopBound<ServerCore>
+    let cores: [LoopBound<ServerCore>]
     /// Broadcasts from other threads on their way to the loop.
     private let producerQueue: ProducerQueue
 
@@ -165,15 +182,16 @@ public final class EventChannel: Sendable {
         self.codec = codec
         self.overflow = overflow
         self.queueLimit = queueLimit
-        core = server.core
+        cores = server.group.cores
         producerQueue = ProducerQueue(limit: queueLimit ?? server.configuration.eventQueueLimit, overflow: overflow,
                                       loop: server.core.loop)
     }
 
-    /// Sets (or removes) the stream handler; its methods run on the loop thread.
+    /// Sets (or removes) the stream handler; its methods run on the loop thread of the listener's
+    /// connection (with several loops, on several threads at once).
     public func setStreamHandler(_ handler: (any StreamHandler)?) {
         let name = self.name, codec = self.codec, overflow = self.overflow, queueLimit = self.queueLimit
-        core.onLoop { core in
+        cores.onEveryLoop { core in
             core.setChannel(name, handler.map {
                 .event(EventEntry(name: name, codec: codec, handler: $0, overflow: overflow,
                                   queueLimit: queueLimit ?? core.config.eventQueueLimit))
@@ -182,18 +200,19 @@ public final class EventChannel: Sendable {
     }
 
     /// Sends `value` to every current listener, encoded once per wire encoding. Callable from any
-    /// thread: on the loop thread it is queued for every listener at once; from another thread it waits
-    /// for one coalesced hop in a queue bounded by ``queueLimit`` under ``overflow`` (drops counted as
-    /// `producerQueueFull`), so a producer faster than the loop never blocks and never grows memory.
+    /// thread: on a loop thread it is queued for that loop's listeners at once, and crosses once to each
+    /// other loop with listeners; from another thread it waits for one coalesced hop to loop 0 in a
+    /// queue bounded by ``queueLimit`` under ``overflow`` (drops counted as `producerQueueFull`), so a
+    /// producer faster than the loop never blocks and never grows memory.
     public func broadcast(_ value: ChannelValue) { send(.data(value)) }
 
     /// Sends an error event to every current listener. Callable from any thread, as ``broadcast(_:)``.
     public func broadcastError(_ error: ChannelError) { send(.error(error)) }
 
     private func send(_ content: EventContent) {
-        let name = self.name, core = self.core
-        if core.loop.isInLoopThread { return core.value.broadcast(on: name, content) }
-        let queue = producerQueue
+        let name = self.name
+        if let core = cores.current { return core.value.broadcast(on: name, content) }
+        let queue = producerQueue, core = cores[0]
         queue.add(content) {
             let (events, dropped) = queue.take()
             core.value.countDrop("producerQueueFull", count: dropped)
@@ -304,21 +323,22 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
     public let name: String
     /// How messages are encoded.
     public let codec: Codec
-    /// The server's core, not the ``Server``: a handler that captures its channel must not keep the
+    /// The server's cores, not the ``Server``: a handler that captures its channel must not keep the
     /// server alive through the jobs that set the channel up (a server that never runs frees itself).
-    let core: LoopBound<ServerCore>
+    let cores: [LoopBound<ServerCore>]
 
     /// Makes a channel on `server`.
     public init(name: String, codec: Codec, server: Server) {
         self.name = name
         self.codec = codec
-        core = server.core
+        cores = server.group.cores
     }
 
-    /// Sets (or removes) the message handler; it runs on the loop thread and answers through `reply`.
+    /// Sets (or removes) the message handler; it runs on the loop thread of the connection that sent
+    /// (with several loops, on several threads at once) and answers through `reply`.
     public func setMessageHandler(_ handler: (@Sendable (Codec.Message, MessageReply<Codec>) -> Void)?) {
         let name = self.name, codec = self.codec
-        core.onLoop { core in
+        cores.onEveryLoop { core in
             let loop = core.handle  // not the core: the channel table must not keep the core alive
             core.setChannel(name, handler.map { handler in
                 .message(MessageEntry(codecName: Introspection.codecName(codec), encode: { value throws(CodecError) in try codec.encode(codec.message(from: value)) }) { input, request in
@@ -337,11 +357,12 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
         }
     }
 
-    /// Sends `message` to a connected client's handler of this channel; `reply` runs on the loop thread.
+    /// Sends `message` to a connected client's handler of this channel; `reply` runs on the client's
+    /// loop thread.
     public func send(_ message: Codec.Message, to client: ClientID,
                      reply: @escaping @Sendable (Result<Codec.Message, InvokeError>) -> Void) {
         let name = self.name, codec = self.codec
-        core.onLoop { core in
+        cores.owner(of: client).onLoop { core in
             let payload: [UInt8]?
             do throws(CodecError) { payload = try codec.encode(message) } catch { return reply(.failure(.codec(error))) }
             core.sendRequest(to: client, channel: name, payload: payload) { answer in

@@ -27,8 +27,9 @@ public struct ClusterSettings: Sendable {
 ///   each other node. A call no beacon has named for ``leaseMs`` is over (`handler_gone`), and so is a
 ///   node no beacon came from for as long (a `kill -9`, a stopped process, a lost bus connection).
 final class ClusterLink {
-    let settings: ClusterSettings
-    private let bus: NATSBus
+    /// This node's name, as the stats show it.
+    let node: String
+    private let bus: any ClusterBus
     /// This node's id on the bus: random, so that two nodes never share one (their names may); 15 hex
     /// digits at most, so that Swift keeps it inline.
     let instance = String(UInt64.random(in: 1..<(1 << 60)), radix: 16)
@@ -36,7 +37,7 @@ final class ClusterLink {
     static let leaseMs: UInt64 = 1500
     private let loop: EventLoop
     private let logger: Logger
-    private let beaconTimer: Timer
+    private let beaconTimer: Timer?
     /// When the last beacon went, and how often the loop stalled past a lease between two (a stopped
     /// or starved process: the other nodes took this one for gone, and NATS may have dropped its
     /// connection as a slow consumer).
@@ -159,19 +160,27 @@ final class ClusterLink {
     var onListenerReport: ((_ node: String, _ counts: [String: Int]) -> Void)?
     private(set) var peersLost = 0
 
-    init(settings: ClusterSettings, loop: EventLoop, logger: Logger) throws(UVError) {
-        self.settings = settings
-        self.loop = loop
+    /// A node of a NATS cluster.
+    convenience init(settings: ClusterSettings, loop: EventLoop, logger: Logger) throws(UVError) {
         var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)")
         options.echo = false  // a node's own broadcasts have reached its listeners already
         var logger = logger
         logger[metadataKey: "node"] = "\(settings.node)"
-        bus = try NATSBus(loop: loop, options: options, logger: logger)
-        self.logger = logger
-        beaconTimer = try Timer(loop: loop)
+        let bus = try NATSBus(loop: loop, options: options, logger: logger)
         bus.onConnectionChange = { connected in
             if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
         }
+        try self.init(bus: bus, node: settings.node, liveness: true, loop: loop, logger: logger)
+    }
+
+    /// A link over `bus`. Without `liveness` (the loops of one server, which stop together and lose
+    /// nothing between them) no beacon goes out and no call or node lapses.
+    init(bus: any ClusterBus, node: String, liveness: Bool, loop: EventLoop, logger: Logger) throws(UVError) {
+        self.node = node
+        self.bus = bus
+        self.loop = loop
+        self.logger = logger
+        beaconTimer = liveness ? try Timer(loop: loop) : nil
         // Subjects are checked here once: these are made of hex digits and fixed words.
         _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [unowned self] message in answered(message) }
         _ = try? bus.subscribe("switchboard.node.\(instance).call.*", queue: nil) { [unowned self] message in
@@ -183,7 +192,7 @@ final class ClusterLink {
             }
             incoming(message, on: channel)
         }
-        _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [unowned self] message in beacon(message) }
+        if liveness { _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [unowned self] message in beacon(message) } }
         for input in CallInput.allCases {
             let binary: [BusMessage.Header] = [.init("Sb-Caller", instance), .init("Sb-Input", input.rawValue)]
             callHeaders[input] = (binary, binary + [.init("Sb-Text", "1")])
@@ -192,18 +201,18 @@ final class ClusterLink {
 
     /// The bus and the timer call back into this link: they never outlive it (a link that was never
     /// closed stops its timer here).
-    deinit { beaconTimer.cancel() }
+    deinit { beaconTimer?.cancel() }
 
     func start() {
         bus.start()
         lastTick = loop.now
-        beaconTimer.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [unowned self] in tick() }
+        beaconTimer?.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [unowned self] in tick() }
     }
 
     /// Stops for good: nothing more goes out or comes in, and no completion runs (the server answers
     /// what is open as it shuts down).
     func close() {
-        beaconTimer.cancel()
+        beaconTimer?.cancel()
         bus.close()
         subscriptions = [:]
         listenerCounts = [:]
@@ -441,7 +450,7 @@ final class ClusterLink {
         // elsewhere that this node has listeners on, and a lone "L" after them; then a line per calling
         // node: "<instance> <id> <id> …". Split into beacons of at most 64 KiB, each with the first line
         // (the listeners all in the first), far below any max_payload.
-        let first = Array("\(instance) \(held.count) \(settings.node)\n".utf8)
+        let first = Array("\(instance) \(held.count) \(node)\n".utf8)
         var beacon = first
         for listening in (listenersToReport?() ?? []).sorted(by: { ($0.holderNode, $0.channel) < ($1.holderNode, $1.channel) }) {
             beacon += "L \(listening.holderNode) \(digest(listening.channel)) \(listening.count)\n".utf8
@@ -538,11 +547,23 @@ final class ClusterLink {
         return (totals.map { ("switchboard_cluster_\($0.0)_total", $0.1) }, gauges.map { ("switchboard_cluster_\($0.0)", $0.1) })
     }
 
+    /// For `switchboard/stats`, between the loops of one server: what crossed, and what was dropped
+    /// because a loop had too much waiting.
+    var loopStatsValue: ChannelValue {
+        .stringMap([
+            "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn), "eventsUnsent": .int(eventsUnsent),
+            "callsOut": .int(callsOut), "callsIn": .int(callsIn),
+            "callsPending": .int(outgoing.count), "callsServing": .int(served.count),
+            "messagesOut": .int(bus.counters.messagesOut), "messagesIn": .int(bus.counters.messagesIn),
+            "dropped": .int(bus.counters.dropped),
+        ])
+    }
+
     /// For `switchboard/stats`.
     var statsValue: ChannelValue {
         let bus = self.bus.counters
         return .stringMap([
-            "node": .string(settings.node), "connected": .bool(self.bus.isConnected),
+            "node": .string(node), "connected": .bool(self.bus.isConnected),
             "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn),
             "eventsUnsent": .int(eventsUnsent), "eventsMalformed": .int(eventsMalformed),
             "channelsListened": .int(subscriptions.count),

@@ -22,7 +22,7 @@ extension Server {
         BasicMessageChannel(name: "switchboard/message.binary", codec: BinaryCodec(), server: self)
             .setMessageHandler { message, reply in reply.reply(message) }
 
-        EventChannel(name: "switchboard/ticker", server: self).setStreamHandler(Ticker(loop: core.loop))
+        EventChannel(name: "switchboard/ticker", server: self).setStreamHandler(Ticker(loops: group.cores.map(\.loop)))
 
         let room = EventChannel(name: "switchboard/room", server: self)
         room.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
@@ -33,8 +33,11 @@ extension Server {
                 reply.reply(nil)
             }
 
-        MethodChannel(name: "switchboard/stats", server: self).setMethodCallHandler { [core] call, result in
-            call.method == "get" ? result.success(core.value.statsValue) : result.notImplemented()
+        MethodChannel(name: "switchboard/stats", server: self).setMethodCallHandler { [group] call, result in
+            guard call.method == "get" else { return result.notImplemented() }
+            group.gather(from: group.cores.currentIndex, { $0.statsValue }) { parts in
+                result.success(LoopGroup.sum(parts.compactMap { $0 }))
+            }
         }
     }
 }
@@ -98,10 +101,14 @@ struct Ticker: StreamHandler {
         }
     }
 
-    private let runs: LoopBound<Box>
+    /// Each loop's runs.
+    private let tables: [LoopBound<Box>]
     final class Box { var byClient: [ClientID: Run] = [:] }
 
-    init(loop: LoopHandle) { runs = LoopBound(Box(), loop: loop) }
+    init(loops: [LoopHandle]) { tables = loops.map { LoopBound(Box(), loop: $0) } }
+
+    /// The runs of the calling loop's listeners.
+    private var runs: LoopBound<Box> { tables.first { $0.loop.isInLoopThread } ?? tables[0] }
 
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? {
         var count: Int?

@@ -6,27 +6,38 @@ extension Server {
     /// `close`). `close` is an operator's power: guard it with access control where clients are not
     /// all trusted.
     public func installIntrospectionChannels() {
-        MethodChannel(name: "switchboard/channels", server: self).setMethodCallHandler { [core] call, result in
-            call.method == "list" ? result.success(core.value.channelList) : result.notImplemented()
+        MethodChannel(name: "switchboard/channels", server: self).setMethodCallHandler { [group] call, result in
+            guard call.method == "list" else { return result.notImplemented() }
+            group.gather(from: group.cores.currentIndex, { $0.channelRows }) { parts in
+                result.success(.list(Introspection.merge(parts.compactMap { $0 })))
+            }
         }
-        MethodChannel(name: "switchboard/connections", server: self).setMethodCallHandler { [core] call, result in
-            let core = core.value
+        MethodChannel(name: "switchboard/connections", server: self).setMethodCallHandler { [group] call, result in
             switch call.method {
             case "list":
                 guard let page = Introspection.Page(call.arguments) else {
                     return result.error(Introspection.badArguments("list takes null or {\"offset\": n ≥ 0, \"limit\": 1…1000}"))
                 }
-                result.success(core.connectionList(page))
+                // Each loop gives the first rows it has up to the page's end; the page is cut from them all.
+                let upTo = Introspection.Page(offset: 0, limit: page.offset + page.limit)
+                group.gather(from: group.cores.currentIndex, { ($0.connections.count, $0.connectionRows(upTo)) }) { parts in
+                    let rows = parts.compactMap { $0?.1 }.joined().sorted { $0.id < $1.id }.dropFirst(page.offset).prefix(page.limit)
+                    result.success(.stringMap([
+                        "total": .int(parts.reduce(0) { $0 + ($1?.0 ?? 0) }), "connections": .list(rows.map(\.row)),
+                    ]))
+                }
             case "close":
                 guard let id = call.arguments.intValue, id > 0 else {
                     return result.error(Introspection.badArguments("close takes a connection id"))
                 }
-                guard let connection = core.connections[UInt64(id)] else {
-                    return result.error(ChannelError(code: "not_found", message: "no connection \(id)"))
+                group.cores[group.loop(ofConnection: UInt64(id))].onLoop { core in
+                    guard let connection = core.connections[UInt64(id)] else {
+                        return result.error(ChannelError(code: "not_found", message: "no connection \(id)"))
+                    }
+                    result.success(.null)  // first: the caller may be closing itself
+                    connection.logger.notice("closed by an operator")
+                    connection.closeAfterFlush(.closedByOperator)
                 }
-                result.success(.null)  // first: the caller may be closing itself
-                connection.logger.notice("closed by an operator")
-                connection.closeAfterFlush(.closedByOperator)
             default:
                 result.notImplemented()
             }
@@ -38,6 +49,11 @@ enum Introspection {
     /// Which connections `list` returns: by id, from `offset`, at most `limit`.
     struct Page {
         var offset = 0, limit = 100
+
+        init(offset: Int, limit: Int) {
+            self.offset = offset
+            self.limit = limit
+        }
 
         init?(_ arguments: ChannelValue) {
             guard !arguments.isNull else { return }
@@ -51,6 +67,14 @@ enum Introspection {
                 self.limit = limit
             }
         }
+    }
+
+    /// The channel rows of every loop as one list by name: a channel served on every loop adds up its
+    /// loops' counts; a held one is held on one loop.
+    static func merge(_ loops: [[(name: String, row: ChannelValue)]]) -> [ChannelValue] {
+        var byName: [String: [ChannelValue]] = [:]
+        for rows in loops { for (name, row) in rows { byName[name, default: []].append(row) } }
+        return byName.keys.sorted().compactMap { byName[$0].map(LoopGroup.sum) }
     }
 
     static func badArguments(_ message: String) -> ChannelError {
@@ -84,8 +108,9 @@ extension ServerCore {
         stats.goneChannelEvents += counts.events
     }
 
-    /// `switchboard/channels` `list`: every channel, served here or held by a client, by name.
-    var channelList: ChannelValue {
+    /// This loop's rows of `switchboard/channels` `list`: every channel, served here or held by a
+    /// client of this loop (its listeners on every loop counted).
+    var channelRows: [(name: String, row: ChannelValue)] {
         var rows: [(String, ChannelValue)] = []
         for (name, entry) in channels {
             let (kind, codec, listeners): (String, String, Int) = switch entry {
@@ -99,9 +124,10 @@ extension ServerCore {
         for (name, registration) in registrations {
             rows.append((name, Self.channelRow(
                 name, kind: registration.kind?.rawValue, codec: registration.codec.map { .string($0.rawValue) } ?? .null,
-                held: true, listeners: registration.events?.listeners.all.count ?? 0, counts: registration.counts)))
+                held: true, listeners: (registration.events?.listeners.all.count ?? 0) + registration.remoteListeners.values.reduce(0, +),
+                counts: registration.counts)))
         }
-        return .list(rows.sorted { $0.0 < $1.0 }.map(\.1))
+        return rows
     }
 
     private static func channelRow(_ name: String, kind: String?, codec: ChannelValue, held: Bool, listeners: Int,
@@ -112,11 +138,11 @@ extension ServerCore {
         ])
     }
 
-    /// `switchboard/connections` `list`: one page of the connections, by id, and how many there are.
-    func connectionList(_ page: Introspection.Page) -> ChannelValue {
+    /// One page of this loop's rows of `switchboard/connections` `list`, by id.
+    func connectionRows(_ page: Introspection.Page) -> [(id: UInt64, row: ChannelValue)] {
         let ids = connections.keys.sorted().dropFirst(page.offset).prefix(page.limit)
         let now = eventLoop.now
-        let rows: [ChannelValue] = ids.compactMap { connections[$0] }.map { connection in
+        return ids.compactMap { connections[$0] }.map { connection in
             let transport = connection.transport
             let mode = switch connection.mode {
             case .binary: "binary"
@@ -132,7 +158,7 @@ extension ServerCore {
                 }
                 return .stringMap(["channel": .string(channel), "credit": credit])
             }
-            return .stringMap([
+            return (connection.id, .stringMap([
                 "id": .int(Int(connection.id)), "remote": .string(transport.remoteAddress),
                 "transport": .string(transport.scheme), "mode": .string(mode),
                 "client": connection.clientName.map(ChannelValue.string) ?? .null,
@@ -142,8 +168,7 @@ extension ServerCore {
                 "pendingOutboundBytes": .int(connection.pendingBytes + connection.waitingEventBytes),
                 "openRequests": .int(connection.openRequestCount),
                 "listens": .list(listens),
-            ])
+            ]))
         }
-        return .stringMap(["total": .int(connections.count), "connections": .list(rows)])
     }
 }

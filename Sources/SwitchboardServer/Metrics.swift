@@ -32,8 +32,91 @@ public struct MetricsSettings: Sendable {
     }
 }
 
+/// What one loop counts, as the reporter takes it: the snapshots of several loops add up.
+struct MetricsSnapshot: Sendable {
+    struct Total: Hashable, Sendable {
+        let label: String
+        let dimensions: [String: String]
+    }
+    struct ChannelTotals: Sendable {
+        var requests = 0, events = 0
+        var isEvent = false
+    }
+    var gauges: [String: Int] = [:]
+    var totals: [Total: Int] = [:]
+    var channels: [String: ChannelTotals] = [:]
+
+    /// The sum of `parts` (the uptime is the longest).
+    static func sum(_ parts: [MetricsSnapshot]) -> MetricsSnapshot {
+        var sum = MetricsSnapshot()
+        for part in parts {
+            for (label, value) in part.gauges {
+                sum.gauges[label] = label == "switchboard_uptime_seconds" ? max(sum.gauges[label] ?? 0, value) : (sum.gauges[label] ?? 0) + value
+            }
+            for (total, value) in part.totals { sum.totals[total, default: 0] += value }
+            for (name, counts) in part.channels {
+                sum.channels[name, default: ChannelTotals()].requests += counts.requests
+                sum.channels[name, default: ChannelTotals()].events += counts.events
+                sum.channels[name, default: ChannelTotals()].isEvent = sum.channels[name, default: ChannelTotals()].isEvent || counts.isEvent
+            }
+        }
+        return sum
+    }
+}
+
+extension ServerCore {
+    /// What this loop counts, for ``MetricsReporter``.
+    var metricsSnapshot: MetricsSnapshot {
+        var snapshot = MetricsSnapshot()
+        func total(_ label: String, _ value: Int, _ dimensions: [String: String] = [:]) {
+            snapshot.totals[.init(label: label, dimensions: dimensions), default: 0] += value
+        }
+        snapshot.gauges = [
+            "switchboard_connections": connectionCount, "switchboard_replies_pending": stats.repliesPending,
+            "switchboard_registrations": registrations.count, "switchboard_uptime_seconds": Int((eventLoop.now - startedAt) / 1000),
+        ]
+        total("switchboard_connections_total", stats.connectionsTotal)
+        total("switchboard_frames_in_total", stats.framesIn)
+        total("switchboard_frames_out_total", stats.framesOut)
+        total("switchboard_bytes_in_total", stats.bytesIn)
+        total("switchboard_bytes_out_total", stats.bytesOut)
+        total("switchboard_slow_consumers_closed_total", stats.slowConsumersClosed)
+        total("switchboard_ignored_frames_total", stats.ignoredFrames)
+        total("switchboard_forwarded_requests_total", stats.forwardedRequests)
+        total("switchboard_accept_errors_total", stats.acceptErrors)
+        for (reason, value) in tallies.eventsDropped { total("switchboard_events_dropped_total", value, ["reason": reason]) }
+        for (reason, value) in tallies.closes { total("switchboard_closes_total", value, ["reason": reason]) }
+        for (plugin, codes) in tallies.pluginRejections {
+            for (code, value) in codes { total("switchboard_plugin_rejections_total", value, ["plugin": plugin, "code": code]) }
+        }
+        for (plugin, value) in tallies.pluginFailures { total("switchboard_plugin_failures_total", value, ["plugin": plugin]) }
+        if let cluster, !linksLoops {
+            let metrics = cluster.metrics
+            for (label, value) in metrics.totals { total(label, value) }
+            for (label, value) in metrics.gauges { snapshot.gauges[label] = value }
+        }
+        for (name, counts, isEvent) in channelCounts() {
+            snapshot.channels[name, default: .init()].requests += counts.requests
+            snapshot.channels[name, default: .init()].events += counts.events
+            snapshot.channels[name, default: .init()].isEvent = isEvent
+        }
+        return snapshot
+    }
+
+    /// Reports every loop's counters, then runs `then` on this loop.
+    func reportMetrics(then: @escaping @Sendable () -> Void) {
+        guard let group else { return then() }
+        group.gather(from: index, { $0.metricsSnapshot }) { parts in
+            let sum = MetricsSnapshot.sum(parts.compactMap { $0 })
+            group.metricsReporter.withLock { $0.report(sum) }
+            then()
+        }
+    }
+}
+
 /// Reports the server's plain counters to swift-metrics now and then, as deltas: the paths that count
-/// stay plain integer increments, and a backend sees ordinary counters and gauges. Loop thread only.
+/// stay plain integer increments, and a backend sees ordinary counters and gauges. Used under the
+/// server's lock, by one loop at a time.
 final class MetricsReporter {
     private let settings: MetricsSettings
     private var counters: [String: CoreMetrics.Counter] = [:]
@@ -45,37 +128,12 @@ final class MetricsReporter {
 
     init(settings: MetricsSettings) { self.settings = settings }
 
-    /// Reports everything `core` counts.
-    func report(_ core: ServerCore) {
-        let stats = core.stats
-        gauge("switchboard_connections", value: core.connectionCount)
-        gauge("switchboard_replies_pending", value: stats.repliesPending)
-        gauge("switchboard_registrations", value: core.registrations.count)
-        gauge("switchboard_uptime_seconds", value: Int((core.eventLoop.now - core.startedAt) / 1000))
-        count("switchboard_connections_total", total: stats.connectionsTotal)
-        count("switchboard_frames_in_total", total: stats.framesIn)
-        count("switchboard_frames_out_total", total: stats.framesOut)
-        count("switchboard_bytes_in_total", total: stats.bytesIn)
-        count("switchboard_bytes_out_total", total: stats.bytesOut)
-        count("switchboard_slow_consumers_closed_total", total: stats.slowConsumersClosed)
-        count("switchboard_ignored_frames_total", total: stats.ignoredFrames)
-        count("switchboard_forwarded_requests_total", total: stats.forwardedRequests)
-        count("switchboard_accept_errors_total", total: stats.acceptErrors)
-        let tallies = core.tallies
-        for (reason, total) in tallies.eventsDropped { count("switchboard_events_dropped_total", ["reason": reason], total: total) }
-        for (reason, total) in tallies.closes { count("switchboard_closes_total", ["reason": reason], total: total) }
-        for (plugin, codes) in tallies.pluginRejections {
-            for (code, total) in codes { count("switchboard_plugin_rejections_total", ["plugin": plugin, "code": code], total: total) }
-        }
-        for (plugin, total) in tallies.pluginFailures { count("switchboard_plugin_failures_total", ["plugin": plugin], total: total) }
-        if let cluster = core.cluster {
-            let metrics = cluster.metrics
-            for (label, total) in metrics.totals { count(label, total: total) }
-            for (label, value) in metrics.gauges { gauge(label, value: value) }
-        }
-        let channels = core.channelCounts()
+    /// Reports the counts of `snapshot` (the sum over the loops).
+    func report(_ snapshot: MetricsSnapshot) {
+        for (label, value) in snapshot.gauges { gauge(label, value: value) }
+        for (total, value) in snapshot.totals { count(total.label, total.dimensions, total: value) }
         // Channels gone since: forget their totals (one that comes back starts again from 0).
-        let present = Set(channels.map(\.name))
+        let present = Set(snapshot.channels.keys)
         for name in labeledChannels.subtracting(present) {
             // A gone channel's series end, and its label is free for another channel: the number of
             // series stays bounded however many channels come and go.
@@ -88,11 +146,11 @@ final class MetricsReporter {
             guard key.hasPrefix(Self.channelKey) else { return true }
             return present.contains(String(key.drop { $0 != " " }.dropFirst()))
         }
-        for (name, counts, isEvent) in channels {
+        for (name, counts) in snapshot.channels.sorted(by: { $0.key < $1.key }) {
             let label = channelLabel(name)
             // Per channel, then added into its label's counter: channels summed as `other` may come and go.
             add("switchboard_channel_requests_total", ["channel": label], key: Self.channelKey + "requests " + name, total: counts.requests)
-            if isEvent { add("switchboard_channel_events_total", ["channel": label], key: Self.channelKey + "events " + name, total: counts.events) }
+            if counts.isEvent { add("switchboard_channel_events_total", ["channel": label], key: Self.channelKey + "events " + name, total: counts.events) }
         }
     }
 

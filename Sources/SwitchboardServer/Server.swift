@@ -1,15 +1,22 @@
 import Logging
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 import SwitchboardTransport
 
-/// A Switchboard server: one libuv loop serving binary and text-mode clients on one port.
+/// A Switchboard server: libuv loops (one by default, ``ServerConfiguration/loops``) serving binary and
+/// text-mode clients on one port.
 ///
 /// Create it, attach channels (``MethodChannel``, ``EventChannel``, ``BasicMessageChannel``), then
 /// ``run(handlingSignals:)`` on the current thread or ``start()`` on a thread of its own.
 public final class Server: Sendable {
     /// The settings it was made with.
     public let configuration: ServerConfiguration
-    let core: LoopBound<ServerCore>
+    /// Its loops (``ServerConfiguration/loops``).
+    let group: LoopGroup
+    /// Loop 0's core: the one a driven server has, and the one that accepts connections.
+    var core: LoopBound<ServerCore> { group.cores[0] }
     private let state = Mutex(RunState())
     private let boundPort = Atomic<Int>(0)
     private let boundTLSPort = Atomic<Int>(0)
@@ -22,17 +29,26 @@ public final class Server: Sendable {
     /// Makes a server; nothing listens until it runs.
     public init(configuration: ServerConfiguration = ServerConfiguration(),
                 logger: Logger = Logger(label: "switchboard")) throws(UVError) {
+        precondition(configuration.loops >= 1, "a server runs at least one loop")
+        precondition(configuration.cluster == nil || configuration.loops == 1, "a node of a cluster runs one loop")
         self.configuration = configuration
-        let core = try ServerCore(config: configuration, logger: logger)
-        self.core = LoopBound(core, loop: core.handle)
+        var cores: [ServerCore] = []
+        for index in 0..<configuration.loops {
+            var logger = logger
+            if configuration.loops > 1 { logger[metadataKey: "loop"] = "\(index)" }
+            cores.append(try ServerCore(config: configuration, logger: logger, index: index, loops: configuration.loops))
+        }
+        group = LoopGroup(cores: cores, metrics: configuration.metrics)
+        for core in cores { core.group = group }
     }
 
-    /// A server that never ran still holds its loop's handles and file descriptors, and set-up jobs
-    /// that capture its core: both go here. (One that ran released everything when it stopped.)
+    /// A server that never ran still holds its loops' handles and file descriptors, and set-up jobs
+    /// that capture its cores: both go here. (One that ran released everything when it stopped.)
     deinit {
-        guard !core.loop.hasStarted else { return }
-        let core = self.core.value
-        core.eventLoop.finishDriving(beforeClosing: core.releaseAll)
+        for bound in group.cores where !bound.loop.hasStarted {
+            let core = bound.value
+            core.eventLoop.finishDriving(beforeClosing: core.releaseAll)
+        }
     }
 
     /// The port it listens on, once running (useful with port 0).
@@ -40,56 +56,73 @@ public final class Server: Sendable {
     /// The TLS port it listens on, once running; 0 without TLS.
     public var tlsPort: Int { boundTLSPort.load(ordering: .acquiring) }
 
-    /// Runs `body` with the loop-owned core on the loop thread (queued until the loop runs).
-    func onLoop(_ body: @escaping @Sendable (ServerCore) -> Void) { core.onLoop(body) }
+    /// Runs `body` with each loop's core on its loop thread (queued until the loop runs).
+    func onEveryLoop(_ body: @escaping @Sendable (ServerCore) -> Void) {
+        for core in group.cores { core.onLoop(body) }
+    }
 
     /// Loads `plugin` (see ``Plugin``): its stages join the pipeline after those loaded before, then its
     /// ``Plugin/didLoad(into:)`` runs. Before the server runs only: the pipeline is fixed while it serves.
+    /// Every loop runs the same stages.
     public func load(_ plugin: any Plugin) {
         precondition(!core.loop.hasStarted, "plugins are loaded before the server runs")
-        core.value.pipeline.load(plugin)
+        for core in group.cores { core.value.pipeline.load(plugin) }
         plugin.didLoad(into: self)
     }
 
-    /// Runs `body` on the loop thread each time the process receives `signal` (such as SIGHUP), from
+    /// Runs `body` on loop 0's thread each time the process receives `signal` (such as SIGHUP), from
     /// when the loop starts.
     public func onSignal(_ signal: Int32, _ body: @escaping @Sendable () -> Void) {
-        onLoop { $0.watch(signal, body) }
+        core.onLoop { $0.watch(signal, body) }
     }
 
-    /// Binds and serves on the calling thread until shut down; returns after a graceful stop.
+    /// Binds and serves until shut down, loop 0 on the calling thread and every other loop on a thread
+    /// of its own; returns after a graceful stop of every loop.
     public func run(handlingSignals: Bool = false) throws(UVError) {
+        try bindAll()
         let core = self.core.value
-        boundPort.store(try core.bind(), ordering: .releasing)
-        boundTLSPort.store(core.tlsPort ?? 0, ordering: .releasing)
         if handlingSignals { try core.handleSignals() }
-        core.logger.notice("listening on \(configuration.host):\(port)")
+        core.logger.notice("listening on \(configuration.host):\(port)\(configuration.loops > 1 ? " with \(configuration.loops) loops" : "")")
         if let tlsPort = core.tlsPort { core.logger.notice("listening for TLS on \(configuration.host):\(tlsPort)") }
+        for sibling in group.cores.dropFirst() { runOnThread(sibling) }
         core.eventLoop.run(beforeClosing: core.releaseAll)
+        group.loopStopped()
+        while group.stoppedLoops < group.count { usleep(1000) }  // the others stopped first (loop 0 waited for them)
         markStopped()
     }
 
-    /// Binds, then serves on a new thread; returns the bound port.
+    /// Binds, then serves on new threads (one per loop); returns the bound port.
     @discardableResult
     public func start() throws(UVError) -> Int {
+        try bindAll()
+        for core in group.cores { runOnThread(core) }
+        return port
+    }
+
+    /// Binds loop 0's listeners and readies every loop.
+    private func bindAll() throws(UVError) {
         let port = try core.value.bind()
+        for sibling in group.cores.dropFirst() { try sibling.value.startServing() }
         boundPort.store(port, ordering: .releasing)
         boundTLSPort.store(core.value.tlsPort ?? 0, ordering: .releasing)
-        let core = self.core
+    }
+
+    private func runOnThread(_ core: LoopBound<ServerCore>) {
+        let group = self.group
         startThread { [self] in
             let owned = core.value
             owned.eventLoop.run(beforeClosing: owned.releaseAll)
-            markStopped()
+            if group.loopStopped() == group.count { markStopped() }
         }
-        return port
     }
 
     // MARK: Driven by the caller
 
     /// Starts serving without a listener, with the loop driven by the calling thread through
     /// ``runOnce()``: for connections over in-memory transports (tests, fuzzers) and for embedders
-    /// that bring their own transports to ``accept(_:)``. End with ``finishDriven()``.
+    /// that bring their own transports to ``accept(_:)``. End with ``finishDriven()``. One loop only.
     public func startDriven() throws(UVError) {
+        precondition(group.count == 1, "a driven server runs one loop")
         try core.value.startPerTurnWork()
     }
 
@@ -112,9 +145,9 @@ public final class Server: Sendable {
         markStopped()
     }
 
-    /// Begins a graceful shutdown (wire-v1 section 7c). Callable from any thread.
+    /// Begins a graceful shutdown (wire-v1 section 7c) of every loop. Callable from any thread.
     public func shutdown() {
-        onLoop { $0.beginShutdown() }
+        onEveryLoop { $0.beginShutdown() }
     }
 
     /// Waits until the server has stopped.

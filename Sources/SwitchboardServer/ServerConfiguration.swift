@@ -35,6 +35,10 @@ public struct ServerConfiguration: Sendable {
     public var metrics = MetricsSettings.prometheus()
     /// Other nodes to share broadcasts with, over NATS (protocol/cluster.md); nil = a node on its own.
     public var cluster: ClusterSettings?
+    /// Event loops, each a thread of its own serving a share of the connections (`README.md`, "Scaling").
+    /// Handlers run on the loop of the connection that called them, so with more than one loop the same
+    /// handler may run on several threads at once. A node of a cluster runs one loop.
+    public var loops = 1
 
     /// The defaults of wire-v1.
     public init() {}

@@ -64,7 +64,16 @@ final class ServerCore {
     private var tlsListener: TCPListener?
     private(set) var connections: [UInt64: Connection] = [:]
     private var closingConnections: [Connection] = []
-    private var nextConnectionID: UInt64 = 0
+    /// Connections accepted by this loop so far: the ids are dealt round the loops (loop `i` of `n`
+    /// gives `i + 1`, `i + 1 + n`, …), so that an id tells its loop.
+    private var connectionsMade: UInt64 = 0
+    /// This loop's place among the server's loops, and how many there are.
+    let index: Int
+    let loopCount: Int
+    /// The server's loops; nil once released.
+    var group: LoopGroup?
+    /// The loop the next accepted connection goes to (loop 0, which accepts for all).
+    private var nextLoop = 0
     private(set) var channels: [String: ChannelEntry] = [:]
     /// Changes whenever a channel or registration does, which invalidates every connection's cached route.
     var routesVersion = 0
@@ -87,41 +96,61 @@ final class ServerCore {
     private var releasedSinceTrim = 0
     private var lastTrim: UInt64 = 0
     private var shutdownTimer: Timer?
+    /// Whether this loop told the others that its drain is over.
+    private var reportedDrained = false
     private var signalWatchers: [SignalWatcher] = []
     let startedAt: UInt64
-    /// Hands the counters to swift-metrics (``ServerConfiguration/metrics``).
-    private(set) lazy var metricsReporter = MetricsReporter(settings: config.metrics)
     private var metricsTimer: Timer?
     var connectionCount: Int { connections.count }
-    /// The other nodes, once bound (``ServerConfiguration/cluster``).
+    /// The other nodes (``ServerConfiguration/cluster``) or the other loops of this server, once bound.
     private(set) var cluster: ClusterLink?
+    /// Whether ``cluster`` joins the loops of this server rather than nodes.
+    private(set) var linksLoops = false
 
-    init(config: ServerConfiguration, logger: Logger) throws(UVError) {
+    init(config: ServerConfiguration, logger: Logger, index: Int = 0, loops: Int = 1) throws(UVError) {
         self.config = config
         self.logger = logger
+        self.index = index
+        loopCount = loops
         eventLoop = try EventLoop()
         startedAt = eventLoop.now
     }
 
     // MARK: Lifecycle
 
-    /// Binds the listener and starts the per-turn work; returns the port.
+    /// Binds the listeners (loop 0 accepts for every loop) and starts serving; returns the port.
     func bind() throws(UVError) -> Int {
         let listener = try TCPListener(loop: eventLoop, host: config.host, port: config.port) { [unowned self] transport in
-            accept(web(transport))
+            accepted(transport, tls: nil)
         }
         listener.onAcceptError = { [unowned self] error in acceptFailed(error) }
         self.listener = listener
         if let tls = config.tls {
             let tlsListener = try TCPListener(loop: eventLoop, host: config.host, port: tls.port) { [unowned self] transport in
-                acceptTLS(transport, tls)
+                accepted(transport, tls: tls)
             }
             tlsListener.onAcceptError = { [unowned self] error in acceptFailed(error) }
             self.tlsListener = tlsListener
         }
+        try startServing()
+        return listener.port
+    }
+
+    /// Starts the per-turn work, and the link to the other nodes or loops.
+    func startServing() throws(UVError) {
         try startPerTurnWork()
+        let link: ClusterLink
         if let settings = config.cluster {
-            let cluster = try ClusterLink(settings: settings, loop: eventLoop, logger: logger)
+            link = try ClusterLink(settings: settings, loop: eventLoop, logger: logger)
+        } else if let hub = group?.hub {
+            link = try ClusterLink(bus: try hub.bus(index, loop: eventLoop), node: "loop \(index)", liveness: false,
+                                   loop: eventLoop, logger: logger)
+            linksLoops = true
+        } else {
+            return
+        }
+        do {
+            let cluster = link
             cluster.onEvent = { [unowned self] channel, envelope, frame, holderNode in
                 deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: holderNode)
             }
@@ -135,7 +164,27 @@ final class ServerCore {
             cluster.start()
             self.cluster = cluster
         }
-        return listener.port
+    }
+
+    /// A connection loop 0 accepted: served here, or handed to the loop whose turn it is.
+    private func accepted(_ transport: TCPConnection, tls: TLSSettings?) {
+        let target = nextLoop
+        nextLoop = (nextLoop + 1) % loopCount
+        guard target != index, let sibling = group?.cores[target] else {
+            if let tls { return acceptTLS(transport, tls) }
+            return accept(web(transport))
+        }
+        guard let socket = transport.detach() else { return acceptFailed(UVError(code: -9, operation: "dup")) }  // EBADF
+        if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls) }) { socket.close() }
+    }
+
+    /// Serves a connection loop 0 accepted for this loop.
+    private func adopt(_ socket: DetachedSocket, tls: TLSSettings?) {
+        guard phase == .running || phase == .draining else { return socket.close() }
+        let transport: TCPConnection
+        do { transport = try TCPConnection.adopt(socket, loop: eventLoop) } catch { return acceptFailed(error) }
+        if let tls { return acceptTLS(transport, tls) }
+        accept(web(transport))
     }
 
     /// The TLS port, once bound.
@@ -153,7 +202,7 @@ final class ServerCore {
     /// `transport`, also answering HTTP and WebSocket upgrades (wire-v1 section 8).
     private func web(_ transport: any Transport) -> HTTPUpgradeTransport {
         let options = HTTPUpgradeTransport.Options(maxFrame: Int(config.maxFrame), allowedOrigins: config.webSocketOrigins) {
-            [unowned self] request in config.httpEndpoints ? respond(to: request) : nil
+            [unowned self] request, answer in config.httpEndpoints ? respond(to: request, answer) : answer(nil)
         }
         return HTTPUpgradeTransport(over: transport, options: options)
     }
@@ -168,8 +217,9 @@ final class ServerCore {
         self.housekeeping = housekeeping
         guard config.metrics.exposition == nil else { return }  // reported when scraped
         let metricsTimer = try Timer(loop: eventLoop)
+        guard index == 0 else { return }  // loop 0 reports for every loop
         metricsTimer.start(after: config.metrics.intervalMs, repeat: config.metrics.intervalMs) { [unowned self] in
-            metricsReporter.report(self)
+            reportMetrics {}
         }
         self.metricsTimer = metricsTimer
     }
@@ -186,7 +236,8 @@ final class ServerCore {
     func handleSignals() throws(UVError) {
         for signal in [SIGINT, SIGTERM] {
             signalWatchers.append(try SignalWatcher(loop: eventLoop, signal: signal) { [unowned self] in
-                if phase == .running { beginShutdown() } else { finishShutdown() }
+                let first = phase == .running
+                for core in group?.cores ?? [] { core.onLoop { first ? $0.beginShutdown() : $0.finishShutdown() } }
             })
         }
     }
@@ -201,8 +252,8 @@ final class ServerCore {
     /// Serves a new connection over `transport`.
     func accept(_ transport: any Transport) {
         guard phase == .running || phase == .draining else { return transport.closeNow() }
-        nextConnectionID += 1
-        let connection = Connection(id: nextConnectionID, transport: transport, core: self)
+        connectionsMade += 1
+        let connection = Connection(id: (connectionsMade - 1) * UInt64(loopCount) + UInt64(index) + 1, transport: transport, core: self)
         connections[connection.id] = connection
         stats.connectionsTotal += 1
         transport.start { event in connection.handle(event) }
@@ -443,7 +494,7 @@ final class ServerCore {
     /// drain). One timer with one callback, so that no request can replace another's.
     func kickLoop() {
         kick?.start(after: 0) { [unowned self] in
-            if phase == .draining, isDrained { finishShutdown() }
+            if phase == .draining, isDrained { drainFinished() }
         }
     }
 
@@ -522,6 +573,18 @@ final class ServerCore {
     /// here by a client holding the channel).
     private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 }
 
+    /// Nothing waits for an answer on this loop: with one loop the drain is over; with several it is
+    /// over when every loop's is (until then this loop's port stays open, and its new requests get
+    /// `going_away` at once, so it stays drained).
+    private func drainFinished() {
+        guard let group, group.count > 1 else { return finishShutdown() }
+        guard !reportedDrained else { return }
+        reportedDrained = true
+        if group.loopDrained() == group.count {
+            for core in group.cores { core.onLoop { $0.finishShutdown() } }
+        }
+    }
+
     /// Answers what is left with `going_away`, ends every stream, closes every connection, stops the loop.
     func finishShutdown() {
         guard phase == .draining || phase == .running else { return }
@@ -548,6 +611,8 @@ final class ServerCore {
             waited += 10
             closingConnections.removeAll { !$0.transport.isOpen }
             guard closingConnections.isEmpty || waited >= 2000 else { return }
+            // Loop 0 stops last, so that ``Server/run(handlingSignals:)`` returns when all have.
+            if index == 0, let group, group.count > 1, group.stoppedLoops < group.count - 1, waited < 4000 { return }
             for connection in closingConnections { connection.close(.shutdown) }
             cluster?.close()
             phase = .stopped
@@ -572,6 +637,7 @@ final class ServerCore {
         remoteStreams = [:]
         cluster?.close()
         cluster = nil
+        group = nil
         listener = nil
         tlsListener = nil
         beforeSleep = nil
@@ -585,9 +651,16 @@ final class ServerCore {
 
     // MARK: Stats
 
+    /// This loop's stats (``LoopGroup/sum(_:)`` adds up the loops'): with several loops, `loops` counts
+    /// 1 per loop and `crossLoop` counts what went between them.
     var statsValue: ChannelValue {
         guard case .map(var entries) = localStats, let cluster else { return localStats }
-        entries.append(.init("cluster", cluster.statsValue))
+        if linksLoops {
+            entries.append(.init("loops", .int(1)))
+            entries.append(.init("crossLoop", cluster.loopStatsValue))
+        } else {
+            entries.append(.init("cluster", cluster.statsValue))
+        }
         return .map(entries)
     }
 

@@ -13,10 +13,12 @@ public final class HTTPUpgradeTransport: Transport {
         /// Browser origins allowed to open a WebSocket (`*` matches any run of characters); nil: any.
         /// A request without an `Origin` header (not from a browser) is always allowed.
         public var allowedOrigins: [String]?
-        /// Answers a plain HTTP request (called on the loop); nil: 404.
-        public var respond: (HTTPRequestHead) -> HTTPResponse?
+        /// Answers a plain HTTP request (called on the loop) by calling its second argument once, now or
+        /// later, on the loop; nil: 404.
+        public var respond: (HTTPRequestHead, @escaping (HTTPResponse?) -> Void) -> Void
 
-        public init(maxFrame: Int, allowedOrigins: [String]? = nil, respond: @escaping (HTTPRequestHead) -> HTTPResponse? = { _ in nil }) {
+        public init(maxFrame: Int, allowedOrigins: [String]? = nil,
+                    respond: @escaping (HTTPRequestHead, @escaping (HTTPResponse?) -> Void) -> Void = { $1(nil) }) {
             self.maxFrame = maxFrame
             self.allowedOrigins = allowedOrigins
             self.respond = respond
@@ -158,7 +160,8 @@ public final class HTTPUpgradeTransport: Transport {
             } else if head.method != "GET" {
                 answer(HTTPResponse(status: 404, text: "not found\n"))  // wire-v1: anything else is 404
             } else {
-                answer(options.respond(head) ?? HTTPResponse(status: 404, text: "not found\n"))
+                mode = .answered  // what follows the request is not read
+                options.respond(head) { [weak self] response in self?.answer(response ?? HTTPResponse(status: 404, text: "not found\n")) }
             }
         }
     }
@@ -166,6 +169,7 @@ public final class HTTPUpgradeTransport: Transport {
     /// Writes `response` and closes; the owner hears the close when the peer has gone.
     private func answer(_ response: HTTPResponse) {
         mode = .answered
+        guard inner.isOpen else { return }  // the peer left while the answer was being made
         var bytes = response.bytes
         inner.write(&bytes)
         inner.closeAfterWrites()

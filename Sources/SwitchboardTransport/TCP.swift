@@ -4,6 +4,15 @@ import CLibUV
 import Glibc
 #endif
 
+/// An accepted connection's socket between two loops (see ``TCPConnection/detach()``): whoever holds
+/// it adopts it on a loop or closes it.
+public struct DetachedSocket: Sendable {
+    let fd: Int32
+
+    /// Closes the socket (no loop took it).
+    public func close() { _ = Glibc.close(fd) }
+}
+
 /// Accepts TCP connections on one address.
 public final class TCPListener: LoopResource {
     private var onConnection: ((TCPConnection) -> Void)?
@@ -160,6 +169,32 @@ public final class TCPConnection: LoopResource, Transport {
     }
 
     func didConnect() { uv_tcp_nodelay(raw.assumingMemoryBound(to: uv_tcp_t.self), 1) }
+
+    /// Takes the socket off this loop, for ``adopt(_:loop:)`` on another: a duplicate of its descriptor
+    /// (this handle closes). Nil if it cannot be duplicated; the connection is closed then.
+    public func detach() -> DetachedSocket? {
+        var fd: uv_os_fd_t = -1
+        let copy = uv_fileno(handle, &fd) == 0 ? dup(fd) : -1
+        close()
+        return copy >= 0 ? DetachedSocket(fd: copy) : nil
+    }
+
+    /// Serves on `loop` a socket that ``detach()`` took off another loop.
+    public static func adopt(_ socket: DetachedSocket, loop: EventLoop) throws(UVError) -> TCPConnection {
+        let connection: TCPConnection
+        do { connection = try TCPConnection(loop: loop) } catch {
+            socket.close()
+            throw error
+        }
+        let rc = uv_tcp_open(connection.raw.assumingMemoryBound(to: uv_tcp_t.self), socket.fd)
+        guard rc == 0 else {
+            connection.close()
+            socket.close()
+            throw UVError(code: rc, operation: "uv_tcp_open")
+        }
+        connection.didConnect()
+        return connection
+    }
 
     /// The peer's `host:port` (`[host]:port` for IPv6); `unknown` once the socket has gone.
     public private(set) lazy var remoteAddress: String = {

@@ -9,10 +9,11 @@ import Testing
 import SwitchboardClient
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 
 /// A server on an ephemeral port with the demo channels plus `extra` set-up.
 func startServer(port: Int = 0, _ extra: (Server) -> Void = { _ in }) throws -> Server {
-    var config = ServerConfiguration()
+    var config = ServerConfiguration.forTests()
     config.port = port
     config.drainTimeoutMs = 300
     var logger = Logger(label: "test")
@@ -265,8 +266,7 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
 
     @Test func connectFailsCleanly() async throws {
         await #expect(throws: ClientError.self) { try await Client.connect(ClientConfiguration(port: 1)) }
-        var config = ServerConfiguration()
-        config.port = 0
+        var config = ServerConfiguration.forTests()
         config.token = "secret"
         let server = try Server(configuration: config)
         try server.start()

@@ -30,8 +30,7 @@ enum TestCertificates {
 
 /// A server with TLS on a free port beside its plain one.
 func startTLSServer(clientCA: Bool = false, handshakeTimeoutMs: UInt64 = 10_000, plugins: [any Plugin] = []) throws -> Server {
-    var config = ServerConfiguration()
-    config.port = 0
+    var config = ServerConfiguration.forTests()
     config.drainTimeoutMs = 300
     let context = try TLSContext.server(certificateFile: TestCertificates.path("server.pem"), keyFile: TestCertificates.path("server.key"),
                                         clientCAFile: clientCA ? TestCertificates.path("ca.pem") : nil)

@@ -86,8 +86,7 @@ import SwitchboardWire
     /// `failedStartsLeakNoFileDescriptors` without the exact count, which other suites running in
     /// parallel disturb: 20 failed starts leak 100 descriptors without the fix.
     @Test func failedStartsLeakNoFileDescriptorsWithAMargin() throws {
-        var config = ServerConfiguration()
-        config.port = 0
+        var config = ServerConfiguration.forTests()
         let holder = try Server(configuration: config)
         config.port = try holder.start()
         defer { holder.shutdown() }
@@ -108,8 +107,7 @@ import SwitchboardWire
         weak var core: ServerCore?
         weak var loop: EventLoop?
         do {
-            var config = ServerConfiguration()
-            config.port = 0
+            var config = ServerConfiguration.forTests()
             let server = try Server(configuration: config)
             server.installDemoChannels()
             let channel = MethodChannel(name: "self", server: server)

@@ -82,8 +82,7 @@ import SwitchboardWire
     }
 
     @Test func gracefulShutdownDrainsThenEndsStreams() async throws {
-        var config = ServerConfiguration()
-        config.port = 0
+        var config = ServerConfiguration.forTests()
         config.drainTimeoutMs = 2000
         let server = try Server(configuration: config)
         server.installDemoChannels()
@@ -120,8 +119,7 @@ import SwitchboardWire
     }
 
     @Test func drainTimeoutAnswersTheRestWithGoingAway() async throws {
-        var config = ServerConfiguration()
-        config.port = 0
+        var config = ServerConfiguration.forTests()
         config.drainTimeoutMs = 100
         let server = try Server(configuration: config)
         MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in }  // never answers
@@ -139,8 +137,7 @@ import SwitchboardWire
 
     @Test("a connection silent when the drain began, or made during it, gets GOAWAY once it picks a mode")
     func goAwayWhenTheModeIsChosen() async throws {
-        var config = ServerConfiguration()
-        config.port = 0
+        var config = ServerConfiguration.forTests()
         config.drainTimeoutMs = 2000
         let server = try Server(configuration: config)
         server.installDemoChannels()

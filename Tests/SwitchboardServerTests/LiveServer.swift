@@ -8,8 +8,7 @@ func withServer(
     setUp: (Server) -> Void = { _ in },
     _ body: (Server, Int) async throws -> Void
 ) async throws {
-    var config = ServerConfiguration()
-    config.port = 0
+    var config = ServerConfiguration.forTests()
     configure(&config)
     var logger = Logger(label: "test")
     logger.logLevel = .warning

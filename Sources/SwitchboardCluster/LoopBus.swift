@@ -1,0 +1,299 @@
+import Synchronization
+import SwitchboardTransport
+
+/// The bus between the loops of one server: one ``LoopBus`` per loop, all made by one hub. What a loop
+/// publishes reaches the subscriptions of the other loops as jobs on their loops: no socket, no copy
+/// of the payload, no parsing.
+///
+/// It behaves as NATS core with `echo` off (so that ``ClusterLink`` runs on it unchanged): a loop never
+/// hears its own publishes; a queue group's members share the messages; a request nobody else
+/// subscribes to gets the no-responders status (503) at once. Unlike NATS it loses nothing in flight:
+/// a request whose subscription went before it arrived is answered with the same 503.
+public final class LoopBusHub: Sendable {
+    /// Messages one loop may have waiting, past which a publish to it is dropped and counted (requests
+    /// and replies excepted: the requests open on a loop are bounded where they are made).
+    public let inboxLimit: Int
+    private let inboxes: [Inbox]
+    private let table = Mutex(Table())
+
+    struct Subscriber: Sendable {
+        let loop: Int
+        let id: UInt64
+        let queue: String?
+    }
+
+    private struct Table: ~Copyable {
+        var exact: [String: [Subscriber]] = [:]
+        /// Subscriptions with a wildcard, rare: matched token by token.
+        var patterns: [(pattern: String, subscriber: Subscriber)] = []
+        /// Turns through a queue group's members.
+        var turn = 0
+    }
+
+    /// A hub for the loops behind `loops`, in order: loop `i` gets ``bus(_:loop:)`` `i`.
+    public init(loops: [LoopHandle], inboxLimit: Int = 1 << 16) {
+        inboxes = loops.map(Inbox.init)
+        self.inboxLimit = inboxLimit
+    }
+
+    /// Loop `index`'s bus; loop thread only from then on.
+    public func bus(_ index: Int, loop: EventLoop) throws(UVError) -> LoopBus {
+        let bus = try LoopBus(hub: self, index: index, loop: loop)
+        inboxes[index].attach(LoopBound(LoopBus.Weak(bus), loop: loop.handle))
+        return bus
+    }
+
+    /// The subscriptions `subject` reaches from loop `from` (one per queue group).
+    func route(_ subject: String, from: Int) -> [Subscriber] {
+        table.withLock { table in
+            var found = table.exact[subject] ?? []
+            for (pattern, subscriber) in table.patterns where Self.matches(subject, pattern: pattern) { found.append(subscriber) }
+            found.removeAll { $0.loop == from }
+            guard found.contains(where: { $0.queue != nil }) else { return found }
+            var chosen = found.filter { $0.queue == nil }
+            var groups: [String: [Subscriber]] = [:]
+            for subscriber in found { if let queue = subscriber.queue { groups[queue, default: []].append(subscriber) } }
+            table.turn &+= 1
+            for queue in groups.keys.sorted() {
+                guard let members = groups[queue] else { continue }
+                chosen.append(members[table.turn % members.count])
+            }
+            return chosen
+        }
+    }
+
+    /// The subscriptions `subject` reaches on any loop, the publisher's included: where NATS's own
+    /// status messages (no responders) go.
+    func routeStatus(_ subject: String) -> [Subscriber] { route(subject, from: -1) }
+
+    func add(_ subject: String, _ subscriber: Subscriber) {
+        table.withLock { table in
+            if subject.utf8.contains(where: { $0 == UInt8(ascii: "*") || $0 == UInt8(ascii: ">") }) {
+                table.patterns.append((subject, subscriber))
+            } else {
+                table.exact[subject, default: []].append(subscriber)
+            }
+        }
+    }
+
+    func remove(_ subject: String, loop: Int, id: UInt64) {
+        table.withLock { table in
+            table.patterns.removeAll { $0.subscriber.loop == loop && $0.subscriber.id == id }
+            guard var subscribers = table.exact[subject] else { return }
+            subscribers.removeAll { $0.loop == loop && $0.id == id }
+            table.exact[subject] = subscribers.isEmpty ? nil : subscribers
+        }
+    }
+
+    /// Drops every subscription of loop `index` and stops delivering to it.
+    func detach(_ index: Int) {
+        table.withLock { table in
+            table.patterns.removeAll { $0.subscriber.loop == index }
+            for (subject, subscribers) in table.exact where subscribers.contains(where: { $0.loop == index }) {
+                let left = subscribers.filter { $0.loop != index }
+                table.exact[subject] = left.isEmpty ? nil : left
+            }
+        }
+        inboxes[index].detach()
+    }
+
+    /// Queues `message` for subscription `id` of loop `loop`; false when dropped (`bounded` and the
+    /// inbox full, or the loop gone).
+    func deliver(_ message: BusMessage, to loop: Int, subscription id: UInt64, bounded: Bool) -> Bool {
+        inboxes[loop].add(LoopBus.Delivery(subscription: id, message: message), limit: bounded ? inboxLimit : nil)
+    }
+
+    /// NATS's subject matching: `*` matches one token, a final `>` one or more.
+    static func matches(_ subject: String, pattern: String) -> Bool {
+        var s = subject.utf8[...], p = pattern.utf8[...]
+        let dot = UInt8(ascii: ".")
+        while true {
+            let pToken = p.prefix { $0 != dot }, sToken = s.prefix { $0 != dot }
+            if pToken.elementsEqual(">".utf8) { return !sToken.isEmpty }
+            guard !sToken.isEmpty || !s.isEmpty, pToken.elementsEqual("*".utf8) || pToken.elementsEqual(sToken) else { return false }
+            p = p.dropFirst(pToken.count)
+            s = s.dropFirst(sToken.count)
+            if p.isEmpty || s.isEmpty { return p.isEmpty && s.isEmpty }
+            p = p.dropFirst()
+            s = s.dropFirst()
+        }
+    }
+
+    /// One loop's waiting messages, drained by one job per batch.
+    final class Inbox: Sendable {
+        private let loop: LoopHandle
+        private struct State {
+            var waiting: [LoopBus.Delivery] = []
+            var bus: LoopBound<LoopBus.Weak>?
+        }
+        private let state = Mutex(State())
+
+        init(loop: LoopHandle) { self.loop = loop }
+
+        func attach(_ bus: LoopBound<LoopBus.Weak>) { state.withLock { $0.bus = bus } }
+        func detach() { state.withLock { $0 = State() } }
+
+        func add(_ delivery: LoopBus.Delivery, limit: Int?) -> Bool {
+            let (accepted, first) = state.withLock { s -> (Bool, Bool) in
+                guard s.bus != nil else { return (false, false) }
+                if let limit, s.waiting.count >= limit { return (false, false) }
+                s.waiting.append(delivery)
+                return (true, s.waiting.count == 1)
+            }
+            if first, !loop.execute({ [self] in drain() }) { return false }
+            return accepted
+        }
+
+        private func drain() {
+            let (waiting, bus) = state.withLock { s in
+                defer { s.waiting = [] }
+                return (s.waiting, s.bus)
+            }
+            guard let bus = bus?.value.bus else { return }
+            for delivery in waiting { bus.receive(delivery) }
+        }
+    }
+}
+
+/// One loop's end of a ``LoopBusHub``. Loop thread only.
+public final class LoopBus: ClusterBus {
+    struct Delivery: Sendable {
+        let subscription: UInt64
+        let message: BusMessage
+    }
+    final class Weak {
+        weak var bus: LoopBus?
+        init(_ bus: LoopBus) { self.bus = bus }
+    }
+
+    private let hub: LoopBusHub
+    private let index: Int
+    private let loop: EventLoop
+    private var subscriptions: [UInt64: (subject: String, handler: (BusMessage) -> Void)] = [:]
+    private var nextID: UInt64 = 0
+    private var isClosed = false
+    public private(set) var counters = BusCounters()
+    public var isConnected: Bool { !isClosed }
+
+    /// Requests made with ``request(_:headers:payload:timeoutMs:_:)``: their inbox and completions.
+    private var requestInbox: BusSubscription?
+    private var requests: [UInt64: (completion: (BusReply) -> Void, timer: Timer)] = [:]
+    private var nextRequest: UInt64 = 0
+
+    init(hub: LoopBusHub, index: Int, loop: EventLoop) throws(UVError) {
+        self.hub = hub
+        self.index = index
+        self.loop = loop
+    }
+
+    public func start() {}
+
+    /// Leaves the hub: nothing more arrives, open requests complete with `.disconnected`.
+    public func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        hub.detach(index)
+        subscriptions = [:]
+        let open = requests
+        requests = [:]
+        for (_, request) in open.sorted(by: { $0.key < $1.key }) {
+            request.timer.cancel()
+            request.completion(.disconnected)
+        }
+    }
+
+    public func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError) {
+        try send(BusMessage(subject: subject, replyTo: replyTo, headers: headers, payload: payload), isReply: false)
+    }
+
+    public func reply(to request: BusMessage, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError) {
+        guard let replyTo = request.replyTo else { return }
+        try send(BusMessage(subject: replyTo, headers: headers, payload: payload), isReply: true)
+    }
+
+    private func send(_ message: BusMessage, isReply: Bool) throws(BusError) {
+        guard Self.isSubject(message.subject), message.replyTo.map(Self.isSubject) ?? true else {
+            throw .invalidSubject(message.replyTo.map { "\(message.subject) \($0)" } ?? message.subject)
+        }
+        guard !isClosed else { counters.dropped += 1; return }
+        counters.messagesOut += 1
+        counters.bytesOut += message.payload.count
+        let targets = hub.route(message.subject, from: index)
+        if targets.isEmpty, let replyTo = message.replyTo {
+            noResponders(replyTo)
+            return
+        }
+        let bounded = !isReply && message.replyTo == nil
+        for target in targets where !hub.deliver(message, to: target.loop, subscription: target.id, bounded: bounded) {
+            counters.dropped += 1
+            if let replyTo = message.replyTo { noResponders(replyTo) }  // a loop shutting down: nobody will answer
+        }
+    }
+
+    /// NATS's answer to a request nobody subscribes to: a message with status 503 on its reply subject.
+    private func noResponders(_ replyTo: String) {
+        let status = BusMessage(subject: replyTo, status: 503, payload: [])
+        for target in hub.routeStatus(replyTo) {
+            _ = hub.deliver(status, to: target.loop, subscription: target.id, bounded: false)
+        }
+    }
+
+    public func subscribe(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) throws(BusError) -> BusSubscription {
+        guard Self.isSubject(subject), queue.map(Self.isSubject) ?? true else { throw .invalidSubject(subject) }
+        nextID += 1
+        subscriptions[nextID] = (subject, handler)
+        if !isClosed { hub.add(subject, .init(loop: index, id: nextID, queue: queue)) }
+        return BusSubscription(id: nextID)
+    }
+
+    public func unsubscribe(_ subscription: BusSubscription) {
+        guard let removed = subscriptions.removeValue(forKey: subscription.id) else { return }
+        hub.remove(removed.subject, loop: index, id: subscription.id)
+    }
+
+    public func request(_ subject: String, headers: [BusMessage.Header], payload: [UInt8], timeoutMs: UInt64,
+                        _ completion: @escaping (BusReply) -> Void) throws(BusError) {
+        guard !isClosed else { return completion(.disconnected) }
+        if requestInbox == nil {
+            requestInbox = try subscribe("_INBOX.loop\(index).*", queue: nil) { [unowned self] message in
+                guard let dot = message.subject.utf8.lastIndex(of: UInt8(ascii: ".")),
+                      let id = UInt64(message.subject[message.subject.utf8.index(after: dot)...]),
+                      let request = requests.removeValue(forKey: id) else { return }
+                request.timer.cancel()
+                request.completion(message.status == 503 ? .noResponders : .reply(message))
+            }
+        }
+        nextRequest += 1
+        let id = nextRequest
+        guard let timer = try? Timer(loop: loop) else { return completion(.disconnected) }
+        try publish(subject, replyTo: "_INBOX.loop\(index).\(id)", headers: headers, payload: payload)
+        requests[id] = (completion, timer)
+        timer.start(after: timeoutMs) { [unowned self] in
+            guard let request = requests.removeValue(forKey: id) else { return }
+            request.timer.cancel()
+            request.completion(.timedOut)
+        }
+    }
+
+    /// A message for one of this loop's subscriptions. One whose subscription went meanwhile is dropped,
+    /// but a request among them is answered with no-responders, so that its requester never waits.
+    func receive(_ delivery: Delivery) {
+        guard let subscription = subscriptions[delivery.subscription] else {
+            if let replyTo = delivery.message.replyTo { noResponders(replyTo) }
+            return
+        }
+        counters.messagesIn += 1
+        counters.bytesIn += delivery.message.payload.count
+        subscription.handler(delivery.message)
+    }
+
+    /// A subject NATS would take: dot-separated tokens, none empty, no whitespace or control character.
+    private static func isSubject(_ subject: String) -> Bool {
+        var previous = UInt8(ascii: ".")
+        for byte in subject.utf8 {
+            if byte <= 0x20 || byte == 0x7F || (byte == UInt8(ascii: ".") && previous == byte) { return false }
+            previous = byte
+        }
+        return previous != UInt8(ascii: ".")
+    }
+}

@@ -1,0 +1,112 @@
+import Synchronization
+import SwitchboardCluster
+import SwitchboardCodec
+import SwitchboardTransport
+
+/// The loops of one server and what they share (README.md, "Scaling"). Each loop is a ``ServerCore``
+/// with its own connections; loop 0 accepts and hands connections round. Broadcasts and calls to
+/// channels held on another loop cross over a ``LoopBus`` through each core's ``ClusterLink``; the
+/// tables here are the only state the loops share.
+final class LoopGroup: Sendable {
+    /// Each loop's core; a core's index is its place here.
+    let cores: [LoopBound<ServerCore>]
+    /// Which loop holds each client-held channel: one loop at most, so that `channel_taken` holds
+    /// server-wide.
+    private let claims = Mutex<[String: Int]>([:])
+    /// Loops whose loop has stopped, and loops whose drain is over.
+    private let stopped = Atomic<Int>(0)
+    private let drained = Atomic<Int>(0)
+    /// The one reporter of the server's counters: it reports the sum over the loops.
+    let metricsReporter: Mutex<MetricsReporter>
+    /// The bus between the loops (with more than one).
+    let hub: LoopBusHub?
+
+    init(cores: [ServerCore], metrics: MetricsSettings) {
+        self.cores = cores.map { LoopBound($0, loop: $0.handle) }
+        metricsReporter = Mutex(MetricsReporter(settings: metrics))
+        hub = cores.count > 1 ? LoopBusHub(loops: cores.map(\.handle)) : nil
+    }
+
+    var count: Int { cores.count }
+
+    /// The loop serving connection (or client) `id`: ids are dealt round the loops.
+    func loop(ofConnection id: UInt64) -> Int { Int((id &- 1) % UInt64(cores.count)) }
+
+    /// Claims `channel` for loop `index`; false when another loop holds it.
+    func claim(_ channel: String, for index: Int) -> Bool {
+        claims.withLock { claims in
+            if let holder = claims[channel], holder != index { return false }
+            claims[channel] = index
+            return true
+        }
+    }
+
+    /// Loop `index` let `channel` go.
+    func release(_ channel: String, by index: Int) {
+        claims.withLock { claims in
+            if claims[channel] == index { claims.removeValue(forKey: channel) }
+        }
+    }
+
+    /// A loop has stopped; returns how many have.
+    @discardableResult
+    func loopStopped() -> Int { stopped.add(1, ordering: .acquiringAndReleasing).newValue }
+    var stoppedLoops: Int { stopped.load(ordering: .acquiring) }
+
+    /// A loop's drain is over; returns how many loops' are.
+    func loopDrained() -> Int { drained.add(1, ordering: .acquiringAndReleasing).newValue }
+
+    /// Runs `part` on every loop and hands the results, in loop order, to `then` on loop `home`'s
+    /// thread (nil for a loop that has stopped). One loop: at once.
+    func gather<Part: Sendable>(from home: Int, _ part: @escaping @Sendable (ServerCore) -> Part,
+                                then: @escaping @Sendable ([Part?]) -> Void) {
+        if cores.count == 1 { return then([part(cores[0].value)]) }
+        let collected = Mutex<(parts: [Part?], arrived: Int)>((Array(repeating: nil, count: cores.count), 0))
+        let homeCore = cores[home]
+        for (index, core) in cores.enumerated() {
+            let arrive: @Sendable (Part?) -> Void = { value in
+                let all: [Part?]? = collected.withLock { c in
+                    c.parts[index] = value
+                    c.arrived += 1
+                    return c.arrived == c.parts.count ? c.parts : nil
+                }
+                guard let all else { return }
+                if homeCore.loop.isInLoopThread { then(all) } else if !homeCore.loop.execute({ then(all) }) { then(all) }
+            }
+            if core.loop.isInLoopThread {
+                arrive(part(core.value))
+            } else if !core.loop.execute({ arrive(part(core.value)) }) {
+                arrive(nil)
+            }
+        }
+    }
+}
+
+extension LoopGroup {
+    /// Adds up the stats of several loops: numbers are summed (the uptime is the longest), maps merged
+    /// key by key, anything else taken from the first loop.
+    static func sum(_ values: [ChannelValue]) -> ChannelValue {
+        guard let first = values.first else { return .null }
+        switch first {
+        case .int32, .int64:
+            return .int(values.reduce(0) { $0 + ($1.intValue ?? 0) })
+        case .map:
+            var keys: [ChannelValue] = []
+            var parts: [String: [ChannelValue]] = [:]
+            for case .map(let entries) in values {
+                for entry in entries {
+                    guard case .string(let name) = entry.key else { continue }
+                    if parts[name] == nil { keys.append(entry.key) }
+                    parts[name, default: []].append(entry.value)
+                }
+            }
+            return .map(keys.compactMap { key in
+                guard case .string(let name) = key, let all = parts[name] else { return nil }
+                if name == "uptimeSeconds" { return .init(key, .int(all.compactMap(\.intValue).max() ?? 0)) }
+                return .init(key, sum(all))
+            })
+        default:
+            return first
+        }
+    }
+}
