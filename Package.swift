@@ -118,6 +118,7 @@ let package = Package(
             name: "SwitchboardServerTests",
             dependencies: [
                 "SwitchboardServer", "SwitchboardPlugins", "SwitchboardWire", "SwitchboardCodec", "SwitchboardTesting",
+                "SwitchboardCluster", "SwitchboardTransport",
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
