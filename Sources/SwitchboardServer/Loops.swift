@@ -17,7 +17,7 @@ final class LoopGroup: Sendable {
     private let stopped = Atomic<Int>(0)
     private let drained = Atomic<Int>(0)
     /// The one reporter of the server's counters: it reports the sum over the loops.
-    let metricsReporter: Mutex<MetricsReporter>
+    private let metricsReporter: Mutex<MetricsReporter>
     /// The bus between the loops (with more than one).
     let hub: LoopBusHub?
 
@@ -28,6 +28,15 @@ final class LoopGroup: Sendable {
     }
 
     var count: Int { cores.count }
+
+    /// Reports the counts of every loop (their sum), from whichever loop gathered them.
+    func report(_ snapshot: MetricsSnapshot) { metricsReporter.withLock { $0.report(snapshot) } }
+
+    /// What ``gather(from:_:then:)`` has collected so far.
+    private struct Gathering<Part: Sendable>: Sendable {
+        var parts: [Part?]
+        var arrived = 0
+    }
 
     /// The loop serving connection (or client) `id`: ids are dealt round the loops.
     func loop(ofConnection id: UInt64) -> Int { Int((id &- 1) % UInt64(cores.count)) }
@@ -61,7 +70,7 @@ final class LoopGroup: Sendable {
     func gather<Part: Sendable>(from home: Int, _ part: @escaping @Sendable (ServerCore) -> Part,
                                 then: @escaping @Sendable ([Part?]) -> Void) {
         if cores.count == 1 { return then([part(cores[0].value)]) }
-        let collected = Mutex<(parts: [Part?], arrived: Int)>((Array(repeating: nil, count: cores.count), 0))
+        let collected = Mutex(Gathering<Part>(parts: Array(repeating: nil, count: cores.count)))
         let homeCore = cores[home]
         for (index, core) in cores.enumerated() {
             let arrive: @Sendable (Part?) -> Void = { value in

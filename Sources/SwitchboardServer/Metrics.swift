@@ -108,7 +108,7 @@ extension ServerCore {
         guard let group else { return then() }
         group.gather(from: index, { $0.metricsSnapshot }) { parts in
             let sum = MetricsSnapshot.sum(parts.compactMap { $0 })
-            group.metricsReporter.withLock { $0.report(sum) }
+            group.report(sum)
             then()
         }
     }
