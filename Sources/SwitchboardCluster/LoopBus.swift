@@ -5,14 +5,17 @@ import SwitchboardTransport
 /// publishes reaches the subscriptions of the other loops as jobs on their loops: no socket, no copy
 /// of the payload, no parsing.
 ///
-/// It behaves as NATS core with `echo` off (so that ``ClusterLink`` runs on it unchanged): a loop never
-/// hears its own publishes; a queue group's members share the messages; a request nobody else
-/// subscribes to gets the no-responders status (503) at once. Unlike NATS it loses nothing in flight:
-/// a request whose subscription went before it arrived is answered with the same 503.
+/// It behaves as NATS core with `echo` off (so that a link made for NATS runs on it unchanged): a loop
+/// never hears its own publishes; a queue group's members share the messages; a request nobody else
+/// subscribes to gets the no-responders status (503) at once. Unlike NATS it loses nothing in flight
+/// but what `mayDrop` allows: a request whose subscription (or loop) went before it arrived is answered
+/// with the same 503.
 public final class LoopBusHub: Sendable {
-    /// Messages one loop may have waiting, past which a publish to it is dropped and counted (requests
-    /// and replies excepted: the requests open on a loop are bounded where they are made).
+    /// Messages one loop may have waiting, past which a publish to it that `mayDrop` allows is dropped
+    /// and counted. Requests and replies are never dropped (the requests open on a loop are bounded
+    /// where they are made), nor is anything else `mayDrop` refuses.
     public let inboxLimit: Int
+    private let mayDrop: @Sendable (BusMessage) -> Bool
     private let inboxes: [Inbox]
     private let table = Mutex(Table())
 
@@ -31,10 +34,14 @@ public final class LoopBusHub: Sendable {
     }
 
     /// A hub for the loops behind `loops`, in order: loop `i` gets ``bus(_:loop:)`` `i`.
-    public init(loops: [LoopHandle], inboxLimit: Int = 1 << 16) {
+    public init(loops: [LoopHandle], inboxLimit: Int = 1 << 16, mayDrop: @escaping @Sendable (BusMessage) -> Bool = { _ in true }) {
         inboxes = loops.map(Inbox.init)
         self.inboxLimit = inboxLimit
+        self.mayDrop = mayDrop
     }
+
+    /// Whether `message` (not a reply) may be dropped when its loop has too much waiting.
+    func isDroppable(_ message: BusMessage) -> Bool { message.replyTo == nil && mayDrop(message) }
 
     /// Loop `index`'s bus; loop thread only from then on.
     public func bus(_ index: Int, loop: EventLoop) throws(UVError) -> LoopBus {
@@ -85,7 +92,8 @@ public final class LoopBusHub: Sendable {
         }
     }
 
-    /// Drops every subscription of loop `index` and stops delivering to it.
+    /// Drops every subscription of loop `index` and stops delivering to it; the requests still waiting
+    /// for it get no-responders.
     func detach(_ index: Int) {
         table.withLock { table in
             table.patterns.removeAll { $0.subscriber.loop == index }
@@ -94,7 +102,12 @@ public final class LoopBusHub: Sendable {
                 table.exact[subject] = left.isEmpty ? nil : left
             }
         }
-        inboxes[index].detach()
+        for delivery in inboxes[index].detach() {
+            guard let replyTo = delivery.message.replyTo else { continue }
+            for target in routeStatus(replyTo) {
+                _ = deliver(BusMessage(subject: replyTo, status: 503, payload: []), to: target.loop, subscription: target.id, bounded: false)
+            }
+        }
     }
 
     /// Queues `message` for subscription `id` of loop `loop`; false when dropped (`bounded` and the
@@ -131,7 +144,13 @@ public final class LoopBusHub: Sendable {
         init(loop: LoopHandle) { self.loop = loop }
 
         func attach(_ bus: LoopBound<LoopBus.Weak>) { state.withLock { $0.bus = bus } }
-        func detach() { state.withLock { $0 = State() } }
+        /// Stops taking messages; returns those that were waiting.
+        func detach() -> [LoopBus.Delivery] {
+            state.withLock { s in
+                defer { s = State() }
+                return s.waiting
+            }
+        }
 
         func add(_ delivery: LoopBus.Delivery, limit: Int?) -> Bool {
             let (accepted, first) = state.withLock { s -> (Bool, Bool) in
@@ -223,7 +242,7 @@ public final class LoopBus: ClusterBus {
             noResponders(replyTo)
             return
         }
-        let bounded = !isReply && message.replyTo == nil
+        let bounded = !isReply && hub.isDroppable(message)
         for target in targets where !hub.deliver(message, to: target.loop, subscription: target.id, bounded: bounded) {
             counters.dropped += 1
             if let replyTo = message.replyTo { noResponders(replyTo) }  // a loop shutting down: nobody will answer

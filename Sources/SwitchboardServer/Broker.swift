@@ -122,7 +122,7 @@ extension ServerCore {
         if channels[frame.channel] != nil { return connection.writeError(.channelTaken, id: frame.id) }
         if let existing = registrations[frame.channel] {
             guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
-            release(existing, reason: "re-registered")
+            release(existing, reason: "re-registered", keepingClaim: true)
         }
         if loopCount > 1, let group, !group.claim(frame.channel, for: index) {  // held on another loop
             return connection.writeError(.channelTaken, id: frame.id)
@@ -151,9 +151,9 @@ extension ServerCore {
     }
 
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
-    private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true) {
+    private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
         registrations.removeValue(forKey: registration.name)
-        if loopCount > 1 { group?.release(registration.name, by: index) }
+        if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)
         channelGone(registration.counts)
         routesVersion &+= 1

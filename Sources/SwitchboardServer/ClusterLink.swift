@@ -412,6 +412,13 @@ final class ClusterLink {
                        payload: payload)
     }
 
+    /// What a bus between loops may drop when the loop it goes to has too much waiting: broadcasts and
+    /// holders' events, as NATS core may. Calls, cancels and leaves (`Sb-Caller`) are never dropped:
+    /// without beacons, nothing would make up for them.
+    static func mayDrop(_ message: BusMessage) -> Bool {
+        message.replyTo == nil && message.header("Sb-Caller") == nil
+    }
+
     /// The headers of an answer, made once for each kind.
     private func answerHeaders(_ kind: String, codec: String?, startsStream: Bool) -> [BusMessage.Header] {
         let key = AnswerKey(kind: kind, codec: codec, startsStream: startsStream)

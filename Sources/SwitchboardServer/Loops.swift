@@ -17,20 +17,35 @@ final class LoopGroup: Sendable {
     private let stopped = Atomic<Int>(0)
     private let drained = Atomic<Int>(0)
     /// The one reporter of the server's counters: it reports the sum over the loops.
-    private let metricsReporter: Mutex<MetricsReporter>
+    private let metricsReporter: Mutex<Reporting>
     /// The bus between the loops (with more than one).
     let hub: LoopBusHub?
 
     init(cores: [ServerCore], metrics: MetricsSettings) {
         self.cores = cores.map { LoopBound($0, loop: $0.handle) }
-        metricsReporter = Mutex(MetricsReporter(settings: metrics))
-        hub = cores.count > 1 ? LoopBusHub(loops: cores.map(\.handle)) : nil
+        metricsReporter = Mutex(Reporting(reporter: MetricsReporter(settings: metrics)))
+        hub = cores.count > 1 ? LoopBusHub(loops: cores.map(\.handle), mayDrop: ClusterLink.mayDrop) : nil
     }
 
     var count: Int { cores.count }
 
-    /// Reports the counts of every loop (their sum), from whichever loop gathered them.
-    func report(_ snapshot: MetricsSnapshot) { metricsReporter.withLock { $0.report(snapshot) } }
+    /// Reports the sum of every loop's latest counts, from whichever loop gathered them: a loop that
+    /// did not answer (it has stopped), or whose part is older than one reported before (two gathers
+    /// crossing), counts with its latest, so that no total ever seems to go down.
+    func report(_ parts: [MetricsSnapshot?]) {
+        metricsReporter.withLock { reporting in
+            for case let part? in parts where part.sequence > reporting.latest[part.loop]?.sequence ?? 0 {
+                reporting.latest[part.loop] = part
+            }
+            reporting.reporter.report(MetricsSnapshot.sum(Array(reporting.latest.values)))
+        }
+    }
+
+    /// The reporter, and the latest counts of each loop.
+    private struct Reporting {
+        let reporter: MetricsReporter
+        var latest: [Int: MetricsSnapshot] = [:]
+    }
 
     /// What ``gather(from:_:then:)`` has collected so far.
     private struct Gathering<Part: Sendable>: Sendable {
@@ -66,7 +81,8 @@ final class LoopGroup: Sendable {
     func loopDrained() -> Int { drained.add(1, ordering: .acquiringAndReleasing).newValue }
 
     /// Runs `part` on every loop and hands the results, in loop order, to `then` on loop `home`'s
-    /// thread (nil for a loop that has stopped). One loop: at once.
+    /// thread (nil for a loop that has stopped). One loop: at once. Nothing is handed over if loop
+    /// `home` has stopped meanwhile (its shutdown answered what it was asked).
     func gather<Part: Sendable>(from home: Int, _ part: @escaping @Sendable (ServerCore) -> Part,
                                 then: @escaping @Sendable ([Part?]) -> Void) {
         if cores.count == 1 { return then([part(cores[0].value)]) }
@@ -80,7 +96,7 @@ final class LoopGroup: Sendable {
                     return c.arrived == c.parts.count ? c.parts : nil
                 }
                 guard let all else { return }
-                if homeCore.loop.isInLoopThread { then(all) } else if !homeCore.loop.execute({ then(all) }) { then(all) }
+                if homeCore.loop.isInLoopThread { then(all) } else { homeCore.loop.execute { then(all) } }
             }
             if core.loop.isInLoopThread {
                 arrive(part(core.value))

@@ -42,6 +42,8 @@ struct MetricsSnapshot: Sendable {
         var requests = 0, events = 0
         var isEvent = false
     }
+    /// The loop it was taken on, and its place among that loop's snapshots.
+    var loop = 0, sequence: UInt64 = 0
     var gauges: [String: Int] = [:]
     var totals: [Total: Int] = [:]
     var channels: [String: ChannelTotals] = [:]
@@ -67,7 +69,8 @@ struct MetricsSnapshot: Sendable {
 extension ServerCore {
     /// What this loop counts, for ``MetricsReporter``.
     var metricsSnapshot: MetricsSnapshot {
-        var snapshot = MetricsSnapshot()
+        metricsSnapshots += 1
+        var snapshot = MetricsSnapshot(loop: index, sequence: metricsSnapshots)
         func total(_ label: String, _ value: Int, _ dimensions: [String: String] = [:]) {
             snapshot.totals[.init(label: label, dimensions: dimensions), default: 0] += value
         }
@@ -107,8 +110,7 @@ extension ServerCore {
     func reportMetrics(then: @escaping @Sendable () -> Void) {
         guard let group else { return then() }
         group.gather(from: index, { $0.metricsSnapshot }) { parts in
-            let sum = MetricsSnapshot.sum(parts.compactMap { $0 })
-            group.report(sum)
+            group.report(parts)
             then()
         }
     }

@@ -256,7 +256,7 @@ extension ServerCore {
             let arguments = (try? JSONText.parse(message.payload)) ?? .null
             return remoteListenerLeft(registration, node: call.caller, arguments: arguments)
         }
-        guard !isDraining else { return cluster.answer(call, with: .error(.goingAway)) }
+        guard !isDraining || linksLoops else { return cluster.answer(call, with: .error(.goingAway)) }
         registration.counts.requests += 1
         var listens = false  // an event channel's listen: its success starts the caller node's stream
         let request = PendingRequest(remoteText: message.header("Sb-Text") == "1", wantsAnswer: call.id != nil,

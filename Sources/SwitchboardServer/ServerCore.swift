@@ -98,6 +98,8 @@ final class ServerCore {
     private var shutdownTimer: Timer?
     /// Whether this loop told the others that its drain is over.
     private var reportedDrained = false
+    /// Snapshots of this loop's counts taken for the metrics reporter.
+    var metricsSnapshots: UInt64 = 0
     private var signalWatchers: [SignalWatcher] = []
     let startedAt: UInt64
     private var metricsTimer: Timer?
@@ -556,7 +558,10 @@ final class ServerCore {
         // handshake): a frame now could only garble what it is about to say, so it gets its GOAWAY
         // when its first bytes choose a mode.
         for connection in connections.values { connection.sendGoAway() }
-        cluster?.stopTakingCalls()  // other nodes' calls go to other holders from now on
+        // Other nodes' calls go to other holders from now on. Other loops' calls still come: those
+        // loops refuse new requests themselves, and one made just before they heard of the shutdown
+        // is served here, as on one loop.
+        if !linksLoops { cluster?.stopTakingCalls() }
         let timer = try? Timer(loop: eventLoop)
         shutdownTimer = timer
         timer?.start(after: config.drainTimeoutMs) { [unowned self] in finishShutdown() }

@@ -174,7 +174,7 @@ public final class TCPConnection: LoopResource, Transport {
     /// (this handle closes). Nil if it cannot be duplicated; the connection is closed then.
     public func detach() -> DetachedSocket? {
         var fd: uv_os_fd_t = -1
-        let copy = uv_fileno(handle, &fd) == 0 ? dup(fd) : -1
+        let copy = uv_fileno(handle, &fd) == 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1
         close()
         return copy >= 0 ? DetachedSocket(fd: copy) : nil
     }

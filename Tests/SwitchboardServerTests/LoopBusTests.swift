@@ -60,4 +60,30 @@ import SwitchboardTransport
         #expect(heard[0].messages.map(\.status) == [503])
         #expect(throws: BusError.self) { try buses[0].publish("bad subject", payload: []) }
     }
+
+    @Test("only what mayDrop allows is dropped; a loop that leaves answers the requests still waiting for it")
+    func controlMessagesAndLeaving() throws {
+        let loops = [try EventLoop(), try EventLoop()]
+        defer { for loop in loops { loop.finishDriving() } }
+        let hub = LoopBusHub(loops: loops.map(\.handle), inboxLimit: 1, mayDrop: { $0.header("Keep") == nil })
+        let buses = [try hub.bus(0, loop: loops[0]), try hub.bus(1, loop: loops[1])]
+        let heard = [Received(), Received()]
+        _ = try buses[0].subscribe("back.*", queue: nil) { heard[0].messages.append($0) }
+        _ = try buses[1].subscribe("work", queue: nil) { heard[1].messages.append($0) }
+        func run() { for loop in loops { loop.runOnce() } }
+
+        try buses[0].publish("work", payload: [1])
+        try buses[0].publish("work", payload: [2])                                // dropped: the inbox holds one
+        try buses[0].publish("work", headers: [.init("Keep", "1")], payload: [3])  // kept
+        #expect(buses[0].counters.dropped == 1)
+        run()
+        #expect(heard[1].messages.map(\.payload) == [[1], [3]])
+
+        // Loop 1 leaves with a request waiting for it: the requester hears no-responders.
+        try buses[0].publish("work", replyTo: "back.1", headers: [], payload: [4])
+        buses[1].close()
+        run()
+        #expect(heard[0].messages.map(\.status) == [503])
+        #expect(heard[1].messages.count == 2)
+    }
 }

@@ -3,7 +3,7 @@ import Glibc
 #endif
 import Testing
 import SwitchboardCodec
-import SwitchboardServer
+@testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
@@ -142,6 +142,28 @@ import SwitchboardWire
             let cancel = try await holder.frame()
             #expect(try StandardMethodCodec().decodeMethodCall(from: cancel.payload?[...]).method == "cancel")
         }
+    }
+
+    @Test("/metrics reports every loop's latest counts: a loop that did not answer, or a gather older than the last, never makes a total go back or count twice")
+    func metricsNeverCountTwice() throws {
+        var config = ServerConfiguration()
+        config.loops = 2
+        let server = try Server(configuration: config)
+        func snapshot(loop: Int, sequence: UInt64, frames: Int) -> MetricsSnapshot {
+            var snapshot = MetricsSnapshot(loop: loop, sequence: sequence)
+            snapshot.totals[.init(label: "switchboard_frames_in_total", dimensions: [:])] = frames
+            return snapshot
+        }
+        func framesIn() -> String? {
+            let text = String(decoding: config.metrics.exposition?() ?? [], as: UTF8.self)
+            return text.split(separator: "\n").first { $0.hasPrefix("switchboard_frames_in_total ") }.map(String.init)
+        }
+        server.group.report([snapshot(loop: 0, sequence: 2, frames: 10), snapshot(loop: 1, sequence: 2, frames: 5)])
+        #expect(framesIn() == "switchboard_frames_in_total 15")
+        server.group.report([snapshot(loop: 0, sequence: 3, frames: 12), nil])                        // loop 1 stopped
+        #expect(framesIn() == "switchboard_frames_in_total 17")
+        server.group.report([snapshot(loop: 0, sequence: 1, frames: 7), snapshot(loop: 1, sequence: 1, frames: 2)])  // an old gather
+        #expect(framesIn() == "switchboard_frames_in_total 17")
     }
 
     @Test("a broadcast crosses once to each loop with listeners, and only to those")
