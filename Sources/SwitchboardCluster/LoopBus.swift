@@ -27,7 +27,9 @@ public final class LoopBusHub: Sendable {
 
     private struct Table: ~Copyable {
         var exact: [String: [Subscriber]] = [:]
-        /// Subscriptions with a wildcard, rare: matched token by token.
+        /// Subscriptions to `<prefix>.*` (a reply inbox), by prefix: a subject's is found without a scan.
+        var prefixed: [Substring: [Subscriber]] = [:]
+        /// Other subscriptions with a wildcard, rare: matched token by token.
         var patterns: [(pattern: String, subscriber: Subscriber)] = []
         /// Turns through a queue group's members.
         var turn = 0
@@ -54,6 +56,9 @@ public final class LoopBusHub: Sendable {
     func route(_ subject: String, from: Int) -> [Subscriber] {
         table.withLock { table in
             var found = table.exact[subject] ?? []
+            if !table.prefixed.isEmpty, let dot = subject.utf8.lastIndex(of: UInt8(ascii: ".")), let more = table.prefixed[subject[..<dot]] {
+                found += more
+            }
             for (pattern, subscriber) in table.patterns where Self.matches(subject, pattern: pattern) { found.append(subscriber) }
             found.removeAll { $0.loop == from }
             guard found.contains(where: { $0.queue != nil }) else { return found }
@@ -75,7 +80,10 @@ public final class LoopBusHub: Sendable {
 
     func add(_ subject: String, _ subscriber: Subscriber) {
         table.withLock { table in
-            if subject.utf8.contains(where: { $0 == UInt8(ascii: "*") || $0 == UInt8(ascii: ">") }) {
+            let prefix = subject.hasSuffix(".*") ? subject.dropLast(2) : nil
+            if let prefix, !prefix.utf8.contains(where: Self.isWildcard) {
+                table.prefixed[prefix, default: []].append(subscriber)
+            } else if subject.utf8.contains(where: Self.isWildcard) {
                 table.patterns.append((subject, subscriber))
             } else {
                 table.exact[subject, default: []].append(subscriber)
@@ -86,6 +94,10 @@ public final class LoopBusHub: Sendable {
     func remove(_ subject: String, loop: Int, id: UInt64) {
         table.withLock { table in
             table.patterns.removeAll { $0.subscriber.loop == loop && $0.subscriber.id == id }
+            if subject.hasSuffix(".*"), var subscribers = table.prefixed[subject.dropLast(2)] {
+                subscribers.removeAll { $0.loop == loop && $0.id == id }
+                table.prefixed[subject.dropLast(2)] = subscribers.isEmpty ? nil : subscribers
+            }
             guard var subscribers = table.exact[subject] else { return }
             subscribers.removeAll { $0.loop == loop && $0.id == id }
             table.exact[subject] = subscribers.isEmpty ? nil : subscribers
@@ -97,6 +109,10 @@ public final class LoopBusHub: Sendable {
     func detach(_ index: Int) {
         table.withLock { table in
             table.patterns.removeAll { $0.subscriber.loop == index }
+            for (prefix, subscribers) in table.prefixed where subscribers.contains(where: { $0.loop == index }) {
+                let left = subscribers.filter { $0.loop != index }
+                table.prefixed[prefix] = left.isEmpty ? nil : left
+            }
             for (subject, subscribers) in table.exact where subscribers.contains(where: { $0.loop == index }) {
                 let left = subscribers.filter { $0.loop != index }
                 table.exact[subject] = left.isEmpty ? nil : left
@@ -115,6 +131,8 @@ public final class LoopBusHub: Sendable {
     func deliver(_ message: BusMessage, to loop: Int, subscription id: UInt64, bounded: Bool) -> Bool {
         inboxes[loop].add(LoopBus.Delivery(subscription: id, message: message), limit: bounded ? inboxLimit : nil)
     }
+
+    private static func isWildcard(_ byte: UInt8) -> Bool { byte == UInt8(ascii: "*") || byte == UInt8(ascii: ">") }
 
     /// NATS's subject matching: `*` matches one token, a final `>` one or more.
     static func matches(_ subject: String, pattern: String) -> Bool {

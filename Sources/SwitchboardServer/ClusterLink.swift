@@ -556,11 +556,12 @@ final class ClusterLink {
 
     /// For `switchboard/stats`, between the loops of one server: what crossed, and what was dropped
     /// because a loop had too much waiting.
-    var loopStatsValue: ChannelValue {
+    /// The calls that went by the loops' own typed path are added in.
+    func loopStatsValue(callsOut typedOut: Int, callsIn typedIn: Int, callsPending typedPending: Int, callsServing typedServing: Int) -> ChannelValue {
         .stringMap([
             "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn), "eventsUnsent": .int(eventsUnsent),
-            "callsOut": .int(callsOut), "callsIn": .int(callsIn),
-            "callsPending": .int(outgoing.count), "callsServing": .int(served.count),
+            "callsOut": .int(callsOut + typedOut), "callsIn": .int(callsIn + typedIn),
+            "callsPending": .int(outgoing.count + typedPending), "callsServing": .int(served.count + typedServing),
             "messagesOut": .int(bus.counters.messagesOut), "messagesIn": .int(bus.counters.messagesIn),
             "dropped": .int(bus.counters.dropped),
         ])

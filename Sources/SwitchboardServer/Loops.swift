@@ -65,6 +65,9 @@ final class LoopGroup: Sendable {
         }
     }
 
+    /// The loop whose client holds `channel`, if one does.
+    func holder(of channel: String) -> Int? { claims.withLock { $0[channel] } }
+
     /// Loop `index` let `channel` go.
     func release(_ channel: String, by index: Int) {
         claims.withLock { claims in

@@ -153,6 +153,10 @@ extension ServerCore {
         if let id { request.onCancel = .relayed { [unowned self] in self.cluster?.cancelCall(id) } }
     }
 
+    /// Whether a request may be a stream's listen or cancel: those go to another loop by the bus, which
+    /// keeps the streams.
+    func isStreamCall(_ input: RouteInput) -> Bool { streamCall(input) != nil }
+
     /// The listen or cancel a request may carry (decoded as the holder's node would): the channel's
     /// kind is known there only.
     private func streamCall(_ input: RouteInput) -> MethodCall? {

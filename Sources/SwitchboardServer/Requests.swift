@@ -2,7 +2,7 @@ import SwitchboardCodec
 import SwitchboardWire
 
 /// The one answer a request gets, before it is put in the requester's encoding.
-enum Answer {
+enum Answer: Sendable {
     case success(ChannelValue, any MethodCodec)
     case failure(ChannelError, any MethodCodec)
     /// A null reply: "not implemented" for calls, a null reply for messages.

@@ -100,6 +100,14 @@ final class ServerCore {
     private var reportedDrained = false
     /// Snapshots of this loop's counts taken for the metrics reporter.
     var metricsSnapshots: UInt64 = 0
+    /// Calls this loop sent to holders on other loops, waiting for their answers, by id.
+    var loopCallsWaiting: [UInt64: PendingRequest] = [:]
+    var nextLoopCall: UInt64 = 0
+    /// Calls from other loops that a holder here works on.
+    var loopCallsServed: [LoopCallKey: PendingRequest] = [:]
+    var loopCallsOut = 0, loopCallsIn = 0
+    /// Each loop's name as a caller (`loop 2`), made once.
+    private(set) lazy var loopNames = (0..<loopCount).map { "loop \($0)" }
     private var signalWatchers: [SignalWatcher] = []
     let startedAt: UInt64
     private var metricsTimer: Timer?
@@ -319,7 +327,9 @@ final class ServerCore {
             return request
         case nil:
             let request = connection.makeRequest(origin, methodCodec: nil)
-            if let cluster {  // a client of another node may hold it
+            if linksLoops, let holder = group?.holder(of: name), holder != index, !isStreamCall(input) {  // a client of another loop holds it
+                routeToLoop(holder, channel: name, input: input, request: request)
+            } else if let cluster {  // a client of another node (or loop) may hold it
                 routeToCluster(cluster, channel: name, input: input, request: request, connection: connection)
             } else {
                 request.answer(.notImplemented)
@@ -576,7 +586,7 @@ final class ServerCore {
 
     /// Whether no request waits for an answer: from this node's clients, nor from other nodes' (served
     /// here by a client holding the channel).
-    private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 }
+    private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 && loopCallsServed.isEmpty }
 
     /// Nothing waits for an answer on this loop: with one loop the drain is over; with several it is
     /// over when every loop's is (until then this loop's port stays open, and its new requests get
@@ -595,6 +605,7 @@ final class ServerCore {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
         cluster?.stopServing()  // calls from other nodes get going_away; the bus stays up to send it
+        stopServingLoopCalls()
         listener?.cancel()
         listener = nil
         tlsListener?.cancel()
@@ -640,6 +651,8 @@ final class ServerCore {
         channels = [:]
         registrations = [:]
         remoteStreams = [:]
+        loopCallsWaiting = [:]
+        loopCallsServed = [:]
         cluster?.close()
         cluster = nil
         group = nil
@@ -662,7 +675,8 @@ final class ServerCore {
         guard case .map(var entries) = localStats, let cluster else { return localStats }
         if linksLoops {
             entries.append(.init("loops", .int(1)))
-            entries.append(.init("crossLoop", cluster.loopStatsValue))
+            entries.append(.init("crossLoop", cluster.loopStatsValue(callsOut: loopCallsOut, callsIn: loopCallsIn,
+                                                                     callsPending: loopCallsWaiting.count, callsServing: loopCallsServed.count)))
         } else {
             entries.append(.init("cluster", cluster.statsValue))
         }

@@ -22,8 +22,8 @@ public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     configuration.maxFrame = UInt32(maxFrame)
     configuration.outboundLimit = 16 * 1024
     guard let embedded = try? EmbeddedServer(configuration: configuration) else { fatalError("no server") }
-    let options = HTTPUpgradeTransport.Options(maxFrame: maxFrame, allowedOrigins: ["https://*.ok"]) { head in
-        head.path == "/healthz" ? HTTPResponse(status: 200, text: "ok\n") : nil
+    let options = HTTPUpgradeTransport.Options(maxFrame: maxFrame, allowedOrigins: ["https://*.ok"]) { head, answer in
+        answer(head.path == "/healthz" ? HTTPResponse(status: 200, text: "ok\n") : nil)
     }
     let peer = embedded.connect(name: "fuzz") { HTTPUpgradeTransport(over: $0, options: options) }
     peer.peerWindow = 64 * 1024

@@ -1,0 +1,97 @@
+import SwitchboardCodec
+
+/// A request on a channel a client holds on another loop of this server, on its way there: a typed job,
+/// without the subjects and headers of the bus (protocol/cluster.md, "The loops of one server").
+/// Listens and cancels of streams go by the bus, which keeps the streams.
+struct LoopCall: Sendable {
+    enum Input: Sendable {
+        case bytes([UInt8]?)
+        case call(MethodCall)
+        case message(ChannelValue)
+    }
+    let channel: String
+    let input: Input
+    let isText: Bool
+    /// The calling loop, and its id for the call; nil when no answer is wanted.
+    let from: Int
+    let id: UInt64?
+}
+
+extension ServerCore {
+    /// Sends a request on `name`, held on loop `holder`, there; its answer comes back to `request`,
+    /// and a CANCEL follows it.
+    func routeToLoop(_ holder: Int, channel name: String, input: RouteInput, request: PendingRequest) {
+        guard let target = group?.cores[holder] else { return request.answer(.error(.goingAway)) }
+        let loopInput: LoopCall.Input = switch input {
+        case .bytes(let bytes): .bytes(bytes.map(Array.init))
+        case .call(let call): .call(call)
+        case .message(let value): .message(value)
+        }
+        var id: UInt64?
+        if !request.isDetached {
+            nextLoopCall += 1
+            id = nextLoopCall
+            loopCallsWaiting[nextLoopCall] = request
+        }
+        loopCallsOut += 1
+        let call = LoopCall(channel: name, input: loopInput, isText: request.isText, from: index, id: id)
+        guard target.loop.execute({ target.value.serveLoopCall(call) }) else {
+            if let id { loopCallsWaiting.removeValue(forKey: id) }
+            return request.answer(.error(.goingAway))  // that loop has stopped: the server is stopping
+        }
+        guard let id else { return }
+        let here = index
+        request.onCancel = .relayed { target.onLoop { $0.cancelLoopCall(from: here, id: id) } }
+    }
+
+    /// The answer to this loop's call `id` came back.
+    func loopCallAnswered(_ id: UInt64, _ answer: Answer) {
+        loopCallsWaiting.removeValue(forKey: id)?.answer(answer)
+    }
+
+    /// A call from another loop on a channel a client here holds.
+    func serveLoopCall(_ call: LoopCall) {
+        loopCallsIn += 1
+        let caller = group?.cores[call.from]
+        let key = LoopCallKey(loop: call.from, id: call.id ?? 0)
+        guard let registration = registrations[call.channel] else {  // let go meanwhile: no handler, as anywhere
+            if let id = call.id { caller?.onLoop { $0.loopCallAnswered(id, .notImplemented) } }
+            return
+        }
+        registration.counts.requests += 1
+        let request = PendingRequest(remoteText: call.isText, wantsAnswer: call.id != nil,
+                                     methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
+            [unowned self] answer in
+            guard let id = call.id else { return }
+            loopCallsServed.removeValue(forKey: key)
+            caller?.onLoop { $0.loopCallAnswered(id, answer) }
+            requestFinished()
+        }
+        let input: RouteInput = switch call.input {
+        case .bytes(let bytes): .bytes(bytes?[...])
+        case .call(let method): .call(method)
+        case .message(let value): .message(value)
+        }
+        routeToHolder(registration, input: input, request: request, from: .remote(loopNames[call.from]))
+        if call.id != nil, !request.isAnswered { loopCallsServed[key] = request }
+    }
+
+    /// The caller of a call from another loop cancelled it: it is answered here as this loop's own
+    /// client's would be.
+    func cancelLoopCall(from loop: Int, id: UInt64) {
+        guard let request = loopCallsServed[LoopCallKey(loop: loop, id: id)] else { return }
+        request.notifyCancel()
+        request.answer(request.cancelAnswer)
+    }
+
+    /// The server is stopping: calls from other loops still open here get `going_away`.
+    func stopServingLoopCalls() {
+        for request in Array(loopCallsServed.values) { request.answer(.error(.goingAway)) }
+    }
+}
+
+/// A call from another loop: that loop and its id for the call.
+struct LoopCallKey: Hashable {
+    let loop: Int
+    let id: UInt64
+}
