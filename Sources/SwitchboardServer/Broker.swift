@@ -124,7 +124,7 @@ extension ServerCore {
             guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
             release(existing, reason: "re-registered", keepingClaim: true)
         }
-        if loopCount > 1, let group, !group.claim(frame.channel, for: index) {  // held on another loop
+        if loopCount > 1, let group, !group.claim(frame.channel, for: index, isEvent: kind == .event) {  // held on another loop
             return connection.writeError(.channelTaken, id: frame.id)
         }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,

@@ -2,7 +2,7 @@ import SwitchboardCodec
 
 /// A request on a channel a client holds on another loop of this server, on its way there: a typed job,
 /// without the subjects and headers of the bus (protocol/cluster.md, "The loops of one server").
-/// Listens and cancels of streams go by the bus, which keeps the streams.
+/// Requests on held event channels go by the bus, which keeps the streams.
 struct LoopCall: Sendable {
     enum Input: Sendable {
         case bytes([UInt8]?)
@@ -15,6 +15,8 @@ struct LoopCall: Sendable {
     /// The calling loop, and its id for the call; nil when no answer is wanted.
     let from: Int
     let id: UInt64?
+    /// Whether it was passed on once already (the channel changed loops on its way).
+    var passedOn = false
 }
 
 extension ServerCore {
@@ -33,15 +35,27 @@ extension ServerCore {
             id = nextLoopCall
             loopCallsWaiting[nextLoopCall] = request
         }
-        loopCallsOut += 1
         let call = LoopCall(channel: name, input: loopInput, isText: request.isText, from: index, id: id)
         guard target.loop.execute({ target.value.serveLoopCall(call) }) else {
             if let id { loopCallsWaiting.removeValue(forKey: id) }
             return request.answer(.error(.goingAway))  // that loop has stopped: the server is stopping
         }
+        loopCallsOut += 1
         guard let id else { return }
         let here = index
-        request.onCancel = .relayed { target.onLoop { $0.cancelLoopCall(from: here, id: id) } }
+        request.onCancel = .relayed { [unowned self] in
+            if !target.loop.execute({ target.value.cancelLoopCall(from: here, id: id) }) { loopCallAnswered(id, .error(.goingAway)) }
+        }
+    }
+
+    /// Calls sent to other loops whose callers still wait (one answered otherwise, say by a shutdown,
+    /// is let go by ``forgetAnsweredLoopCalls()``).
+    var loopCallsPending: Int { loopCallsWaiting.values.reduce(0) { $0 + ($1.isAnswered ? 0 : 1) } }
+
+    /// Lets go of the calls sent to other loops whose callers were answered otherwise.
+    func forgetAnsweredLoopCalls() {
+        guard loopCallsWaiting.values.contains(where: \.isAnswered) else { return }
+        loopCallsWaiting = loopCallsWaiting.filter { !$0.value.isAnswered }
     }
 
     /// The answer to this loop's call `id` came back.
@@ -51,13 +65,24 @@ extension ServerCore {
 
     /// A call from another loop on a channel a client here holds.
     func serveLoopCall(_ call: LoopCall) {
-        loopCallsIn += 1
         let caller = group?.cores[call.from]
         let key = LoopCallKey(loop: call.from, id: call.id ?? 0)
-        guard let registration = registrations[call.channel] else {  // let go meanwhile: no handler, as anywhere
+        guard phase == .running || phase == .draining else {
+            if let id = call.id { caller?.onLoop { $0.loopCallAnswered(id, .error(.goingAway)) } }
+            return
+        }
+        guard let registration = registrations[call.channel] else {
+            // Let go meanwhile: held on another loop now (passed on, once), or nowhere (no handler).
+            if !call.passedOn, let holder = group?.holder(of: call.channel), holder.loop != index, !holder.isEvent,
+               let next = group?.cores[holder.loop] {
+                var passed = call
+                passed.passedOn = true
+                if next.loop.execute({ [passed] in next.value.serveLoopCall(passed) }) { return }
+            }
             if let id = call.id { caller?.onLoop { $0.loopCallAnswered(id, .notImplemented) } }
             return
         }
+        loopCallsIn += 1
         registration.counts.requests += 1
         let request = PendingRequest(remoteText: call.isText, wantsAnswer: call.id != nil,
                                      methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {

@@ -10,9 +10,16 @@ import SwitchboardTransport
 final class LoopGroup: Sendable {
     /// Each loop's core; a core's index is its place here.
     let cores: [LoopBound<ServerCore>]
-    /// Which loop holds each client-held channel: one loop at most, so that `channel_taken` holds
-    /// server-wide.
-    private let claims = Mutex<[String: Int]>([:])
+    /// Which loop holds each client-held channel (one loop at most, so that `channel_taken` holds
+    /// server-wide), and whether it is an event channel.
+    private let claims = Mutex<[String: Claim]>([:])
+
+    /// A client-held channel's loop, and whether its holder declared it an event channel (whose
+    /// listens and cancels go between loops by the bus, which keeps the streams).
+    struct Claim: Sendable {
+        let loop: Int
+        let isEvent: Bool
+    }
     /// Loops whose loop has stopped, and loops whose drain is over.
     private let stopped = Atomic<Int>(0)
     private let drained = Atomic<Int>(0)
@@ -57,21 +64,21 @@ final class LoopGroup: Sendable {
     func loop(ofConnection id: UInt64) -> Int { Int((id &- 1) % UInt64(cores.count)) }
 
     /// Claims `channel` for loop `index`; false when another loop holds it.
-    func claim(_ channel: String, for index: Int) -> Bool {
+    func claim(_ channel: String, for index: Int, isEvent: Bool) -> Bool {
         claims.withLock { claims in
-            if let holder = claims[channel], holder != index { return false }
-            claims[channel] = index
+            if let holder = claims[channel], holder.loop != index { return false }
+            claims[channel] = Claim(loop: index, isEvent: isEvent)
             return true
         }
     }
 
     /// The loop whose client holds `channel`, if one does.
-    func holder(of channel: String) -> Int? { claims.withLock { $0[channel] } }
+    func holder(of channel: String) -> Claim? { claims.withLock { $0[channel] } }
 
     /// Loop `index` let `channel` go.
     func release(_ channel: String, by index: Int) {
         claims.withLock { claims in
-            if claims[channel] == index { claims.removeValue(forKey: channel) }
+            if claims[channel]?.loop == index { claims.removeValue(forKey: channel) }
         }
     }
 

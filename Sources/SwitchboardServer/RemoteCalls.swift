@@ -153,10 +153,6 @@ extension ServerCore {
         if let id { request.onCancel = .relayed { [unowned self] in self.cluster?.cancelCall(id) } }
     }
 
-    /// Whether a request may be a stream's listen or cancel: those go to another loop by the bus, which
-    /// keeps the streams.
-    func isStreamCall(_ input: RouteInput) -> Bool { streamCall(input) != nil }
-
     /// The listen or cancel a request may carry (decoded as the holder's node would): the channel's
     /// kind is known there only.
     private func streamCall(_ input: RouteInput) -> MethodCall? {
@@ -165,11 +161,13 @@ extension ServerCore {
         case .call(let c): call = c
         case .message: call = nil
         case .bytes(let payload?):
-            // Decoded only when it may be one: a Standard call whose method is a 6-byte string, or JSON.
-            guard payload.count >= 8, payload.first == 7 && payload[payload.startIndex + 1] == 6 || payload.first == UInt8(ascii: "{") else {
-                return nil
-            }
-            call = (try? StandardMethodCodec().decodeMethodCall(from: payload)) ?? (try? JSONMethodCodec().decodeMethodCall(from: payload))
+            // Decoded whole only when its method, read as either codec reads it, is one of the two.
+            var reuse = MethodCallReuse()
+            let standard = StandardMethodCodec().methodName(in: payload, reusing: &reuse)
+            let method = standard ?? JSONMethodCodec().methodName(in: payload, reusing: &reuse)
+            guard method == "listen" || method == "cancel" else { return nil }
+            call = (standard != nil ? try? StandardMethodCodec().decodeMethodCall(from: payload) : nil)
+                ?? (try? JSONMethodCodec().decodeMethodCall(from: payload))
         case .bytes(nil): call = nil
         }
         guard let call, call.method == "listen" || call.method == "cancel" else { return nil }

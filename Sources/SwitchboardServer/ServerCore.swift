@@ -327,8 +327,8 @@ final class ServerCore {
             return request
         case nil:
             let request = connection.makeRequest(origin, methodCodec: nil)
-            if linksLoops, let holder = group?.holder(of: name), holder != index, !isStreamCall(input) {  // a client of another loop holds it
-                routeToLoop(holder, channel: name, input: input, request: request)
+            if linksLoops, let holder = group?.holder(of: name), holder.loop != index, !holder.isEvent {  // a client of another loop holds it
+                routeToLoop(holder.loop, channel: name, input: input, request: request)
             } else if let cluster {  // a client of another node (or loop) may hold it
                 routeToCluster(cluster, channel: name, input: input, request: request, connection: connection)
             } else {
@@ -545,6 +545,7 @@ final class ServerCore {
                 connection.writeFrame(.ping, payload: nil)
             }
         }
+        forgetAnsweredLoopCalls()
         closingConnections.removeAll { connection in
             guard connection.transport.isOpen else { return true }
             if let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) {
@@ -676,7 +677,7 @@ final class ServerCore {
         if linksLoops {
             entries.append(.init("loops", .int(1)))
             entries.append(.init("crossLoop", cluster.loopStatsValue(callsOut: loopCallsOut, callsIn: loopCallsIn,
-                                                                     callsPending: loopCallsWaiting.count, callsServing: loopCallsServed.count)))
+                                                                     callsPending: loopCallsPending, callsServing: loopCallsServed.count)))
         } else {
             entries.append(.init("cluster", cluster.statsValue))
         }

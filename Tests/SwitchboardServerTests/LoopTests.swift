@@ -166,6 +166,28 @@ import SwitchboardWire
         #expect(framesIn() == "switchboard_frames_in_total 17")
     }
 
+    @Test("a listen from another loop that the quick look cannot tell (a Standard size in long form) still starts a stream there")
+    func unusualListenCrossesLoops() async throws {
+        try await withServer({ $0.loops = 4 }) { _, port in
+            let wires = try connect(2, port: port)
+            let holder = wires[0], listener = wires[1]  // loops 0 and 1
+            try holder.send(Frame(.register, id: 1, channel: "held/x", payload: Array(#"{"kind":"event"}"#.utf8)))
+            #expect(try await holder.frame().kind == .reply)
+            try listener.send(Frame(.message, id: 5, channel: "held/x", payload: [7, 254, 6, 0] + Array("listen".utf8) + [0]))
+            let listen = try await holder.frame()
+            #expect(try StandardMethodCodec().decodeMethodCall(from: listen.payload?[...]).method == "listen")
+            try holder.send(Frame(.reply, id: listen.id, payload: try StandardMethodCodec().encodeSuccessEnvelope(.null)))
+            #expect(try await listener.frame().kind == .reply)
+            let event = try StandardMethodCodec().encodeSuccessEnvelope(7)
+            try holder.send(Frame(.message, id: 0, channel: "held/x", payload: event))
+            #expect(try await listener.frame() == Frame(.message, id: 0, channel: "held/x", payload: event))
+            try listener.send(.call(6, "held/x", "cancel"))
+            #expect(try await listener.frame().kind == .reply)
+            let cancel = try await holder.frame()
+            #expect(try StandardMethodCodec().decodeMethodCall(from: cancel.payload?[...]).method == "cancel")
+        }
+    }
+
     @Test("a broadcast crosses once to each loop with listeners, and only to those")
     func broadcastsCrossOncePerLoop() async throws {
         try await withServer({ $0.loops = 4 }) { _, port in
