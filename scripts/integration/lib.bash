@@ -6,9 +6,10 @@ FAILED=0
 SERVER_PID=
 LOG=$(mktemp)
 
-# start_server [serve options…]: starts a server on a free port and sets PORT.
+# start_server [serve options…]: starts a server on a free port and sets PORT; with SWITCHBOARD_LOOPS
+# set, on that many loops (the default: one per core).
 start_server() {
-    "$SWITCHBOARD" serve --port 0 --log-level notice "$@" 2>"$LOG" &
+    "$SWITCHBOARD" serve --port 0 --log-level notice ${SWITCHBOARD_LOOPS:+--loops "$SWITCHBOARD_LOOPS"} "$@" 2>"$LOG" &
     SERVER_PID=$!
     PORT=$(logged_port "listening on") || exit 1
 }
