@@ -160,9 +160,9 @@ final class ClusterLink {
     var onListenerReport: ((_ node: String, _ counts: [String: Int]) -> Void)?
     private(set) var peersLost = 0
 
-    /// A node of a NATS cluster.
-    convenience init(settings: ClusterSettings, loop: EventLoop, logger: Logger) throws(UVError) {
-        var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)")
+    /// A node of a NATS cluster: the whole server, or (`loop`) one of its loops.
+    convenience init(settings: ClusterSettings, loop index: Int?, eventLoop loop: EventLoop, logger: Logger) throws(UVError) {
+        var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)" + (index.map { " loop \($0)" } ?? ""))
         options.echo = false  // a node's own broadcasts have reached its listeners already
         var logger = logger
         logger[metadataKey: "node"] = "\(settings.node)"

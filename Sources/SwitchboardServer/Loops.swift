@@ -28,10 +28,12 @@ final class LoopGroup: Sendable {
     /// The bus between the loops (with more than one).
     let hub: LoopBusHub?
 
-    init(cores: [ServerCore], metrics: MetricsSettings) {
+    /// With `joinedByNATS` (a node of a cluster), each loop is a node of the cluster and the loops
+    /// reach each other through NATS, as they reach other nodes; otherwise by a ``LoopBusHub``.
+    init(cores: [ServerCore], metrics: MetricsSettings, joinedByNATS: Bool) {
         self.cores = cores.map { LoopBound($0, loop: $0.handle) }
         metricsReporter = Mutex(Reporting(reporter: MetricsReporter(settings: metrics)))
-        hub = cores.count > 1 ? LoopBusHub(loops: cores.map(\.handle), mayDrop: ClusterLink.mayDrop) : nil
+        hub = cores.count > 1 && !joinedByNATS ? LoopBusHub(loops: cores.map(\.handle), mayDrop: ClusterLink.mayDrop) : nil
     }
 
     var count: Int { cores.count }
@@ -125,6 +127,8 @@ extension LoopGroup {
         switch first {
         case .int32, .int64:
             return .int(values.reduce(0) { $0 + ($1.intValue ?? 0) })
+        case .bool:  // `connected`: whether every loop is
+            return .bool(values.allSatisfy { if case .bool(true) = $0 { true } else { false } })
         case .map:
             var keys: [ChannelValue] = []
             var parts: [String: [ChannelValue]] = [:]
@@ -137,7 +141,8 @@ extension LoopGroup {
             }
             return .map(keys.compactMap { key in
                 guard case .string(let name) = key, let all = parts[name] else { return nil }
-                if name == "uptimeSeconds" { return .init(key, .int(all.compactMap(\.intValue).max() ?? 0)) }
+                // What each loop sees of the whole (other nodes, how long it has run) is not summed.
+                if ["uptimeSeconds", "nodes", "remoteHolders"].contains(name) { return .init(key, .int(all.compactMap(\.intValue).max() ?? 0)) }
                 return .init(key, sum(all))
             })
         default:

@@ -53,7 +53,14 @@ struct MetricsSnapshot: Sendable {
         var sum = MetricsSnapshot()
         for part in parts {
             for (label, value) in part.gauges {
-                sum.gauges[label] = label == "switchboard_uptime_seconds" ? max(sum.gauges[label] ?? 0, value) : (sum.gauges[label] ?? 0) + value
+                sum.gauges[label] = switch label {
+                // What each loop sees of the whole is not summed: the longest uptime, the most nodes seen,
+                // and connected only if every loop is.
+                case "switchboard_uptime_seconds", "switchboard_cluster_nodes", "switchboard_cluster_remote_holders":
+                    max(sum.gauges[label] ?? 0, value)
+                case "switchboard_cluster_connected": min(sum.gauges[label] ?? 1, value)
+                default: (sum.gauges[label] ?? 0) + value
+                }
             }
             for (total, value) in part.totals { sum.totals[total, default: 0] += value }
             for (name, counts) in part.channels {

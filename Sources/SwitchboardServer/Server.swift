@@ -30,7 +30,6 @@ public final class Server: Sendable {
     public init(configuration: ServerConfiguration = ServerConfiguration(),
                 logger: Logger = Logger(label: "switchboard")) throws(UVError) {
         precondition(configuration.loops >= 1, "a server runs at least one loop")
-        precondition(configuration.cluster == nil || configuration.loops == 1, "a node of a cluster runs one loop")
         self.configuration = configuration
         var cores: [ServerCore] = []
         for index in 0..<configuration.loops {
@@ -38,7 +37,7 @@ public final class Server: Sendable {
             if configuration.loops > 1 { logger[metadataKey: "loop"] = "\(index)" }
             cores.append(try ServerCore(config: configuration, logger: logger, index: index, loops: configuration.loops))
         }
-        group = LoopGroup(cores: cores, metrics: configuration.metrics)
+        group = LoopGroup(cores: cores, metrics: configuration.metrics, joinedByNATS: configuration.cluster != nil)
         for core in cores { core.group = group }
     }
 

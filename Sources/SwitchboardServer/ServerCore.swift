@@ -151,7 +151,7 @@ final class ServerCore {
         try startPerTurnWork()
         let link: ClusterLink
         if let settings = config.cluster {
-            link = try ClusterLink(settings: settings, loop: eventLoop, logger: logger)
+            link = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, eventLoop: eventLoop, logger: logger)
         } else if let hub = group?.hub {
             link = try ClusterLink(bus: try hub.bus(index, loop: eventLoop), node: "loop \(index)", liveness: false,
                                    loop: eventLoop, logger: logger)
@@ -327,7 +327,7 @@ final class ServerCore {
             return request
         case nil:
             let request = connection.makeRequest(origin, methodCodec: nil)
-            if linksLoops, let holder = group?.holder(of: name), holder.loop != index, !holder.isEvent {  // a client of another loop holds it
+            if loopCount > 1, let holder = group?.holder(of: name), holder.loop != index, !holder.isEvent {  // a client of another loop holds it
                 routeToLoop(holder.loop, channel: name, input: input, request: request)
             } else if let cluster {  // a client of another node (or loop) may hold it
                 routeToCluster(cluster, channel: name, input: input, request: request, connection: connection)
@@ -671,16 +671,18 @@ final class ServerCore {
     // MARK: Stats
 
     /// This loop's stats (``LoopGroup/sum(_:)`` adds up the loops'): with several loops, `loops` counts
-    /// 1 per loop and `crossLoop` counts what went between them.
+    /// 1 per loop, and `crossLoop` what went between them (for the loops of a cluster's node, their
+    /// typed calls only: the rest crossed NATS and is in `cluster`).
     var statsValue: ChannelValue {
         guard case .map(var entries) = localStats, let cluster else { return localStats }
-        if linksLoops {
+        if loopCount > 1 {
             entries.append(.init("loops", .int(1)))
-            entries.append(.init("crossLoop", cluster.loopStatsValue(callsOut: loopCallsOut, callsIn: loopCallsIn,
-                                                                     callsPending: loopCallsPending, callsServing: loopCallsServed.count)))
-        } else {
-            entries.append(.init("cluster", cluster.statsValue))
+            let (out, into, pending, serving) = (loopCallsOut, loopCallsIn, loopCallsPending, loopCallsServed.count)
+            entries.append(.init("crossLoop", linksLoops
+                ? cluster.loopStatsValue(callsOut: out, callsIn: into, callsPending: pending, callsServing: serving)
+                : .stringMap(["callsOut": .int(out), "callsIn": .int(into), "callsPending": .int(pending), "callsServing": .int(serving)])))
         }
+        if !linksLoops { entries.append(.init("cluster", cluster.statsValue)) }
         return .map(entries)
     }
 

@@ -79,7 +79,7 @@ struct Serve: ParsableCommand {
     @Option(help: "NATS servers (nats://HOST:PORT, comma-separated): share broadcasts with the other nodes on them.")
     var cluster: String?
     @Option(help: "This node's name in the cluster (default: the host name and process id).") var node: String?
-    @Option(help: "Event loops, one thread each (default: one per core; 1 with --cluster).") var loops: Int?
+    @Option(help: "Event loops, one thread each (default: one per core).") var loops: Int?
 
     /// The servers `--cluster` lists; nil if one is not a NATS address.
     private var clusterServers: [NATSBus.Server]? {
@@ -97,12 +97,7 @@ struct Serve: ParsableCommand {
             throw ValidationError("--cluster takes nats://HOST:PORT addresses, comma-separated")
         }
         guard node == nil || cluster != nil else { throw ValidationError("--node needs --cluster") }
-        if let loops {
-            guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") }
-            guard loops == 1 || cluster == nil else {
-                throw ValidationError("a node of a cluster runs one loop: run one node per core instead of --loops")
-            }
-        }
+        if let loops { guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") } }
     }
 
     func run() throws {
@@ -125,7 +120,7 @@ struct Serve: ParsableCommand {
         config.httpEndpoints = http == .on
         config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
         config.metrics = .prometheus(channelLimit: metricsChannels)
-        config.loops = loops ?? (cluster == nil ? max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))) : 1)
+        config.loops = loops ?? max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
         if let servers = clusterServers {
             config.cluster = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")
         }

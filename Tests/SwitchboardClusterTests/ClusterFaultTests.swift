@@ -16,7 +16,7 @@ final class NodeProcess {
         let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
             .deletingLastPathComponent().appendingPathComponent("switchboard")
         process.executableURL = executable
-        process.arguments = ["serve", "--port", "0", "--log-level", "notice", "--cluster", "nats://127.0.0.1:\(nats.port)", "--node", node]
+        process.arguments = ["serve", "--port", "0", "--log-level", "notice", "--loops", "1", "--cluster", "nats://127.0.0.1:\(nats.port)", "--node", node]
         let log = Pipe()
         process.standardError = log
         process.standardOutput = FileHandle.nullDevice

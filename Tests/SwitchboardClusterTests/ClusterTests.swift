@@ -10,11 +10,12 @@ import SwitchboardServer
 final class ClusterNodes {
     let servers: [Server]
 
-    /// `count` nodes, node i attached to `nats[i % nats.count]`.
-    init(_ count: Int, nats: NATSServerProcess...) throws {
+    /// `count` nodes of `loops` loops each, node i attached to `nats[i % nats.count]`.
+    init(_ count: Int, loops: Int = 1, nats: NATSServerProcess...) throws {
         servers = try (1...count).map { index in
             var config = ServerConfiguration()
             config.port = 0
+            config.loops = loops
             config.drainTimeoutMs = 300
             let port = nats[(index - 1) % nats.count].port
             config.cluster = ClusterSettings(servers: [NATSBus.Server(host: "127.0.0.1", port: port)], node: "node\(index)")

@@ -1,0 +1,76 @@
+import Testing
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardTesting
+import SwitchboardWire
+
+/// Nodes of several loops: each loop is a node of the cluster, and the server still behaves as one.
+@Suite("A cluster of nodes with several loops", .serialized, .needsNATSServer)
+struct ClusterLoopTests {
+    @Test("each loop of a node is a node of the cluster: broadcasts and calls reach every loop of every node, and channel_taken holds within a node")
+    func loopsOfNodes() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, loops: 2, nats: nats)
+        // The nth connection to a node is on its loop (n - 1) % 2.
+        let a0 = try RawConnection(port: nodes.servers[0].port), a1 = try RawConnection(port: nodes.servers[0].port)
+        let b0 = try RawConnection(port: nodes.servers[1].port), b1 = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {
+            try b0.send(.call(1, "switchboard/stats", "get"))
+            let stats = try await b0.frame().envelope().get()
+            return stats["cluster"]?["connected"] == true && stats["cluster"]?["nodes"] == 3 && stats["loops"] == 2
+        })
+
+        for listener in [a0, a1, b1] {
+            try listener.send(.call(2, "switchboard/room", "listen"))
+            #expect(try await listener.frame().kind == .reply)
+        }
+        // Posts from node b's loop 0 until all three listeners have one (their subscriptions reach nats-server).
+        let posted = Frame(.message, id: 0, channel: "switchboard/room", payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([9])))
+        var heard: [Bool] = [false, false, false]
+        #expect(try await eventually {
+            try b0.send(Frame(.message, id: 3, channel: "switchboard/room.post", payload: [9]))
+            for (index, listener) in [a0, a1, b1].enumerated() {
+                for frame in try await listener.barrier() where frame == posted { heard[index] = true }
+            }
+            _ = try await b0.barrier()
+            return heard.allSatisfy { $0 }
+        })
+
+        // A channel held on node b's loop 1, called from both loops of node a.
+        try b1.send(Frame(.register, id: 4, channel: "held/m", payload: Array(#"{"kind":"method"}"#.utf8)))
+        #expect(try await b1.frame().kind == .reply)
+        try b0.send(Frame(.register, id: 5, channel: "held/m", payload: nil))
+        #expect(try await b0.frame().errorCode == "channel_taken")
+        // Callers that listen to nothing: node a's third and fourth connections, on its loops 0 and 1.
+        let callers = [try RawConnection(port: nodes.servers[0].port), try RawConnection(port: nodes.servers[0].port)]
+        // Once node b's subscription has reached nats-server (a call gets more than the null reply of no holder):
+        var probe: UInt32 = 100
+        #expect(try await eventually {
+            probe += 1
+            try callers[0].send(.call(probe, "held/m", "probe"))
+            for forwarded in try await b1.barrier() where forwarded.kind == .message {
+                try b1.send(Frame(.reply, id: forwarded.id, payload: [0]))
+            }
+            return try await callers[0].barrier().contains { $0.kind == .reply && $0.payload == [0] }
+        })
+        try await Task.sleep(for: .milliseconds(100))
+        _ = try await b1.barrier()
+        _ = try await callers[0].barrier()
+        for caller in callers {
+            try caller.send(.call(7, "held/m", "x"))
+            let forwarded = try await b1.frame()
+            #expect(forwarded.kind == .message && forwarded.channel == "held/m")
+            try b1.send(Frame(.reply, id: forwarded.id, payload: [1, 2]))
+            #expect(try await caller.frame() == Frame(.reply, id: 7, payload: [1, 2]))
+        }
+        // Node b's loop 0 calls the channel its loop 1 holds: the node keeps its own clients' calls.
+        try b0.send(.call(8, "held/m", "y"))
+        let forwarded = try await b1.frame()
+        try b1.send(Frame(.reply, id: forwarded.id, payload: [3]))
+        #expect(try await b0.frame() == Frame(.reply, id: 8, payload: [3]))
+        try b0.send(.call(9, "switchboard/stats", "get"))
+        let stats = try await b0.frame().envelope().get()
+        #expect(stats["crossLoop"]?["callsOut"] == 1 && stats["crossLoop"]?["callsIn"] == 1)
+        await nodes.stop()
+    }
+}
