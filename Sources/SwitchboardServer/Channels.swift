@@ -221,7 +221,8 @@ public final class EventChannel: Sendable {
     }
 }
 
-/// Produces one client's event stream: Flutter's `StreamHandler`. Both methods run on the loop thread.
+/// Produces one client's event stream: Flutter's `StreamHandler`. Both methods run on the loop thread of
+/// the listener's connection (with several loops, on several threads at once).
 public protocol StreamHandler: Sendable {
     /// A client started listening; return an error to refuse (sent as the listen reply).
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError?
@@ -248,8 +249,8 @@ public struct StreamHandlerClosures: StreamHandler {
 /// One listener's end of an event stream: Flutter's `EventSink`. `success`, `error` and `endOfStream`
 /// may be called from any thread; after the stream ends they do nothing.
 ///
-/// From another thread, events wait for one coalesced hop onto the loop in a queue bounded by the
-/// channel's queue length under its overflow policy (drops counted as `producerQueueFull`).
+/// From another thread, events wait for one coalesced hop onto its connection's loop in a queue bounded
+/// by the channel's queue length under its overflow policy (drops counted as `producerQueueFull`).
 ///
 /// A handler may keep its sinks as long as it likes: a sink refers to its stream weakly, so a kept sink
 /// never keeps a finished stream (and through it the connection and the server) alive.

@@ -131,7 +131,8 @@ public final class Server: Sendable {
         core.value.eventLoop.runOnce()
     }
 
-    /// Serves a connection over `transport`, as if the listener had accepted it. Loop thread only.
+    /// Serves a connection over `transport` on loop 0 (never dealt round), as if its listener had accepted
+    /// it. Loop 0's thread only.
     public func accept(_ transport: any Transport) {
         precondition(core.loop.isInLoopThread || !core.loop.hasStarted, "Server.accept is for the loop thread")
         core.value.accept(transport)

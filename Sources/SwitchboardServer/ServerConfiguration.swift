@@ -37,7 +37,8 @@ public struct ServerConfiguration: Sendable {
     public var cluster: ClusterSettings?
     /// Event loops, each a thread of its own serving a share of the connections (`README.md`, "Scaling").
     /// Handlers run on the loop of the connection that called them, so with more than one loop the same
-    /// handler may run on several threads at once. In a cluster, each loop is a node of its own.
+    /// handler may run on several threads at once. In a cluster, each loop is a node of its own. At least
+    /// 1; a driven server (``Server/startDriven()``, `EmbeddedServer`) runs exactly 1.
     public var loops = 1
 
     /// The defaults of wire-v1.

@@ -79,7 +79,7 @@ struct Serve: ParsableCommand {
     @Option(help: "NATS servers (nats://HOST:PORT, comma-separated): share broadcasts with the other nodes on them.")
     var cluster: String?
     @Option(help: "This node's name in the cluster (default: the host name and process id).") var node: String?
-    @Option(help: "Event loops, one thread each (default: one per core).") var loops: Int?
+    @Option(help: "Event loops, one thread each: 1 … 256 (default: one per core).") var loops: Int?
 
     /// The servers `--cluster` lists; nil if one is not a NATS address.
     private var clusterServers: [NATSBus.Server]? {
@@ -120,7 +120,7 @@ struct Serve: ParsableCommand {
         config.httpEndpoints = http == .on
         config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
         config.metrics = .prometheus(channelLimit: metricsChannels)
-        config.loops = loops ?? max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        config.loops = loops ?? min(256, max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
         if let servers = clusterServers {
             config.cluster = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")
         }
