@@ -4,9 +4,10 @@ import SwitchboardCodec
 import SwitchboardTransport
 
 /// The loops of one server and what they share (README.md, "Scaling"). Each loop is a ``ServerCore``
-/// with its own connections; loop 0 accepts and hands connections round. Broadcasts and calls to
-/// channels held on another loop cross over a ``LoopBus`` through each core's ``ClusterLink``; the
-/// tables here are the only state the loops share.
+/// with its own connections; loop 0 accepts and hands connections round. Broadcasts and streams cross
+/// over a ``LoopBus`` (or NATS, on a cluster's node) through each core's ``ClusterLink``; calls to
+/// channels held on another loop go as typed jobs (``LoopCall``). The tables here are the only state
+/// the loops share.
 final class LoopGroup: Sendable {
     /// Each loop's core; a core's index is its place here.
     let cores: [LoopBound<ServerCore>]
@@ -120,8 +121,9 @@ final class LoopGroup: Sendable {
 }
 
 extension LoopGroup {
-    /// Adds up the stats of several loops: numbers are summed (the uptime is the longest), maps merged
-    /// key by key, anything else taken from the first loop.
+    /// Adds up the stats of several loops: numbers are summed (but for the uptime, `nodes` and
+    /// `remoteHolders`: the most any loop has), flags are true if true on every loop, maps are merged
+    /// key by key, and anything else is taken from the first loop.
     static func sum(_ values: [ChannelValue]) -> ChannelValue {
         guard let first = values.first else { return .null }
         switch first {

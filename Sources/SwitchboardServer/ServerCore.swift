@@ -184,7 +184,8 @@ final class ServerCore {
             if let tls { return acceptTLS(transport, tls) }
             return accept(web(transport))
         }
-        guard let socket = transport.detach() else { return acceptFailed(UVError(code: -9, operation: "dup")) }  // EBADF
+        let socket: DetachedSocket
+        do { socket = try transport.detach() } catch { return acceptFailed(error) }
         if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls) }) { socket.close() }
     }
 
@@ -225,9 +226,9 @@ final class ServerCore {
         let interval = max(10, min(100, config.slowConsumerGraceMs / 4, config.heartbeatMs == 0 ? 100 : config.heartbeatMs / 4))
         housekeeping.start(after: interval, repeat: interval) { [unowned self] in keepHouse() }
         self.housekeeping = housekeeping
-        guard config.metrics.exposition == nil else { return }  // reported when scraped
+        // Reported when scraped, or by loop 0's timer for every loop.
+        guard config.metrics.exposition == nil, index == 0 else { return }
         let metricsTimer = try Timer(loop: eventLoop)
-        guard index == 0 else { return }  // loop 0 reports for every loop
         metricsTimer.start(after: config.metrics.intervalMs, repeat: config.metrics.intervalMs) { [unowned self] in
             reportMetrics {}
         }

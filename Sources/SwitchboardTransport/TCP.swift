@@ -170,13 +170,15 @@ public final class TCPConnection: LoopResource, Transport {
 
     func didConnect() { uv_tcp_nodelay(raw.assumingMemoryBound(to: uv_tcp_t.self), 1) }
 
-    /// Takes the socket off this loop, for ``adopt(_:loop:)`` on another: a duplicate of its descriptor
-    /// (this handle closes). Nil if it cannot be duplicated; the connection is closed then.
-    public func detach() -> DetachedSocket? {
+    /// Takes the socket off this loop, for ``adopt(_:loop:)`` on another: a close-on-exec duplicate of
+    /// its descriptor (this handle closes either way).
+    public func detach() throws(UVError) -> DetachedSocket {
+        defer { close() }
         var fd: uv_os_fd_t = -1
-        let copy = uv_fileno(handle, &fd) == 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1
-        close()
-        return copy >= 0 ? DetachedSocket(fd: copy) : nil
+        try UVError.check(uv_fileno(handle, &fd), "uv_fileno")
+        let copy = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+        guard copy >= 0 else { throw UVError(code: -errno, operation: "dup") }
+        return DetachedSocket(fd: copy)
     }
 
     /// Serves on `loop` a socket that ``detach()`` took off another loop.
