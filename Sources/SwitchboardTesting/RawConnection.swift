@@ -23,7 +23,7 @@ public final class RawConnection {
     /// Connects to 127.0.0.1:`port`.
     public init(port: Int, receiveTimeout: Int = 5) throws {
         self.receiveTimeout = Duration.seconds(receiveTimeout)
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // no child process inherits it
         guard fd >= 0 else { throw TestFailure("socket failed") }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)

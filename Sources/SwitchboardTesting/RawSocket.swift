@@ -9,7 +9,7 @@ public final class RawSocket {
 
     /// Connects to `127.0.0.1:port`; reads give up after `timeout` seconds. Nil if the connection fails.
     public init?(port: Int, timeout: Double = 5) {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // no child process inherits it
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = UInt16(port).bigEndian

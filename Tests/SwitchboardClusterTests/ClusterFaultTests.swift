@@ -9,41 +9,35 @@ import SwitchboardWire
 /// A Switchboard node in a process of its own (the `switchboard` executable built beside the tests),
 /// for what a thread cannot do: `kill -9` and SIGSTOP.
 final class NodeProcess {
-    let process = Process()
+    let process: ChildProcess
     let port: Int
 
     init(nats: NATSServerProcess, node: String) throws {
         let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-            .deletingLastPathComponent().appendingPathComponent("switchboard")
-        process.executableURL = executable
-        process.arguments = ["serve", "--port", "0", "--log-level", "notice", "--loops", "1", "--cluster", "nats://127.0.0.1:\(nats.port)", "--node", node]
-        let log = Pipe()
-        process.standardError = log
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
+            .deletingLastPathComponent().appendingPathComponent("switchboard").path
+        process = try ChildProcess(executable, ["serve", "--port", "0", "--log-level", "notice", "--loops", "1", "--cluster",
+                                                "nats://127.0.0.1:\(nats.port)", "--node", node], capturingStandardError: true)
+        guard let log = process.standardError else { throw TestFailure("no log") }
         var text = ""
         var port: Int?
+        var chunk = [UInt8](repeating: 0, count: 4096)
         while port == nil || !text.contains("cluster bus connected") {
-            let chunk = log.fileHandleForReading.availableData
-            guard !chunk.isEmpty else { throw TestFailure("\(executable.path) exited: \(text)") }
-            text += String(decoding: chunk, as: UTF8.self)
+            let count = read(log, &chunk, chunk.count)
+            guard count > 0 else { throw TestFailure("\(executable) exited: \(text)") }
+            text += String(decoding: chunk[..<count], as: UTF8.self)
             if port == nil, let range = text.range(of: #"listening on [0-9.]+:([0-9]+)"#, options: .regularExpression) {
                 port = Int(text[range].split(separator: ":").last!)
             }
         }
         self.port = port!
-        // Keep draining the log, so that the node never blocks writing it.
-        log.fileHandleForReading.readabilityHandler = { handle in _ = handle.availableData }
-    }
-
-    func signal(_ signal: Int32) { kill(process.processIdentifier, signal) }
-
-    deinit {
-        if process.isRunning {
-            signal(SIGKILL)
-            process.waitUntilExit()
+        // Keep draining the log, so that the node never blocks writing it (until it exits).
+        Thread.detachNewThread {
+            var sink = [UInt8](repeating: 0, count: 4096)
+            while read(log, &sink, sink.count) > 0 {}
         }
     }
+
+    func signal(_ signal: Int32) { process.signal(signal) }
 }
 
 /// Reads frames until the stream's end on `channel`, with the events before it.

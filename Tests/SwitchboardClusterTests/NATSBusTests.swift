@@ -16,7 +16,7 @@ final class NATSServerProcess {
     let port: Int
     /// A configuration file's text (such as `max_payload: 2048`), if any.
     let configuration: String?
-    private var process: Process?
+    private var process: ChildProcess?
 
     init(port: Int? = nil, configuration: String? = nil) throws {
         self.port = port ?? Self.freePort()
@@ -25,24 +25,18 @@ final class NATSServerProcess {
     }
 
     func start() throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: try #require(Self.path))
-        process.arguments = ["-a", "127.0.0.1", "-p", "\(port)"]
+        var arguments = ["-a", "127.0.0.1", "-p", "\(port)"]
         if let configuration {
             let file = FileManager.default.temporaryDirectory.appendingPathComponent("nats-\(port).conf")
             try configuration.write(to: file, atomically: true, encoding: .utf8)
-            process.arguments! += ["-c", file.path]
+            arguments += ["-c", file.path]
         }
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        self.process = process
+        process = try ChildProcess(try #require(Self.path), arguments)
         for _ in 0..<200 where !Self.accepts(port) { usleep(10_000) }
     }
 
     func stop() {
-        process?.terminate()
-        process?.waitUntilExit()
+        process?.stop()
         process = nil
     }
 
