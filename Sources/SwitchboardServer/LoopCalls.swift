@@ -4,13 +4,9 @@ import SwitchboardCodec
 /// without the subjects and headers of the bus (protocol/cluster.md, "The loops of one server").
 /// Requests on held event channels go by the bus, which keeps the streams.
 struct LoopCall: Sendable {
-    enum Input: Sendable {
-        case bytes([UInt8]?)
-        case call(MethodCall)
-        case message(ChannelValue)
-    }
     let channel: String
-    let input: Input
+    /// The request, its bytes copied out of the caller's inbound buffer.
+    let input: RouteInput
     let isText: Bool
     /// The calling loop, and its id for the call; nil when no answer is wanted.
     let from: Int
@@ -24,18 +20,15 @@ extension ServerCore {
     /// and a CANCEL follows it.
     func routeToLoop(_ holder: Int, channel name: String, input: RouteInput, request: PendingRequest) {
         guard let target = group?.cores[holder] else { return request.answer(.error(.goingAway)) }
-        let loopInput: LoopCall.Input = switch input {
-        case .bytes(let bytes): .bytes(bytes.map(Array.init))
-        case .call(let call): .call(call)
-        case .message(let value): .message(value)
-        }
+        var owned = input
+        if case .bytes(let bytes?) = input { owned = .bytes(Array(bytes)[...]) }
         var id: UInt64?
         if !request.isDetached {
             nextLoopCall += 1
             id = nextLoopCall
             loopCallsWaiting[nextLoopCall] = request
         }
-        let call = LoopCall(channel: name, input: loopInput, isText: request.isText, from: index, id: id)
+        let call = LoopCall(channel: name, input: owned, isText: request.isText, from: index, id: id)
         guard target.loop.execute({ target.value.serveLoopCall(call) }) else {
             if let id { loopCallsWaiting.removeValue(forKey: id) }
             return request.answer(.error(.goingAway))  // that loop has stopped: the server is stopping
@@ -92,12 +85,7 @@ extension ServerCore {
             caller?.onLoop { $0.loopCallAnswered(id, answer) }
             requestFinished()
         }
-        let input: RouteInput = switch call.input {
-        case .bytes(let bytes): .bytes(bytes?[...])
-        case .call(let method): .call(method)
-        case .message(let value): .message(value)
-        }
-        routeToHolder(registration, input: input, request: request, from: .remote(loopNames[call.from]))
+        routeToHolder(registration, input: call.input, request: request, from: .remote(loopNames[call.from]))
         if call.id != nil, !request.isAnswered { loopCallsServed[key] = request }
     }
 

@@ -41,6 +41,12 @@ struct MetricsSnapshot: Sendable {
     struct ChannelTotals: Sendable {
         var requests = 0, events = 0
         var isEvent = false
+
+        mutating func add(_ other: ChannelTotals) {
+            requests += other.requests
+            events += other.events
+            isEvent = isEvent || other.isEvent
+        }
     }
     /// The loop it was taken on, and its place among that loop's snapshots.
     var loop = 0, sequence: UInt64 = 0
@@ -64,9 +70,7 @@ struct MetricsSnapshot: Sendable {
             }
             for (total, value) in part.totals { sum.totals[total, default: 0] += value }
             for (name, counts) in part.channels {
-                sum.channels[name, default: ChannelTotals()].requests += counts.requests
-                sum.channels[name, default: ChannelTotals()].events += counts.events
-                sum.channels[name, default: ChannelTotals()].isEvent = sum.channels[name, default: ChannelTotals()].isEvent || counts.isEvent
+                sum.channels[name, default: ChannelTotals()].add(counts)
             }
         }
         return sum
@@ -106,9 +110,7 @@ extension ServerCore {
             for (label, value) in metrics.gauges { snapshot.gauges[label] = value }
         }
         for (name, counts, isEvent) in channelCounts() {
-            snapshot.channels[name, default: .init()].requests += counts.requests
-            snapshot.channels[name, default: .init()].events += counts.events
-            snapshot.channels[name, default: .init()].isEvent = isEvent
+            snapshot.channels[name, default: .init()].add(.init(requests: counts.requests, events: counts.events, isEvent: isEvent))
         }
         return snapshot
     }

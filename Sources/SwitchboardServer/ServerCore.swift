@@ -8,7 +8,7 @@ import SwitchboardTransport
 import SwitchboardWire
 
 /// What a request carries into the router.
-enum RouteInput {
+enum RouteInput: Sendable {
     /// A binary MESSAGE payload, in the channel's codec: a slice of the connection's inbound buffer,
     /// valid while the request is being routed (copied by whatever keeps it).
     case bytes(ArraySlice<UInt8>?)
@@ -180,10 +180,7 @@ final class ServerCore {
     private func accepted(_ transport: TCPConnection, tls: TLSSettings?) {
         let target = nextLoop
         nextLoop = (nextLoop + 1) % loopCount
-        guard target != index, let sibling = group?.cores[target] else {
-            if let tls { return acceptTLS(transport, tls) }
-            return accept(web(transport))
-        }
+        guard target != index, let sibling = group?.cores[target] else { return serve(transport, tls: tls) }
         let socket: DetachedSocket
         do { socket = try transport.detach() } catch { return acceptFailed(error) }
         if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls) }) { socket.close() }
@@ -194,6 +191,11 @@ final class ServerCore {
         guard phase == .running || phase == .draining else { return socket.close() }
         let transport: TCPConnection
         do { transport = try TCPConnection.adopt(socket, loop: eventLoop) } catch { return acceptFailed(error) }
+        serve(transport, tls: tls)
+    }
+
+    /// Serves an accepted TCP connection, under TLS when it came to the TLS port.
+    private func serve(_ transport: TCPConnection, tls: TLSSettings?) {
         if let tls { return acceptTLS(transport, tls) }
         accept(web(transport))
     }
