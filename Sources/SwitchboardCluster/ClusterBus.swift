@@ -25,6 +25,10 @@ public protocol ClusterBus: AnyObject {
                  _ completion: @escaping (BusReply) -> Void) throws(BusError)
     /// Answers `request` (nothing happens if it wants no reply).
     func reply(to request: BusMessage, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError)
+    /// Writes what was published so far now, rather than before the loop sleeps.
+    func flush()
+    /// The largest message the bus carries, headers included.
+    var maxPayload: Int { get }
     /// Whether the bus is connected now.
     var isConnected: Bool { get }
     /// What went through the bus so far.

@@ -211,6 +211,8 @@ public final class LoopBus: ClusterBus {
     private var isClosed = false
     public private(set) var counters = BusCounters()
     public var isConnected: Bool { !isClosed }
+    /// No limit but memory's: a message is handed over, not written.
+    public let maxPayload = Int.max
 
     /// Requests made with ``request(_:headers:payload:timeoutMs:_:)``: their inbox and completions.
     private var requestInbox: BusSubscription?
@@ -224,6 +226,9 @@ public final class LoopBus: ClusterBus {
     }
 
     public func start() {}
+
+    /// Nothing waits: a message is handed to its loops as it is published.
+    public func flush() {}
 
     /// Leaves the hub: nothing more arrives, open requests complete with `.disconnected`.
     public func close() {

@@ -354,7 +354,7 @@ public final class NATSBus: ClusterBus {
     }
 
     /// Writes what was queued this loop turn, in one write.
-    private func flush() {
+    public func flush() {
         guard !outbound.isEmpty, let transport, transport.isOpen else { return }
         transport.write(&outbound)
     }

@@ -393,6 +393,14 @@ public struct JSONMethodCodec: MethodCodec {
         return MethodCall(method: method, arguments: value["args"] ?? .null)
     }
 
+    /// The method of `payload` as a call, or nil if it is none: one that does not open with `{` (after
+    /// whitespace) is not parsed.
+    public func methodName(in payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse) -> String? {
+        let isSpace = { (byte: UInt8) in byte == 0x20 || byte == 0x09 || byte == 0x0A || byte == 0x0D }
+        guard let payload, payload.first(where: { !isSpace($0) }) == UInt8(ascii: "{") else { return nil }
+        return try? decodeMethodCall(from: payload).method
+    }
+
     public func encodeSuccessEnvelope(_ result: ChannelValue) throws(CodecError) -> [UInt8] {
         try JSONText.serialize(.list([result]))
     }

@@ -22,7 +22,8 @@ public struct ClusterSettings: Sendable {
 /// - Broadcasts: an event goes to the bus once, as the very wire frame local listeners get, on its
 ///   channel's subject; the node subscribes to a channel's subject while it has listeners on it.
 /// - Calls to channels held on other nodes: a request goes to the holders' queue group, its answer
-///   comes back to this node's reply subject, and a CANCEL follows it to every holder.
+///   comes back to this node's answers subject, and a CANCEL follows it to every holder. Calls and
+///   answers travel in batches: those made in one loop turn for one subject share one bus message.
 /// - Liveness: every node sends a beacon four times a second, naming the calls it is working on for
 ///   each other node. A call no beacon has named for ``leaseMs`` is over (`handler_gone`), and so is a
 ///   node no beacon came from for as long (a `kill -9`, a stopped process, a lost bus connection).
@@ -84,28 +85,23 @@ final class ClusterLink {
     private var nextCall: UInt64 = 0
     private(set) var callsOut = 0, callsExpired = 0, callsNoResponders = 0
 
-    /// What a call's payload holds (its `Sb-Input` header).
-    enum CallInput: String, CaseIterable {
-        /// A binary MESSAGE payload as it is; a MESSAGE without payload.
-        case bytes, none
-        /// A text-mode call (`{"method":…,"args":…}`) or send, as JSON.
-        case call, message
-        /// One of the caller node's listeners left the stream: the cancel's arguments, as JSON.
-        case leave
+    /// What a call's payload holds (the kind of its batch record).
+    enum CallInput: UInt8 {
+        /// A binary MESSAGE payload as it is (`b`); a MESSAGE without payload (`n`).
+        case bytes = 0x62, empty = 0x6E
+        /// A text-mode call (`{"method":…,"args":…}`, `c`) or send (`m`), as JSON.
+        case call = 0x63, message = 0x6D
+        /// One of the caller node's listeners left the stream (`l`): the cancel's arguments, as JSON.
+        case leave = 0x6C
     }
-    /// The headers of each kind of call, made once (text-mode callers' add `Sb-Text`).
-    private var callHeaders: [CallInput: (binary: [BusMessage.Header], text: [BusMessage.Header])] = [:]
-    /// The headers of each kind of answer, made as first needed.
-    private var answerHeaders: [AnswerKey: [BusMessage.Header]] = [:]
-    private struct AnswerKey: Hashable {
-        let kind: String
-        let codec: String?
-        let startsStream: Bool
-    }
+    /// A call record's flag: the caller speaks text mode.
+    static let textFlag: UInt8 = 1
+    /// The header of every batch this node sends: calls name their caller, answers their holder's node.
+    private let callerHeaders: [BusMessage.Header], answererHeaders: [BusMessage.Header]
 
     /// How a call to another node ended.
     enum CallOutcome {
-        case reply(BusMessage)
+        case reply(RemoteReply)
         /// Nobody on any node holds the channel (NATS's no-responders), or the bus is disconnected.
         case noHolder
         /// The node working on it stopped naming it in its beacons, or went silent.
@@ -114,17 +110,54 @@ final class ClusterLink {
         case cancelled
     }
 
+    // MARK: State: batches
+
+    /// The calls made this loop turn, a batch for each subject, and the answers, a batch for each
+    /// calling node. A batch goes out as one message before the loop sleeps, when it reaches
+    /// ``batchLimit``, or before the link sends anything else, so that the bus carries everything in
+    /// the order it was made.
+    private var callBatches: [CallBatch] = []
+    private var answerBatches: [(caller: String, records: [UInt8])] = []
+    private struct CallBatch {
+        let subject: String
+        var records: [UInt8] = []
+        /// The calls in it that want an answer.
+        var ids: [UInt64] = []
+    }
+    /// The calls of each batch sent with a reply subject, for NATS's no-responders status (503) on it,
+    /// until none of them is open (swept when the table doubles).
+    private var batchCalls: [UInt64: [UInt64]] = [:]
+    private var nextBatch: UInt64 = 0
+    private var batchSweepAt = 64
+    /// Batches of calls or answers that named no node or were not whole records: dropped, so their
+    /// callers' calls lapse.
+    private(set) var batchesMalformed = 0
+    private var batchFlusher: BeforeSleep?
+    private var isClosed = false
+    /// The records past which a batch goes out at once (a record larger alone goes alone).
+    static let batchLimit = 64 << 10
+    /// Room kept for a batch's header block (`Sb-Caller` or `Sb-Node` takes 40 bytes at most).
+    private static let headerRoom = 64
+
     // MARK: State: calls from other nodes
 
-    /// A call from another node's client to a channel held here.
+    /// A call from another node's client to a channel held here: one record of a batch.
     struct IncomingCall {
-        let message: BusMessage
         /// The calling node's instance.
         let caller: String
         /// The caller's id for it; nil when it wants no answer.
         let id: UInt64?
+        /// What the payload holds; nil for a kind this node does not know.
+        let input: CallInput?
+        let isText: Bool
+        /// A slice of the batch: copied by whatever keeps it.
+        let payload: ArraySlice<UInt8>
+
+        /// Where its answer goes; nil when it wants none.
+        var key: CallKey? { id.map { CallKey(caller: caller, id: $0) } }
     }
-    private struct CallKey: Hashable {
+    /// A call from another node, as its answer names it: the calling node's instance and its id.
+    struct CallKey: Hashable {
         let caller: String
         let id: UInt64
     }
@@ -181,38 +214,45 @@ final class ClusterLink {
         self.loop = loop
         self.logger = logger
         beaconTimer = liveness ? try Timer(loop: loop) : nil
+        callerHeaders = [.init("Sb-Caller", instance)]
+        answererHeaders = [.init("Sb-Node", instance)]
         // Subjects are checked here once: these are made of hex digits and fixed words.
-        _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [unowned self] message in answered(message) }
+        _ = try? bus.subscribe("switchboard.answers.\(instance)", queue: nil) { [unowned self] message in answered(message) }
+        _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [unowned self] message in unheard(message) }
         _ = try? bus.subscribe("switchboard.node.\(instance).call.*", queue: nil) { [unowned self] message in
             guard let digest = message.subject.split(separator: ".").last else { return }
-            guard let channel = heldByDigest[String(digest)] else {  // no longer held here: no handler, at once
-                let answer = RemoteAnswer.encode(.notImplemented)
-                try? bus.reply(to: message, headers: answerHeaders(answer.kind, codec: nil, startsStream: false), payload: [])
-                return
-            }
-            incoming(message, on: channel)
+            incoming(message, on: heldByDigest[String(digest)])  // no longer held here: no handler, at once
         }
         if liveness { _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [unowned self] message in beacon(message) } }
-        for input in CallInput.allCases {
-            let binary: [BusMessage.Header] = [.init("Sb-Caller", instance), .init("Sb-Input", input.rawValue)]
-            callHeaders[input] = (binary, binary + [.init("Sb-Text", "1")])
-        }
     }
 
-    /// The bus and the timer call back into this link: they never outlive it (a link that was never
-    /// closed stops its timer here).
-    deinit { beaconTimer?.cancel() }
+    /// The bus, the timer and the flusher call back into this link: they never outlive it (a link that
+    /// was never closed stops them here).
+    deinit {
+        beaconTimer?.cancel()
+        batchFlusher?.cancel()
+    }
 
     func start() {
         bus.start()
         lastTick = loop.now
         beaconTimer?.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [unowned self] in tick() }
+        batchFlusher = try? BeforeSleep(loop: loop) { [unowned self] in
+            sendBatches()
+            bus.flush()
+        }
     }
 
     /// Stops for good: nothing more goes out or comes in, and no completion runs (the server answers
     /// what is open as it shuts down).
     func close() {
+        isClosed = true
         beaconTimer?.cancel()
+        batchFlusher?.cancel()
+        batchFlusher = nil
+        callBatches = []
+        answerBatches = []
+        batchCalls = [:]
         bus.close()
         subscriptions = [:]
         listenerCounts = [:]
@@ -233,6 +273,7 @@ final class ClusterLink {
     /// client holds here, for the listeners other nodes have through this node.
     func publish(_ event: OutboundEvent, fromHolder: Bool = false) {
         guard let frame = event.binaryFrame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
+        sendBatches()  // a listen's answer goes before the stream's first event
         let dropped = bus.counters.dropped
         do {
             try bus.publish(subject(.event, event.channel), headers: fromHolder ? [.init("Sb-Node", instance)] : [], payload: frame)
@@ -305,30 +346,72 @@ final class ClusterLink {
     /// Sends a call on `channel` to the holders' queue group, or to one node's holder (`node`); with
     /// a `completion`, its one outcome comes back to it. Returns the call's id (nil: wants no answer).
     @discardableResult
-    func call(_ channel: String, node: String? = nil, input: CallInput, fromText: Bool = false, payload: [UInt8],
+    func call(_ channel: String, node: String? = nil, input: CallInput, fromText: Bool = false, payload: ArraySlice<UInt8>,
               completion: ((CallOutcome) -> Void)?) -> UInt64? {
+        guard !isClosed else {
+            completion?(.noHolder)
+            return nil
+        }
+        var id: UInt64 = 0  // none wanted
+        if let completion {
+            // Not connected, or larger than the bus carries: no node could be asked.
+            guard bus.isConnected, BatchRecord.headerSize + payload.count <= bus.maxPayload - Self.headerRoom else {
+                completion(.noHolder)
+                return nil
+            }
+            nextCall += 1
+            id = nextCall
+            callsOut += 1
+            outgoing[id] = OutgoingCall(channel: channel, completion: completion, renewedAt: loop.now)
+        }
         let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
-        guard let kinds = callHeaders[input] else { return nil }  // made for every input in init
-        let headers = fromText ? kinds.text : kinds.binary
-        guard let completion else {
-            try? bus.publish(subject, headers: headers, payload: payload)
-            return nil
+        let index = callBatches.firstIndex { $0.subject == subject } ?? {
+            callBatches.append(CallBatch(subject: subject))
+            return callBatches.count - 1
+        }()
+        if !callBatches[index].records.isEmpty, callBatches[index].records.count + BatchRecord.headerSize + payload.count > Self.batchLimit {
+            send(callBatches[index])
+            callBatches[index] = CallBatch(subject: subject)
         }
-        guard bus.isConnected else {
-            completion(.noHolder)
-            return nil
-        }
-        nextCall += 1
-        let id = nextCall
-        do {
-            try bus.publish(subject, replyTo: "switchboard.reply.\(instance).\(id)", headers: headers, payload: payload)
-        } catch {
-            completion(.noHolder)  // over the bus's size limit: no node could be asked
-            return nil
-        }
-        callsOut += 1
-        outgoing[id] = OutgoingCall(channel: channel, completion: completion, renewedAt: loop.now)
+        BatchRecord.append(id: id, kind: input.rawValue, flags: fromText ? Self.textFlag : 0, payload: payload,
+                           to: &callBatches[index].records)
+        guard id != 0 else { return nil }
+        callBatches[index].ids.append(id)
         return id
+    }
+
+    /// Sends the batches made so far.
+    private func sendBatches() {
+        if !callBatches.isEmpty {
+            let batches = callBatches
+            callBatches = []
+            for batch in batches { send(batch) }
+        }
+        if !answerBatches.isEmpty {
+            let batches = answerBatches
+            answerBatches = []
+            for batch in batches {
+                try? bus.publish("switchboard.answers.\(batch.caller)", headers: answererHeaders, payload: batch.records)
+            }
+        }
+    }
+
+    /// Publishes a batch of calls, with a reply subject of its own when a call in it wants an answer:
+    /// NATS answers there with no-responders when no node holds the channel.
+    private func send(_ batch: CallBatch) {
+        guard !batch.ids.isEmpty else { return (try? bus.publish(batch.subject, headers: callerHeaders, payload: batch.records)) ?? () }
+        nextBatch += 1
+        batchCalls[nextBatch] = batch.ids
+        if batchCalls.count >= batchSweepAt {
+            batchCalls = batchCalls.filter { $0.value.contains { outgoing[$0] != nil } }
+            batchSweepAt = max(64, batchCalls.count * 2)
+        }
+        do {
+            try bus.publish(batch.subject, replyTo: "switchboard.reply.\(instance).\(nextBatch)", headers: callerHeaders,
+                            payload: batch.records)
+        } catch {
+            noHolder(batch: nextBatch)  // refused by the bus (``call`` let through no call too large alone)
+        }
     }
 
     /// The caller cancelled call `id`: every holder of its channel hears, and the one working on it
@@ -336,17 +419,35 @@ final class ClusterLink {
     func cancelCall(_ id: UInt64) {
         guard let call = outgoing[id], call.cancelledAt == nil else { return }
         outgoing[id]?.cancelledAt = loop.now
-        try? bus.publish(subject(.cancel, call.channel), headers: [.init("Sb-Caller", instance)], payload: Array(String(id).utf8))
+        sendBatches()  // the call goes before its cancel
+        try? bus.publish(subject(.cancel, call.channel), headers: callerHeaders, payload: Array(String(id).utf8))
     }
 
+    /// A batch of answers from a holder's node.
     private func answered(_ message: BusMessage) {
-        guard let id = Self.lastNumber(of: message.subject), let call = outgoing.removeValue(forKey: id) else { return }  // cancelled or expired meanwhile
-        if message.status == 503 {
-            callsNoResponders += 1
-            return call.completion(.noHolder)
+        guard let node = message.header("Sb-Node"), Self.isInstance(node), let records = BatchRecord.records(in: message.payload) else {
+            batchesMalformed += 1
+            return
         }
-        if let node = message.header("Sb-Node") { notePeer(node) }
-        call.completion(.reply(message))
+        notePeer(node)
+        for record in records {
+            guard let call = outgoing.removeValue(forKey: record.id) else { continue }  // cancelled or expired meanwhile
+            call.completion(.reply(RemoteReply(node: node, kind: record.kind, flags: record.flags, payload: record.payload)))
+        }
+    }
+
+    /// A status on a batch's reply subject: 503, nobody holds the channel.
+    private func unheard(_ message: BusMessage) {
+        guard message.status == 503, let batch = Self.lastNumber(of: message.subject) else { return }
+        noHolder(batch: batch)
+    }
+
+    private func noHolder(batch: UInt64) {
+        for id in batchCalls.removeValue(forKey: batch) ?? [] {
+            guard let call = outgoing.removeValue(forKey: id) else { continue }
+            callsNoResponders += 1
+            call.completion(.noHolder)
+        }
     }
 
     // MARK: Calls from other nodes
@@ -388,51 +489,65 @@ final class ClusterLink {
         for subscription in [subscriptions.calls, subscriptions.cancels] { subscription.map(bus.unsubscribe) }
     }
 
-    private func incoming(_ message: BusMessage, on channel: String) {
-        guard let caller = message.header("Sb-Caller"), Self.isInstance(caller) else { return }
+    /// A batch of calls from another node, on `channel` (nil: a channel no longer held here, whose
+    /// calls get "no handler" at once). A batch that is not whole records is dropped: its calls lapse.
+    private func incoming(_ message: BusMessage, on channel: String?) {
+        guard let caller = message.header("Sb-Caller"), Self.isInstance(caller), let records = BatchRecord.records(in: message.payload) else {
+            batchesMalformed += 1
+            return
+        }
         notePeer(caller)
-        callsIn += 1
-        let id = message.replyTo.flatMap(Self.lastNumber)
-        onCall?(channel, IncomingCall(message: message, caller: caller, id: id))
+        for record in records {
+            let call = IncomingCall(caller: caller, id: record.id == 0 ? nil : record.id, input: CallInput(rawValue: record.kind),
+                                    isText: record.flags & Self.textFlag != 0, payload: record.payload)
+            guard let channel else {
+                answer(call.key, with: .notImplemented)
+                continue
+            }
+            callsIn += 1
+            onCall?(channel, call)
+        }
     }
 
-    /// Keeps `request` (serving `call`) in the beacons until it is answered, and reachable by a cancel.
-    func serve(_ call: IncomingCall, by request: PendingRequest) {
-        guard let id = call.id, !request.isAnswered else { return }
-        served[CallKey(caller: call.caller, id: id)] = request
+    /// Keeps `request` (serving the call `key` names) in the beacons until it is answered, and
+    /// reachable by a cancel.
+    func serve(_ key: CallKey?, by request: PendingRequest) {
+        guard let key, !request.isAnswered else { return }
+        served[key] = request
     }
 
-    /// Sends the answer to `call` (if it wants one) and stops naming it in beacons; `startsStream`
-    /// marks the success of an event channel's listen, which starts the caller node's stream.
-    func answer(_ call: IncomingCall, with answer: Answer, startsStream: Bool = false) {
-        guard let id = call.id else { return }
-        if served.removeValue(forKey: CallKey(caller: call.caller, id: id)) != nil { onServedAnswered?() }
-        let (kind, codec, payload) = RemoteAnswer.encode(answer)
-        try? bus.reply(to: call.message, headers: answerHeaders(kind, codec: codec, startsStream: startsStream && kind == "success"),
-                       payload: payload)
+    /// Sends the answer to the call `key` names (nil: it wants none) and stops naming it in beacons;
+    /// `startsStream` marks the success of an event channel's listen, which starts the caller node's stream.
+    func answer(_ key: CallKey?, with answer: Answer, startsStream: Bool = false) {
+        guard let key, !isClosed else { return }
+        if served.removeValue(forKey: key) != nil { onServedAnswered?() }
+        var (kind, isJSON, payload) = RemoteAnswer.encode(answer)
+        if BatchRecord.headerSize + payload.count > bus.maxPayload - Self.headerRoom {  // what cannot cross is said, not lost
+            (kind, isJSON, payload) = RemoteAnswer.encode(.error(.badPayload("the answer (\(payload.count) bytes) is larger than the cluster bus carries")))
+        }
+        let flags = (isJSON ? RemoteReply.jsonFlag : 0) | (startsStream && kind == .success ? RemoteReply.streamFlag : 0)
+        let index = answerBatches.firstIndex { $0.caller == key.caller } ?? {
+            answerBatches.append((key.caller, []))
+            return answerBatches.count - 1
+        }()
+        if !answerBatches[index].records.isEmpty, answerBatches[index].records.count + BatchRecord.headerSize + payload.count > Self.batchLimit {
+            let full = answerBatches[index].records
+            answerBatches[index].records = []
+            try? bus.publish("switchboard.answers.\(key.caller)", headers: answererHeaders, payload: full)
+        }
+        BatchRecord.append(id: key.id, kind: kind.rawValue, flags: flags, payload: payload, to: &answerBatches[index].records)
     }
 
     /// What a bus between loops may drop when the loop it goes to has too much waiting: broadcasts and
-    /// holders' events, as NATS core may. Calls, cancels and leaves (`Sb-Caller`) are never dropped:
-    /// without beacons, nothing would make up for them.
+    /// holders' events, as NATS core may. Calls, answers, cancels and leaves are never dropped: without
+    /// beacons, nothing would make up for them.
     static func mayDrop(_ message: BusMessage) -> Bool {
-        message.replyTo == nil && message.header("Sb-Caller") == nil
-    }
-
-    /// The headers of an answer, made once for each kind.
-    private func answerHeaders(_ kind: String, codec: String?, startsStream: Bool) -> [BusMessage.Header] {
-        let key = AnswerKey(kind: kind, codec: codec, startsStream: startsStream)
-        if let made = answerHeaders[key] { return made }
-        var headers: [BusMessage.Header] = [.init("Sb-Node", instance), .init("Sb-Answer", kind)]
-        if let codec { headers.append(.init("Sb-Codec", codec)) }
-        if startsStream { headers.append(.init("Sb-Stream", "listening")) }
-        answerHeaders[key] = headers
-        return headers
+        message.subject.hasPrefix("switchboard.event.")
     }
 
     private func cancelled(_ message: BusMessage) {
         guard let caller = message.header("Sb-Caller"), let id = UInt64(String(decoding: message.payload, as: UTF8.self)),
-              let request = served[CallKey(caller: caller, id: id)] else { return }
+              let request = served[CallKey(caller: caller, id: id)] else { return }  // answered meanwhile
         request.notifyCancel()
         request.answer(request.cancelAnswer)
     }
@@ -540,6 +655,7 @@ final class ClusterLink {
         let bus = self.bus.counters
         let totals = [
             ("events_out", eventsOut), ("events_in", eventsIn), ("events_unsent", eventsUnsent), ("events_malformed", eventsMalformed),
+            ("batches_malformed", batchesMalformed),
             ("calls_out", callsOut), ("calls_in", callsIn), ("calls_no_holder", callsNoResponders), ("calls_expired", callsExpired),
             ("nodes_lost", peersLost), ("stalls", stalls),
             ("bus_messages_out", bus.messagesOut), ("bus_messages_in", bus.messagesIn), ("bus_bytes_out", bus.bytesOut),
@@ -574,6 +690,7 @@ final class ClusterLink {
             "node": .string(node), "connected": .bool(self.bus.isConnected),
             "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn),
             "eventsUnsent": .int(eventsUnsent), "eventsMalformed": .int(eventsMalformed),
+            "batchesMalformed": .int(batchesMalformed),
             "channelsListened": .int(subscriptions.count),
             "channelsHeld": .int(held.count),
             "nodes": .int(peers.count), "nodesLost": .int(peersLost),

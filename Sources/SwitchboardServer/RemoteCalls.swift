@@ -44,62 +44,90 @@ struct RemoteListen {
     }
 }
 
-/// An ``Answer`` as it crosses the bus from the holder's node to the caller's: the `Sb-Answer` header
-/// names the case (and `Sb-Codec` the codec of an envelope), the payload carries its bytes
-/// (protocol/cluster.md).
+/// An answer from another node's holder: its node, and the answer as its batch record carries it.
+struct RemoteReply {
+    /// The holder's node (its instance).
+    let node: String
+    /// A ``RemoteAnswer/Kind``, as a byte.
+    let kind: UInt8
+    let flags: UInt8
+    /// A slice of the batch: copied by whatever keeps it.
+    let payload: ArraySlice<UInt8>
+
+    /// Flags: the envelope is in the JSON method codec (else the standard one); the answer starts the
+    /// caller node's stream (the success of a listen on an event channel).
+    static let jsonFlag: UInt8 = 1, streamFlag: UInt8 = 2
+
+    var startsStream: Bool { flags & Self.streamFlag != 0 }
+}
+
+/// An ``Answer`` as it crosses the bus from the holder's node to the caller's: a kind, a codec flag
+/// for an envelope, and the payload's bytes (protocol/cluster.md).
 enum RemoteAnswer {
-    /// The `Sb-Answer` and `Sb-Codec` values and the payload of `answer`.
-    static func encode(_ answer: Answer) -> (kind: String, codec: String?, payload: [UInt8]) {
+    /// What the payload holds.
+    enum Kind: UInt8 {
+        /// The holder's REPLY payload (`b`), or none (`n`).
+        case bytes = 0x62, empty = 0x6E
+        /// A success (`s`) or error (`f`) envelope.
+        case success = 0x73, failure = 0x66
+        /// Not implemented, or a null reply (`z`): no payload.
+        case null = 0x7A
+        /// A text-mode message reply, as JSON (`v`).
+        case value = 0x76
+        /// An ERROR payload (`{"code","message","details"}`, `e`).
+        case error = 0x65
+    }
+
+    /// The kind, whether the envelope is JSON, and the payload of `answer`.
+    static func encode(_ answer: Answer) -> (kind: Kind, isJSON: Bool, payload: [UInt8]) {
         switch answer {
         case .success(let value, let codec):
             guard let payload = try? codec.encodeSuccessEnvelope(value) else {
                 return encode(.error(.badPayload("the answer could not be encoded")))
             }
-            return ("success", codecName(codec), payload)
+            return (.success, codec is JSONMethodCodec, payload)
         case .failure(let error, let codec):
             guard let payload = try? codec.encodeErrorEnvelope(error) else {
                 return encode(.error(.badPayload("error envelope could not be encoded")))
             }
-            return ("failure", codecName(codec), payload)
-        case .notImplemented: return ("null", nil, [])
-        case .messageBytes(nil): return ("none", nil, [])
-        case .messageBytes(let bytes?): return ("bytes", nil, bytes)
+            return (.failure, codec is JSONMethodCodec, payload)
+        case .notImplemented: return (.null, false, [])
+        case .messageBytes(nil): return (.empty, false, [])
+        case .messageBytes(let bytes?): return (.bytes, false, bytes)
         case .messageValue(let value):
             guard let payload = try? JSONText.serialize(value) else { return encode(.error(.badPayload("reply has no JSON form"))) }
-            return ("value", nil, payload)
-        case .error(let error): return ("error", nil, error.payload)
+            return (.value, false, payload)
+        case .error(let error): return (.error, false, error.payload)
         }
     }
 
-    static func decode(_ message: BusMessage) -> Answer {
+    static func decode(_ reply: RemoteReply) -> Answer {
         let malformed = Answer.error(.badPayload("another node's answer could not be read"))
-        switch message.header("Sb-Answer") {
-        case "success", "failure":
-            let codec: any MethodCodec = message.header("Sb-Codec") == "json" ? JSONMethodCodec() : StandardMethodCodec()
-            switch try? codec.decodeEnvelope(message.payload) {
+        switch Kind(rawValue: reply.kind) {
+        case .success, .failure:
+            let codec: any MethodCodec = reply.flags & RemoteReply.jsonFlag != 0 ? JSONMethodCodec() : StandardMethodCodec()
+            switch try? codec.decodeEnvelope(Array(reply.payload)) {
             case .success(let value)?: return .success(value, codec)
             case .failure(let error)?: return .failure(error, codec)
             case nil: return malformed
             }
-        case "null": return .notImplemented
-        case "none": return .messageBytes(nil)
-        case "bytes": return .messageBytes(message.payload)
-        case "value":
-            guard let value = try? JSONText.parse(message.payload) else { return malformed }
+        case .null: return .notImplemented
+        case .empty: return .messageBytes(nil)
+        case .bytes: return .messageBytes(Array(reply.payload))
+        case .value:
+            guard let value = try? JSONText.parse(reply.payload) else { return malformed }
             return .messageValue(value)
-        case "error":
-            guard let error = try? JSONText.parse(message.payload), let code = error["code"]?.stringValue else { return malformed }
+        case .error:
+            guard let error = try? JSONText.parse(reply.payload), let code = error["code"]?.stringValue else { return malformed }
             switch code {
             case WireError.handlerGone.code: return .error(.handlerGone)
             case WireError.cancelled.code: return .error(.cancelled)
             case WireError.goingAway.code: return .error(.goingAway)
             default: return .error(.plugin(code: code, message: error["message"]?.stringValue ?? "", details: error["details"]))
             }
-        default: return malformed
+        case nil: return malformed
         }
     }
-
-    private static func codecName(_ codec: any MethodCodec) -> String { codec is JSONMethodCodec ? "json" : "standard" }
 }
 
 extension ServerCore {
@@ -118,27 +146,27 @@ extension ServerCore {
             return request.answer(.success(.null, stream.entry.codec))
         }
         let kind: ClusterLink.CallInput
-        let payload: [UInt8]
+        let payload: ArraySlice<UInt8>
         switch input {
         case .bytes(let bytes?):
             kind = .bytes
-            payload = Array(bytes)
+            payload = bytes
         case .bytes(nil):
-            kind = .none
+            kind = .empty
             payload = []
         case .call(let call):
             kind = .call
             guard let json = try? JSONText.serialize(.stringMap(["method": .string(call.method), "args": call.arguments])) else {
                 return request.answer(.error(.badPayload("the call has no JSON form")))
             }
-            payload = json
+            payload = json[...]
         case .message(let value):
             kind = .message
             guard let json = try? JSONText.serialize(value) else { return request.answer(.error(.badPayload("the message has no JSON form"))) }
-            payload = json
+            payload = json[...]
         }
         if let streamCall, streamCall.method == "listen" {
-            return listenRemotely(name, RemoteListen(input: kind, payload: payload, arguments: streamCall.arguments,
+            return listenRemotely(name, RemoteListen(input: kind, payload: Array(payload), arguments: streamCall.arguments,
                                                      request: request, connection: connection))
         }
         guard !request.isDetached else {
@@ -176,7 +204,7 @@ extension ServerCore {
 
     private func remoteAnswered(_ outcome: ClusterLink.CallOutcome, request: PendingRequest) {
         switch outcome {
-        case .reply(let message): request.answer(RemoteAnswer.decode(message))
+        case .reply(let reply): request.answer(RemoteAnswer.decode(reply))
         case .noHolder: request.answer(.notImplemented)
         case .expired: request.answer(.error(.handlerGone))
         case .cancelled: request.answer(request.cancelAnswer)
@@ -190,7 +218,7 @@ extension ServerCore {
         // Subscribed to the channel's events before the listen goes, so that none sent after its answer is missed.
         cluster.listenerAdded(on: name)
         let id = cluster.call(name, node: remoteStreams[name]?.holderNode, input: listen.input, fromText: listen.request.isText,
-                              payload: listen.payload) { [unowned self] outcome in
+                              payload: listen.payload[...]) { [unowned self] outcome in
             remoteListenAnswered(outcome, channel: name, listen)
             self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
         }
@@ -198,13 +226,13 @@ extension ServerCore {
     }
 
     private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, _ listen: RemoteListen) {
-        guard case .reply(let message) = outcome, message.header("Sb-Stream") == "listening",
-              let holderNode = message.header("Sb-Node"), case .success(_, let codec) = RemoteAnswer.decode(message) else {
+        guard case .reply(let reply) = outcome, reply.startsStream, case .success(_, let codec) = RemoteAnswer.decode(reply) else {
             return remoteAnswered(outcome, request: listen.request)  // not an event channel's stream: a plain answer
         }
         guard listen.isWanted else {  // the requester left or cancelled: the holder's node is told at once
-            return leave(name, holderNode: holderNode, arguments: listen.arguments)
+            return leave(name, holderNode: reply.node, arguments: listen.arguments)
         }
+        let holderNode = reply.node
         if let remote = remoteStreams[name], remote.holderNode != holderNode {
             // Two first listens went to different holders: this one follows the stream already here.
             leave(name, holderNode: holderNode, arguments: listen.arguments)
@@ -237,7 +265,7 @@ extension ServerCore {
     /// Tells `holderNode` that one listener of `name` here is gone (a `leave`, which wants no answer).
     private func leave(_ name: String, holderNode: String, arguments: ChannelValue) {
         guard let cluster, let payload = try? JSONText.serialize(arguments) else { return }
-        cluster.call(name, node: holderNode, input: .leave, payload: payload, completion: nil)
+        cluster.call(name, node: holderNode, input: .leave, payload: payload[...], completion: nil)
     }
 
     /// The holder of `name` ended the stream this node's listeners follow, or its node went silent:
@@ -251,39 +279,38 @@ extension ServerCore {
     /// A call from a client of another node, on a channel a client here holds.
     func serveRemote(_ call: ClusterLink.IncomingCall, on name: String) {
         guard let cluster else { return }
-        guard let registration = registrations[name] else { return cluster.answer(call, with: .notImplemented) }
-        let message = call.message
-        let inputKind = message.header("Sb-Input")
-        if inputKind == "leave" {  // one of that node's listeners left (heard while draining too)
-            let arguments = (try? JSONText.parse(message.payload)) ?? .null
+        guard let registration = registrations[name] else { return cluster.answer(call.key, with: .notImplemented) }
+        if call.input == .leave {  // one of that node's listeners left (heard while draining too)
+            let arguments = (try? JSONText.parse(call.payload)) ?? .null
             return remoteListenerLeft(registration, node: call.caller, arguments: arguments)
         }
-        guard !isDraining || linksLoops else { return cluster.answer(call, with: .error(.goingAway)) }
+        guard !isDraining || linksLoops else { return cluster.answer(call.key, with: .error(.goingAway)) }
         registration.counts.requests += 1
         var listens = false  // an event channel's listen: its success starts the caller node's stream
-        let request = PendingRequest(remoteText: message.header("Sb-Text") == "1", wantsAnswer: call.id != nil,
+        let key = call.key
+        let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil,
                                      methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
-            [unowned self] answer in self.cluster?.answer(call, with: answer, startsStream: listens)
+            [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens)
         }
         let input: RouteInput
-        switch inputKind {
-        case "bytes": input = .bytes(message.payload[...])
-        case "none": input = .bytes(nil)
-        case "call":
-            guard let json = try? JSONText.parse(message.payload), let method = json["method"]?.stringValue else {
+        switch call.input {
+        case .bytes: input = .bytes(call.payload)
+        case .empty: input = .bytes(nil)
+        case .call:
+            guard let json = try? JSONText.parse(call.payload), let method = json["method"]?.stringValue else {
                 return request.answer(.error(.badPayload("another node's call could not be read")))
             }
             input = .call(MethodCall(method: method, arguments: json["args"] ?? .null))
-        case "message":
-            guard let value = try? JSONText.parse(message.payload) else {
+        case .message:
+            guard let value = try? JSONText.parse(call.payload) else {
                 return request.answer(.error(.badPayload("another node's message could not be read")))
             }
             input = .message(value)
-        default: return request.answer(.error(.badRequest("another node's call has no known input")))
+        case .leave, nil: return request.answer(.error(.badRequest("another node's call has no known input")))
         }
         listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))
-        cluster.serve(call, by: request)
+        cluster.serve(key, by: request)
     }
 
     /// `node`'s beacon told how many listeners it has on channels held here. Fewer than counted here

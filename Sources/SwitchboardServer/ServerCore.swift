@@ -299,16 +299,17 @@ final class ServerCore {
 
     /// Where `name` leads, through the connection's one-entry cache: a connection mostly calls one
     /// channel, and its frame decoder hands back the same string object each time, so a hit costs a
-    /// pointer comparison instead of hashing the name (twice, for a channel a client holds).
+    /// pointer comparison instead of hashing the name (twice, for a channel a client holds, or one
+    /// that is nowhere on this loop: nil).
     func route(named name: String, for connection: Connection) -> Route? {
         if connection.lastRouteVersion == routesVersion, connection.lastRouteName == name { return connection.lastRoute }
-        let route: Route
+        let route: Route?
         if let entry = channels[name] {
             route = .local(entry)
         } else if let registration = registrations[name] {
             route = .held(registration)
         } else {
-            return nil
+            route = nil
         }
         connection.lastRoute = route
         connection.lastRouteName = name

@@ -156,6 +156,35 @@ struct ClusterBrokerTests {
         await nodes.stop()
     }
 
+    @Test("calls that arrive together travel to the holder's node in one bus message, each with its own answer")
+    func callsTravelInBatches() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        try await holdJobs(holder)
+        let raw = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually {
+            try raw.send(Frame(.message, id: 1, channel: "jobs/notes", payload: Array("x".utf8)))
+            return try await raw.nextNonPing().payload != nil
+        })
+        let before = try await clusterStats(holder)
+        // 100 messages in one write: one read on node 2, so one batch (a few, if the read is split).
+        try raw.send((UInt32(2)...101).flatMap { Frame(.message, id: $0, channel: "jobs/notes", payload: Array("\($0)".utf8)).bytes })
+        var answers: [UInt32: [UInt8]] = [:]
+        for _ in 0..<100 {
+            let reply = try await raw.nextNonPing()
+            answers[reply.id] = reply.payload
+        }
+        #expect(answers.count == 100 && (2...101).allSatisfy { answers[$0] == Array("got \($0)".utf8) })
+        let after = try await clusterStats(holder)
+        let calls = after["callsIn"]!.intValue! - before["callsIn"]!.intValue!
+        let messages = after["busMessagesIn"]!.intValue! - before["busMessagesIn"]!.intValue!
+        #expect(calls == 100)
+        #expect(messages <= 10, "100 calls came in \(messages) bus messages")
+        await holder.close()
+        await nodes.stop()
+    }
+
     @Test("a CANCEL on node 2 reaches the holder on node 1; the holder leaving answers node 2's open calls with handler_gone")
     func cancelAndHandlerGone() async throws {
         let cluster = try await JobsCluster(nodes: 2)
@@ -331,6 +360,42 @@ final class Feed: EventProducer {
 }
 
 extension ClusterInputTests {
+    @Test("a batch of calls that names no node or is not whole records is counted and dropped; a whole one is served")
+    func malformedBatches() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        try await holdJobs(holder)
+        let caller = try await connect(nodes.servers[1])  // once it is answered, nats-server has the holder's subscription
+        let notes = BasicMessageChannel(name: "jobs/notes", codec: StringCodec(), client: caller)
+        #expect(try await eventually { (try? await notes.send("x")) == "got x" })
+        let before = try await clusterStats(holder)
+        let bus = try #require(RawSocket(port: nats.port))
+        bus.send("CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\nSUB switchboard.answers.fa4e 1\r\n")
+        let subject = "switchboard.call." + Digest.sha256Hex(Array("jobs/notes".utf8))
+        func hpub(caller: String, _ batch: [UInt8]) -> [UInt8] {
+            let headers = Array("NATS/1.0\r\nSb-Caller: \(caller)\r\n\r\n".utf8)
+            return Array("HPUB \(subject) switchboard.reply.fa4e.1 \(headers.count) \(headers.count + batch.count)\r\n".utf8) + headers + batch + [13, 10]
+        }
+        let note = Array("hi".utf8)
+        let whole = [0, 0, 0, 0, 0, 0, 0, 7, UInt8(ascii: "b"), 0, 0, 0, 0, UInt8(note.count)] + note
+        // Cut short, a length past the end, and a caller that is not a node's instance; then a whole one.
+        bus.send(hpub(caller: "fa4e", Array(whole.prefix(10))) + hpub(caller: "fa4e", Array(whole.dropLast()))
+                 + hpub(caller: "not-hex", whole) + hpub(caller: "fa4e", whole))
+        var received = ""
+        while !received.contains("got hi") {
+            let more = bus.read()
+            if more.isEmpty { break }  // the wait ran out
+            received += String(decoding: more, as: UTF8.self)
+        }
+        #expect(received.contains("HMSG switchboard.answers.fa4e 1 ") && received.contains("got hi"), "\(received)")
+        let stats = try await clusterStats(holder)
+        #expect(stats["batchesMalformed"] == 3 && stats["callsIn"] == .int(before["callsIn"]!.intValue! + 1), "\(stats)")
+        await caller.close()
+        await holder.close()
+        await nodes.stop()
+    }
+
     @Test("a node whose beacons report fewer listeners than counted (its leave was lost) has its count put right, and the holder hears cancel")
     func lostLeaveIsReconciled() async throws {
         let nats = try NATSServerProcess()
@@ -342,11 +407,14 @@ extension ClusterInputTests {
         // A node of our own making, on a raw NATS connection: it listens once, then never sends its leave.
         let fake = try #require(RawSocket(port: nats.port))
         let subject = "switchboard.call." + Digest.sha256Hex(Array("feed".utf8))
-        let headers = "NATS/1.0\r\nSb-Caller: fa4e\r\nSb-Input: call\r\n\r\n"
-        let call = #"{"method":"listen","args":"hold"}"#
-        fake.send("CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\nSUB switchboard.reply.fa4e.* 1\r\n")
-        for id in 1...25 where producer.listens.withLock({ $0 }) == 0 {  // until the holder's subscription is in place
-            fake.send("HPUB \(subject) switchboard.reply.fa4e.\(id) \(headers.utf8.count) \(headers.utf8.count + call.utf8.count)\r\n\(headers)\(call)\r\n")
+        let headers = Array("NATS/1.0\r\nSb-Caller: fa4e\r\n\r\n".utf8)
+        let call = Array(#"{"method":"listen","args":"hold"}"#.utf8)
+        fake.send("CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\nSUB switchboard.answers.fa4e 1\r\n")
+        for id in UInt8(1)...25 where producer.listens.withLock({ $0 }) == 0 {  // until the holder's subscription is in place
+            // A batch of one record (protocol/cluster.md): id, kind `c` (a call as JSON), flags, length, payload.
+            let batch = [0, 0, 0, 0, 0, 0, 0, id, UInt8(ascii: "c"), 0, 0, 0, 0, UInt8(call.count)] + call
+            fake.send(Array("HPUB \(subject) switchboard.reply.fa4e.\(id) \(headers.count) \(headers.count + batch.count)\r\n".utf8)
+                      + headers + batch + [13, 10])
             try await Task.sleep(for: .milliseconds(200))
         }
         #expect(producer.listens.withLock { $0 } == 1)
@@ -503,6 +571,28 @@ struct ClusterBrokerCancelTests {
         let answer = try await listener.nextNonPing()
         let success = try StandardMethodCodec().encodeSuccessEnvelope(.null)
         #expect(answer.kind == .reply && answer.id == 2 && answer.payload == success)
+        await holder.close()
+        await nodes.stop()
+    }
+
+    @Test("a call or an answer larger than NATS's max_payload: the caller gets the null reply or bad_payload, never silence")
+    func overTheBusLimit() async throws {
+        let nats = try NATSServerProcess(configuration: "max_payload: 4096\n")
+        let nodes = try ClusterNodes(2, nats: nats)
+        let holder = try await connect(nodes.servers[0])
+        try await SwitchboardClient.MethodChannel(name: "big", client: holder).setMethodCallHandler { call in
+            .string(String(repeating: "x", count: call.arguments.intValue ?? 0))
+        }
+        let big = SwitchboardClient.MethodChannel(name: "big", client: try await connect(nodes.servers[1]))
+        #expect(try await eventually { (try? await big.invokeMethod("size", arguments: 10)) == .string(String(repeating: "x", count: 10)) })
+        let raw = try RawConnection(port: nodes.servers[1].port)
+        try raw.send(.call(1, "big", "size", .int(5000)))
+        let tooLarge = try await raw.nextNonPing()
+        #expect(tooLarge.kind == .error && tooLarge.id == 1)
+        #expect(String(decoding: tooLarge.payload ?? [], as: UTF8.self).contains("bad_payload"))
+        try raw.send(.call(2, "big", "size", .string(String(repeating: "y", count: 5000))))
+        let unsent = try await raw.nextNonPing()
+        #expect(unsent.kind == .reply && unsent.id == 2 && unsent.payload == nil, "a call no node could be asked: no handler")
         await holder.close()
         await nodes.stop()
     }
