@@ -119,6 +119,8 @@ final class ClusterLink {
     private var callBatches: [CallBatch] = []
     private var answerBatches: [(caller: String, records: [UInt8])] = []
     private struct CallBatch {
+        /// Its channel, and the node it goes to (nil: the holders' queue group): its subject.
+        let channel: String, node: String?
         let subject: String
         var records: [UInt8] = []
         /// The calls in it that want an answer.
@@ -134,10 +136,13 @@ final class ClusterLink {
     private(set) var batchesMalformed = 0
     private var batchFlusher: BeforeSleep?
     private var isClosed = false
-    /// The records past which a batch goes out at once (a record larger alone goes alone).
+    /// The records past which a batch goes out at once (a record larger alone goes alone), unless
+    /// the bus carries less.
     static let batchLimit = 64 << 10
     /// Room kept for a batch's header block (`Sb-Caller` or `Sb-Node` takes 40 bytes at most).
     private static let headerRoom = 64
+    /// The records past which a batch goes out: ``batchLimit``, or less if the bus carries less.
+    private var batchRoom: Int { min(Self.batchLimit, bus.maxPayload - Self.headerRoom) }
 
     // MARK: State: calls from other nodes
 
@@ -364,14 +369,17 @@ final class ClusterLink {
             callsOut += 1
             outgoing[id] = OutgoingCall(channel: channel, completion: completion, renewedAt: loop.now)
         }
-        let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
-        let index = callBatches.firstIndex { $0.subject == subject } ?? {
-            callBatches.append(CallBatch(subject: subject))
+        // Found by channel (most turns have one batch, whose name is compared), its subject made once.
+        let index = callBatches.firstIndex { $0.channel == channel && $0.node == node } ?? {
+            let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
+            callBatches.append(CallBatch(channel: channel, node: node, subject: subject))
             return callBatches.count - 1
         }()
-        if !callBatches[index].records.isEmpty, callBatches[index].records.count + BatchRecord.headerSize + payload.count > Self.batchLimit {
-            send(callBatches[index])
-            callBatches[index] = CallBatch(subject: subject)
+        if !callBatches[index].records.isEmpty, callBatches[index].records.count + BatchRecord.headerSize + payload.count > batchRoom {
+            let full = callBatches[index]
+            callBatches[index].records = []
+            callBatches[index].ids = []
+            send(full)
         }
         BatchRecord.append(id: id, kind: input.rawValue, flags: fromText ? Self.textFlag : 0, payload: payload,
                            to: &callBatches[index].records)
@@ -530,7 +538,7 @@ final class ClusterLink {
             answerBatches.append((key.caller, []))
             return answerBatches.count - 1
         }()
-        if !answerBatches[index].records.isEmpty, answerBatches[index].records.count + BatchRecord.headerSize + payload.count > Self.batchLimit {
+        if !answerBatches[index].records.isEmpty, answerBatches[index].records.count + BatchRecord.headerSize + payload.count > batchRoom {
             let full = answerBatches[index].records
             answerBatches[index].records = []
             try? bus.publish("switchboard.answers.\(key.caller)", headers: answererHeaders, payload: full)

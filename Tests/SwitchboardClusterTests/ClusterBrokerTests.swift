@@ -581,7 +581,8 @@ struct ClusterBrokerCancelTests {
         let nodes = try ClusterNodes(2, nats: nats)
         let holder = try await connect(nodes.servers[0])
         try await SwitchboardClient.MethodChannel(name: "big", client: holder).setMethodCallHandler { call in
-            .string(String(repeating: "x", count: call.arguments.intValue ?? 0))
+            guard let count = call.arguments.intValue else { return "ok" }
+            return .string(String(repeating: "x", count: count))
         }
         let big = SwitchboardClient.MethodChannel(name: "big", client: try await connect(nodes.servers[1]))
         #expect(try await eventually { (try? await big.invokeMethod("size", arguments: 10)) == .string(String(repeating: "x", count: 10)) })
@@ -593,6 +594,17 @@ struct ClusterBrokerCancelTests {
         try raw.send(.call(2, "big", "size", .string(String(repeating: "y", count: 5000))))
         let unsent = try await raw.nextNonPing()
         #expect(unsent.kind == .reply && unsent.id == 2 && unsent.payload == nil, "a call no node could be asked: no handler")
+        // 40 calls of 1 KiB in one write: batches are cut to fit max_payload, and every call gets its answer.
+        let padding = String(repeating: "p", count: 1024)
+        try raw.send((UInt32(3)...42).flatMap { (try? Frame.call($0, "big", "size", .list([.int(Int($0)), .string(padding)])).bytes) ?? [] })
+        let ok = try StandardMethodCodec().encodeSuccessEnvelope("ok")
+        var sizes: Set<UInt32> = []
+        for _ in 3...42 {
+            let answer = try await raw.nextNonPing()
+            #expect(answer.kind == .reply && answer.payload == ok, "\(answer)")
+            sizes.insert(answer.id)
+        }
+        #expect(sizes == Set(3...42))
         await holder.close()
         await nodes.stop()
     }
