@@ -1,7 +1,8 @@
 /// The message bus between Switchboard nodes: subjects, publish and subscribe, queue groups, and
-/// request and reply. ``NATSBus`` joins nodes; ``LoopBus`` joins the loops of one server.
+/// reply subjects with NATS's no-responders status. ``NATSBus`` joins nodes; ``LoopBus`` joins the
+/// loops of one server.
 ///
-/// Loop thread only: every method is called, and every handler and completion runs, on the bus's loop.
+/// Loop thread only: every method is called, and every handler runs, on the bus's loop.
 /// Delivery is at most once, as in NATS core: what is published while the bus is disconnected is
 /// dropped and counted in ``counters``. What can never be sent (a subject with a space, a header with
 /// a line break, a message over the server's limit) is refused with ``BusError`` before anything goes
@@ -9,7 +10,7 @@
 public protocol ClusterBus: AnyObject {
     /// Starts delivering (and, for a bus with a connection, connecting).
     func start()
-    /// Stops for good: open requests complete with `.disconnected`, and every handler is let go.
+    /// Stops for good: every handler is let go.
     func close()
     /// Sends `payload` (and `headers`) to every subscriber of `subject`, or to one per queue group; with
     /// `replyTo`, answers go to that subject (and so does NATS's no-responders status, 503).
@@ -19,12 +20,6 @@ public protocol ClusterBus: AnyObject {
     func subscribe(_ subject: String, queue: String?, _ handler: @escaping (BusMessage) -> Void) throws(BusError) -> BusSubscription
     /// Stops a subscription.
     func unsubscribe(_ subscription: BusSubscription)
-    /// Sends a request; `completion` runs exactly once, with the first reply or why there is none,
-    /// unless this throws: then the request was never sent and `completion` never runs.
-    func request(_ subject: String, headers: [BusMessage.Header], payload: [UInt8], timeoutMs: UInt64,
-                 _ completion: @escaping (BusReply) -> Void) throws(BusError)
-    /// Answers `request` (nothing happens if it wants no reply).
-    func reply(to request: BusMessage, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError)
     /// Writes what was published so far now, rather than before the loop sleeps.
     func flush()
     /// The largest message the bus carries, headers included.
@@ -51,7 +46,7 @@ public struct BusSubscription: Hashable, Sendable {
     let id: UInt64
 }
 
-/// The outcome of ``ClusterBus/request(_:headers:payload:timeoutMs:_:)``.
+/// The outcome of ``NATSBus/request(_:headers:payload:timeoutMs:_:)``.
 public enum BusReply: Sendable, Equatable {
     case reply(BusMessage)
     /// Nobody subscribes to the subject (NATS answers this at once).

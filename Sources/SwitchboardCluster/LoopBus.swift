@@ -12,8 +12,8 @@ import SwitchboardTransport
 /// with the same 503.
 public final class LoopBusHub: Sendable {
     /// Messages one loop may have waiting, past which a publish to it that `mayDrop` allows is dropped
-    /// and counted. Requests and replies are never dropped (the requests open on a loop are bounded
-    /// where they are made), nor is anything else `mayDrop` refuses.
+    /// and counted. Requests (messages with a reply subject) are never dropped, nor is anything else
+    /// `mayDrop` refuses.
     public let inboxLimit: Int
     private let mayDrop: @Sendable (BusMessage) -> Bool
     private let inboxes: [Inbox]
@@ -42,7 +42,7 @@ public final class LoopBusHub: Sendable {
         self.mayDrop = mayDrop
     }
 
-    /// Whether `message` (not a reply) may be dropped when its loop has too much waiting.
+    /// Whether `message` may be dropped when its loop has too much waiting.
     func isDroppable(_ message: BusMessage) -> Bool { message.replyTo == nil && mayDrop(message) }
 
     /// Loop `index`'s bus; loop thread only from then on.
@@ -214,10 +214,6 @@ public final class LoopBus: ClusterBus {
     /// No limit but memory's: a message is handed over, not written.
     public let maxPayload = Int.max
 
-    /// Requests made with ``request(_:headers:payload:timeoutMs:_:)``: their inbox and completions.
-    private var requestInbox: BusSubscription?
-    private var requests: [UInt64: (completion: (BusReply) -> Void, timer: Timer)] = [:]
-    private var nextRequest: UInt64 = 0
 
     init(hub: LoopBusHub, index: Int, loop: EventLoop) throws(UVError) {
         self.hub = hub
@@ -230,30 +226,19 @@ public final class LoopBus: ClusterBus {
     /// Nothing waits: a message is handed to its loops as it is published.
     public func flush() {}
 
-    /// Leaves the hub: nothing more arrives, open requests complete with `.disconnected`.
+    /// Leaves the hub: nothing more arrives.
     public func close() {
         guard !isClosed else { return }
         isClosed = true
         hub.detach(index)
         subscriptions = [:]
-        let open = requests
-        requests = [:]
-        for (_, request) in open.sorted(by: { $0.key < $1.key }) {
-            request.timer.cancel()
-            request.completion(.disconnected)
-        }
     }
 
     public func publish(_ subject: String, replyTo: String?, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError) {
-        try send(BusMessage(subject: subject, replyTo: replyTo, headers: headers, payload: payload), isReply: false)
+        try send(BusMessage(subject: subject, replyTo: replyTo, headers: headers, payload: payload))
     }
 
-    public func reply(to request: BusMessage, headers: [BusMessage.Header], payload: [UInt8]) throws(BusError) {
-        guard let replyTo = request.replyTo else { return }
-        try send(BusMessage(subject: replyTo, headers: headers, payload: payload), isReply: true)
-    }
-
-    private func send(_ message: BusMessage, isReply: Bool) throws(BusError) {
+    private func send(_ message: BusMessage) throws(BusError) {
         guard Self.isSubject(message.subject), message.replyTo.map(Self.isSubject) ?? true else {
             throw .invalidSubject(message.replyTo.map { "\(message.subject) \($0)" } ?? message.subject)
         }
@@ -265,7 +250,7 @@ public final class LoopBus: ClusterBus {
             noResponders(replyTo)
             return
         }
-        let bounded = !isReply && hub.isDroppable(message)
+        let bounded = hub.isDroppable(message)
         for target in targets where !hub.deliver(message, to: target.loop, subscription: target.id, bounded: bounded) {
             counters.dropped += 1
             if let replyTo = message.replyTo { noResponders(replyTo) }  // a loop shutting down: nobody will answer
@@ -291,30 +276,6 @@ public final class LoopBus: ClusterBus {
     public func unsubscribe(_ subscription: BusSubscription) {
         guard let removed = subscriptions.removeValue(forKey: subscription.id) else { return }
         hub.remove(removed.subject, loop: index, id: subscription.id)
-    }
-
-    public func request(_ subject: String, headers: [BusMessage.Header], payload: [UInt8], timeoutMs: UInt64,
-                        _ completion: @escaping (BusReply) -> Void) throws(BusError) {
-        guard !isClosed else { return completion(.disconnected) }
-        if requestInbox == nil {
-            requestInbox = try subscribe("_INBOX.loop\(index).*", queue: nil) { [unowned self] message in
-                guard let dot = message.subject.utf8.lastIndex(of: UInt8(ascii: ".")),
-                      let id = UInt64(message.subject[message.subject.utf8.index(after: dot)...]),
-                      let request = requests.removeValue(forKey: id) else { return }
-                request.timer.cancel()
-                request.completion(message.status == 503 ? .noResponders : .reply(message))
-            }
-        }
-        nextRequest += 1
-        let id = nextRequest
-        guard let timer = try? Timer(loop: loop) else { return completion(.disconnected) }
-        try publish(subject, replyTo: "_INBOX.loop\(index).\(id)", headers: headers, payload: payload)
-        requests[id] = (completion, timer)
-        timer.start(after: timeoutMs) { [unowned self] in
-            guard let request = requests.removeValue(forKey: id) else { return }
-            request.timer.cancel()
-            request.completion(.timedOut)
-        }
     }
 
     /// A message for one of this loop's subscriptions. One whose subscription went meanwhile is dropped,

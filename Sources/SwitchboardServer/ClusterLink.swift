@@ -96,8 +96,9 @@ final class ClusterLink {
     }
     /// A call record's flag: the caller speaks text mode.
     static let textFlag: UInt8 = 1
-    /// The header of every batch this node sends: calls name their caller, answers their holder's node.
-    private let callerHeaders: [BusMessage.Header], answererHeaders: [BusMessage.Header]
+    /// The headers naming this node: `Sb-Caller` on its calls and cancels, `Sb-Node` on its answers and
+    /// its holders' events.
+    private let callerHeaders: [BusMessage.Header], nodeHeaders: [BusMessage.Header]
 
     /// How a call to another node ended.
     enum CallOutcome {
@@ -112,15 +113,23 @@ final class ClusterLink {
 
     // MARK: State: batches
 
-    /// The calls made this loop turn, a batch for each subject, and the answers, a batch for each
-    /// calling node. A batch goes out as one message before the loop sleeps, when it reaches
-    /// ``batchLimit``, or before the link sends anything else, so that the bus carries everything in
-    /// the order it was made.
-    private var callBatches: [CallBatch] = []
-    private var answerBatches: [(caller: String, records: [UInt8])] = []
-    private struct CallBatch {
-        /// Its channel, and the node it goes to (nil: the holders' queue group): its subject.
-        let channel: String, node: String?
+    /// The calls and answers made since the batches last went out, in the order their batches were
+    /// opened: calls in a batch for each subject, answers in a batch for each calling node. They go out
+    /// at the end of the loop turn (``flush()``), or before the link sends anything else, so that a
+    /// CANCEL never passes its call nor an event the answer that started its stream. A batch that
+    /// would grow past ``batchRoom`` is left as it is, and a new one opened behind it.
+    private var batches: [Batch] = []
+    /// The batch each key adds to, and the one used last (most calls of a turn go to one channel).
+    private var openBatches: [BatchKey: Int] = [:]
+    private var lastBatch: Int?
+    private enum BatchKey: Hashable {
+        /// Calls on `channel` to its holders' queue group, or (`node`) to one node.
+        case calls(channel: String, node: String?)
+        /// Answers to calls of node `caller`.
+        case answers(caller: String)
+    }
+    private struct Batch {
+        let key: BatchKey
         let subject: String
         var records: [UInt8] = []
         /// The calls in it that want an answer.
@@ -134,15 +143,16 @@ final class ClusterLink {
     /// Batches of calls or answers that named no node or were not whole records: dropped, so their
     /// callers' calls lapse.
     private(set) var batchesMalformed = 0
-    private var batchFlusher: BeforeSleep?
     private var isClosed = false
-    /// The records past which a batch goes out at once (a record larger alone goes alone), unless
-    /// the bus carries less.
+    /// The records past which a new batch is opened (a record larger alone goes alone), unless the bus
+    /// carries less.
     static let batchLimit = 64 << 10
     /// Room kept for a batch's header block (`Sb-Caller` or `Sb-Node` takes 40 bytes at most).
     private static let headerRoom = 64
-    /// The records past which a batch goes out: ``batchLimit``, or less if the bus carries less.
-    private var batchRoom: Int { min(Self.batchLimit, bus.maxPayload - Self.headerRoom) }
+    /// The records past which a new batch is opened: ``batchLimit``, or less if the bus carries less.
+    private var batchRoom: Int { min(Self.batchLimit, recordRoom) }
+    /// The largest payload a record can carry: what the bus carries, and what its 4-byte length says.
+    private var recordRoom: Int { min(bus.maxPayload - Self.headerRoom, Int(UInt32.max)) - BatchRecord.headerSize }
 
     // MARK: State: calls from other nodes
 
@@ -220,7 +230,7 @@ final class ClusterLink {
         self.logger = logger
         beaconTimer = liveness ? try Timer(loop: loop) : nil
         callerHeaders = [.init("Sb-Caller", instance)]
-        answererHeaders = [.init("Sb-Node", instance)]
+        nodeHeaders = [.init("Sb-Node", instance)]
         // Subjects are checked here once: these are made of hex digits and fixed words.
         _ = try? bus.subscribe("switchboard.answers.\(instance)", queue: nil) { [unowned self] message in answered(message) }
         _ = try? bus.subscribe("switchboard.reply.\(instance).*", queue: nil) { [unowned self] message in unheard(message) }
@@ -231,32 +241,32 @@ final class ClusterLink {
         if liveness { _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [unowned self] message in beacon(message) } }
     }
 
-    /// The bus, the timer and the flusher call back into this link: they never outlive it (a link that
-    /// was never closed stops them here).
-    deinit {
-        beaconTimer?.cancel()
-        batchFlusher?.cancel()
-    }
+    /// The bus and the timer call back into this link: they never outlive it (a link that was never
+    /// closed stops its timer here).
+    deinit { beaconTimer?.cancel() }
 
     func start() {
         bus.start()
         lastTick = loop.now
         beaconTimer?.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [unowned self] in tick() }
-        batchFlusher = try? BeforeSleep(loop: loop) { [unowned self] in
-            sendBatches()
-            bus.flush()
-        }
+    }
+
+    /// Sends the batches made this turn and writes what the bus holds: the server calls it at the end
+    /// of every loop turn, after its connections' writes (which may let more requests in).
+    func flush() {
+        sendBatches()
+        bus.flush()
     }
 
     /// Stops for good: nothing more goes out or comes in, and no completion runs (the server answers
     /// what is open as it shuts down).
     func close() {
+        if bus.isConnected { flush() }  // the last turn's answers (a shutdown's going_away), as far as they can still go
         isClosed = true
         beaconTimer?.cancel()
-        batchFlusher?.cancel()
-        batchFlusher = nil
-        callBatches = []
-        answerBatches = []
+        batches = []
+        openBatches = [:]
+        lastBatch = nil
         batchCalls = [:]
         bus.close()
         subscriptions = [:]
@@ -281,7 +291,7 @@ final class ClusterLink {
         sendBatches()  // a listen's answer goes before the stream's first event
         let dropped = bus.counters.dropped
         do {
-            try bus.publish(subject(.event, event.channel), headers: fromHolder ? [.init("Sb-Node", instance)] : [], payload: frame)
+            try bus.publish(subject(.event, event.channel), headers: fromHolder ? nodeHeaders : [], payload: frame)
         } catch {
             eventsUnsent += 1
             return
@@ -315,7 +325,7 @@ final class ClusterLink {
         return subject
     }
 
-    /// The number after the last `.` of a subject (a call's id in a reply subject).
+    /// The number after the last `.` of a subject (a batch's number in its reply subject).
     private static func lastNumber(of subject: String) -> UInt64? {
         guard let dot = subject.utf8.lastIndex(of: 0x2E) else { return nil }
         return UInt64(subject[subject.utf8.index(after: dot)...])
@@ -360,7 +370,7 @@ final class ClusterLink {
         var id: UInt64 = 0  // none wanted
         if let completion {
             // Not connected, or larger than the bus carries: no node could be asked.
-            guard bus.isConnected, BatchRecord.headerSize + payload.count <= bus.maxPayload - Self.headerRoom else {
+            guard bus.isConnected, payload.count <= recordRoom else {
                 completion(.noHolder)
                 return nil
             }
@@ -369,56 +379,66 @@ final class ClusterLink {
             callsOut += 1
             outgoing[id] = OutgoingCall(channel: channel, completion: completion, renewedAt: loop.now)
         }
-        // Found by channel (most turns have one batch, whose name is compared), its subject made once.
-        let index = callBatches.firstIndex { $0.channel == channel && $0.node == node } ?? {
-            let subject = node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
-            callBatches.append(CallBatch(channel: channel, node: node, subject: subject))
-            return callBatches.count - 1
-        }()
-        if !callBatches[index].records.isEmpty, callBatches[index].records.count + BatchRecord.headerSize + payload.count > batchRoom {
-            let full = callBatches[index]
-            callBatches[index].records = []
-            callBatches[index].ids = []
-            send(full)
+        let index = batch(.calls(channel: channel, node: node), adding: payload.count) {
+            node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
         }
-        BatchRecord.append(id: id, kind: input.rawValue, flags: fromText ? Self.textFlag : 0, payload: payload,
-                           to: &callBatches[index].records)
+        BatchRecord.append(id: id, kind: input.rawValue, flags: fromText ? Self.textFlag : 0, payload: payload, to: &batches[index].records)
         guard id != 0 else { return nil }
-        callBatches[index].ids.append(id)
+        batches[index].ids.append(id)
         return id
     }
 
-    /// Sends the batches made so far.
-    private func sendBatches() {
-        if !callBatches.isEmpty {
-            let batches = callBatches
-            callBatches = []
-            for batch in batches { send(batch) }
+    /// The batch a record of `size` bytes for `key` goes in: the one open for it, or a new one (its
+    /// subject made by `subject`) when there is none or the record would take it past ``batchRoom``.
+    private func batch(_ key: BatchKey, adding size: Int, subject: () -> String) -> Int {
+        let open = lastBatch.flatMap { batches[$0].key == key ? $0 : nil } ?? openBatches[key]
+        if let open, batches[open].records.isEmpty || batches[open].records.count + BatchRecord.headerSize + size <= batchRoom {
+            lastBatch = open
+            return open
         }
-        if !answerBatches.isEmpty {
-            let batches = answerBatches
-            answerBatches = []
-            for batch in batches {
-                try? bus.publish("switchboard.answers.\(batch.caller)", headers: answererHeaders, payload: batch.records)
-            }
+        let index = batches.count
+        batches.append(Batch(key: key, subject: open.map { batches[$0].subject } ?? subject()))
+        openBatches[key] = index
+        lastBatch = index
+        return index
+    }
+
+    /// Sends the batches made so far, in the order they were opened. What their sending makes (the
+    /// completions of calls no node could be asked may call again) goes too.
+    private func sendBatches() {
+        while !batches.isEmpty {
+            let ready = batches
+            batches = []
+            openBatches = [:]
+            lastBatch = nil
+            for batch in ready { send(batch) }
         }
     }
 
-    /// Publishes a batch of calls, with a reply subject of its own when a call in it wants an answer:
-    /// NATS answers there with no-responders when no node holds the channel.
-    private func send(_ batch: CallBatch) {
-        guard !batch.ids.isEmpty else { return (try? bus.publish(batch.subject, headers: callerHeaders, payload: batch.records)) ?? () }
+    /// Publishes a batch: answers to their node; calls with a reply subject of the batch's own when one
+    /// of them wants an answer, where NATS answers no-responders if no node holds the channel.
+    private func send(_ batch: Batch) {
+        guard case .calls = batch.key else {
+            try? bus.publish(batch.subject, headers: nodeHeaders, payload: batch.records)
+            return
+        }
+        guard !batch.ids.isEmpty else {
+            try? bus.publish(batch.subject, headers: callerHeaders, payload: batch.records)
+            return
+        }
         nextBatch += 1
         batchCalls[nextBatch] = batch.ids
         if batchCalls.count >= batchSweepAt {
             batchCalls = batchCalls.filter { $0.value.contains { outgoing[$0] != nil } }
             batchSweepAt = max(64, batchCalls.count * 2)
         }
+        // Refused, or the connection went since the calls were made: no node could be asked.
+        guard bus.isConnected else { return noHolder(batch: nextBatch) }
         do {
             try bus.publish(batch.subject, replyTo: "switchboard.reply.\(instance).\(nextBatch)", headers: callerHeaders,
                             payload: batch.records)
         } catch {
-            noHolder(batch: nextBatch)  // refused by the bus (``call`` let through no call too large alone)
+            noHolder(batch: nextBatch)
         }
     }
 
@@ -460,8 +480,8 @@ final class ClusterLink {
 
     // MARK: Calls from other nodes
 
-    /// A client here holds `channel`: calls from other nodes may come to it (one holder per call across
-    /// the nodes that hold it: a NATS queue group), and so may their cancels.
+    /// A client here holds `channel`: calls from other nodes may come to it (each batch to one of the
+    /// nodes that hold it: a NATS queue group), and so may their cancels.
     func hold(_ channel: String) {
         guard held[channel] == nil else { return }
         heldByDigest[digest(channel)] = channel
@@ -530,20 +550,12 @@ final class ClusterLink {
         guard let key, !isClosed else { return }
         if served.removeValue(forKey: key) != nil { onServedAnswered?() }
         var (kind, isJSON, payload) = RemoteAnswer.encode(answer)
-        if BatchRecord.headerSize + payload.count > bus.maxPayload - Self.headerRoom {  // what cannot cross is said, not lost
+        if payload.count > recordRoom {  // what cannot cross is said, not lost
             (kind, isJSON, payload) = RemoteAnswer.encode(.error(.badPayload("the answer (\(payload.count) bytes) is larger than the cluster bus carries")))
         }
         let flags = (isJSON ? RemoteReply.jsonFlag : 0) | (startsStream && kind == .success ? RemoteReply.streamFlag : 0)
-        let index = answerBatches.firstIndex { $0.caller == key.caller } ?? {
-            answerBatches.append((key.caller, []))
-            return answerBatches.count - 1
-        }()
-        if !answerBatches[index].records.isEmpty, answerBatches[index].records.count + BatchRecord.headerSize + payload.count > batchRoom {
-            let full = answerBatches[index].records
-            answerBatches[index].records = []
-            try? bus.publish("switchboard.answers.\(key.caller)", headers: answererHeaders, payload: full)
-        }
-        BatchRecord.append(id: key.id, kind: kind.rawValue, flags: flags, payload: payload, to: &answerBatches[index].records)
+        let index = batch(.answers(caller: key.caller), adding: payload.count) { "switchboard.answers.\(key.caller)" }
+        BatchRecord.append(id: key.id, kind: kind.rawValue, flags: flags, payload: payload, to: &batches[index].records)
     }
 
     /// What a bus between loops may drop when the loop it goes to has too much waiting: broadcasts and

@@ -134,7 +134,7 @@ extension ServerCore {
     // MARK: Calling another node
 
     /// A request on a channel nobody serves here: it goes to the nodes whose clients hold the channel
-    /// (NATS request and reply, to their queue group), and their answer comes back to the requester.
+    /// (in a batch, to their queue group), and their answer comes back to the requester.
     func routeToCluster(_ cluster: ClusterLink, channel name: String, input: RouteInput, request: PendingRequest,
                         connection: Connection) {
         let streamCall = self.streamCall(input)

@@ -7,6 +7,17 @@ import Testing
 
     func utf8(_ s: String) -> [UInt8] { Array(s.utf8) }
 
+    @Test("a method name is read from a call, after leading whitespace, and from nothing else")
+    func methodNameOfACall() {
+        var reuse = MethodCallReuse()
+        #expect(method.methodName(in: utf8(#"{"method":"listen","args":1}"#)[...], reusing: &reuse) == "listen")
+        #expect(method.methodName(in: utf8(" \t\r\n{\"method\":\"cancel\"}")[...], reusing: &reuse) == "cancel")
+        for other in [#"["method","listen"]"#, #""listen""#, #"{"args":1}"#, "{", "", "\u{01}{\"method\":\"x\"}"] {
+            #expect(method.methodName(in: utf8(other)[...], reusing: &reuse) == nil, "\(other)")
+        }
+        #expect(method.methodName(in: nil, reusing: &reuse) == nil)
+    }
+
     @Test(arguments: [
         (ChannelValue.bool(true), "true"),
         (.int32(-7), "-7"),

@@ -107,7 +107,7 @@ import SwitchboardWire
         weak var core: ServerCore?
         weak var loop: EventLoop?
         do {
-            var config = ServerConfiguration.forTests()
+            let config = ServerConfiguration.forTests()
             let server = try Server(configuration: config)
             server.installDemoChannels()
             let channel = MethodChannel(name: "self", server: server)

@@ -9,7 +9,7 @@ import SwitchboardWire
 @Suite struct ReadmeExample {
     /// The README's code, with the port made ephemeral and `run` replaced by `start`.
     func makeServer() throws -> Server {
-        var configuration = ServerConfiguration.forTests()
+        let configuration = ServerConfiguration.forTests()
         // README begins
         let server = try Server(configuration: configuration)
 
