@@ -185,7 +185,7 @@ final class ClusterLink {
     private var heldByDigest: [String: String] = [:]
     /// Where calls from other nodes go, and who hears that one of them was answered (the drain of a
     /// shutdown waits for them as for its own clients' requests).
-    var onCall: ((_ channel: String, _ call: IncomingCall) -> Void)?
+    var onCalls: ((_ channel: String, _ calls: [IncomingCall]) -> Void)?
     var onServedAnswered: (() -> Void)?
     /// Calls from other nodes being worked on here.
     var servingCount: Int { served.count }
@@ -275,7 +275,7 @@ final class ClusterLink {
         served = [:]
         held = [:]
         onEvent = nil
-        onCall = nil
+        onCalls = nil
         onPeerLost = nil
         onServedAnswered = nil
         listenersToReport = nil
@@ -525,16 +525,16 @@ final class ClusterLink {
             return
         }
         notePeer(caller)
-        for record in records {
-            let call = IncomingCall(caller: caller, id: record.id == 0 ? nil : record.id, input: CallInput(rawValue: record.kind),
-                                    isText: record.flags & Self.textFlag != 0, payload: record.payload)
-            guard let channel else {
-                answer(call.key, with: .notImplemented)
-                continue
-            }
-            callsIn += 1
-            onCall?(channel, call)
+        let calls = records.map {
+            IncomingCall(caller: caller, id: $0.id == 0 ? nil : $0.id, input: CallInput(rawValue: $0.kind),
+                         isText: $0.flags & Self.textFlag != 0, payload: $0.payload)
         }
+        guard let channel else {
+            for call in calls { answer(call.key, with: .notImplemented) }
+            return
+        }
+        callsIn += calls.count
+        onCalls?(channel, calls)
     }
 
     /// Keeps `request` (serving the call `key` names) in the beacons until it is answered, and

@@ -276,39 +276,46 @@ extension ServerCore {
 
     // MARK: Serving another node
 
-    /// A call from a client of another node, on a channel a client here holds.
-    func serveRemote(_ call: ClusterLink.IncomingCall, on name: String) {
+    /// Calls from clients of another node (one batch), on a channel a client here holds.
+    func serveRemote(_ calls: [ClusterLink.IncomingCall], on name: String) {
         guard let cluster else { return }
-        guard let registration = registrations[name] else { return cluster.answer(call.key, with: .notImplemented) }
+        guard let registration = registrations[name] else {
+            for call in calls { cluster.answer(call.key, with: .notImplemented) }
+            return
+        }
+        for call in calls { serveRemote(call, by: registration, cluster) }
+    }
+
+    private func serveRemote(_ call: ClusterLink.IncomingCall, by registration: Registration, _ cluster: ClusterLink) {
         if call.input == .leave {  // one of that node's listeners left (heard while draining too)
             let arguments = (try? JSONText.parse(call.payload)) ?? .null
             return remoteListenerLeft(registration, node: call.caller, arguments: arguments)
         }
-        guard !isDraining || linksLoops else { return cluster.answer(call.key, with: .error(.goingAway)) }
-        registration.counts.requests += 1
-        var listens = false  // an event channel's listen: its success starts the caller node's stream
         let key = call.key
-        let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil,
-                                     methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
-            [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens)
-        }
+        guard !isDraining || linksLoops else { return cluster.answer(key, with: .error(.goingAway)) }
+        registration.counts.requests += 1
         let input: RouteInput
         switch call.input {
         case .bytes: input = .bytes(call.payload)
         case .empty: input = .bytes(nil)
         case .call:
             guard let json = try? JSONText.parse(call.payload), let method = json["method"]?.stringValue else {
-                return request.answer(.error(.badPayload("another node's call could not be read")))
+                return cluster.answer(key, with: .error(.badPayload("another node's call could not be read")))
             }
             input = .call(MethodCall(method: method, arguments: json["args"] ?? .null))
         case .message:
             guard let value = try? JSONText.parse(call.payload) else {
-                return request.answer(.error(.badPayload("another node's message could not be read")))
+                return cluster.answer(key, with: .error(.badPayload("another node's message could not be read")))
             }
             input = .message(value)
-        case .leave, nil: return request.answer(.error(.badRequest("another node's call has no known input")))
+        case .leave, nil: return cluster.answer(key, with: .error(.badRequest("another node's call has no known input")))
         }
-        listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
+        // An event channel's listen: its success starts the caller node's stream.
+        let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
+        let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil,
+                                     methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
+            [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens)
+        }
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))
         cluster.serve(key, by: request)
     }

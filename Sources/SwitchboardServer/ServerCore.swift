@@ -164,7 +164,7 @@ final class ServerCore {
             cluster.onEvent = { [unowned self] channel, envelope, frame, holderNode in
                 deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: holderNode)
             }
-            cluster.onCall = { [unowned self] channel, call in serveRemote(call, on: channel) }
+            cluster.onCalls = { [unowned self] channel, calls in serveRemote(calls, on: channel) }
             cluster.onPeerLost = { [unowned self] node in peerLost(node) }
             cluster.onServedAnswered = { [unowned self] in requestFinished() }
             cluster.listenersToReport = { [unowned self] in
