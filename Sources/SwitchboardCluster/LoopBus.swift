@@ -46,8 +46,8 @@ public final class LoopBusHub: Sendable {
     func isDroppable(_ message: BusMessage) -> Bool { message.replyTo == nil && mayDrop(message) }
 
     /// Loop `index`'s bus; loop thread only from then on.
-    public func bus(_ index: Int, loop: EventLoop) throws(UVError) -> LoopBus {
-        let bus = try LoopBus(hub: self, index: index, loop: loop)
+    public func bus(_ index: Int, loop: EventLoop) -> LoopBus {
+        let bus = LoopBus(hub: self, index: index)
         inboxes[index].attach(LoopBound(LoopBus.Weak(bus), loop: loop.handle))
         return bus
     }
@@ -205,7 +205,6 @@ public final class LoopBus: ClusterBus {
 
     private let hub: LoopBusHub
     private let index: Int
-    private let loop: EventLoop
     private var subscriptions: [UInt64: (subject: String, handler: (BusMessage) -> Void)] = [:]
     private var nextID: UInt64 = 0
     private var isClosed = false
@@ -214,11 +213,9 @@ public final class LoopBus: ClusterBus {
     /// No limit but memory's: a message is handed over, not written.
     public let maxPayload = Int.max
 
-
-    init(hub: LoopBusHub, index: Int, loop: EventLoop) throws(UVError) {
+    init(hub: LoopBusHub, index: Int) {
         self.hub = hub
         self.index = index
-        self.loop = loop
     }
 
     public func start() {}

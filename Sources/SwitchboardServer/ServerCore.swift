@@ -153,7 +153,7 @@ final class ServerCore {
         if let settings = config.cluster {
             link = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, eventLoop: eventLoop, logger: logger)
         } else if let hub = group?.hub {
-            link = try ClusterLink(bus: try hub.bus(index, loop: eventLoop), node: "loop \(index)", liveness: false,
+            link = try ClusterLink(bus: hub.bus(index, loop: eventLoop), node: "loop \(index)", liveness: false,
                                    loop: eventLoop, logger: logger)
             linksLoops = true
         } else {

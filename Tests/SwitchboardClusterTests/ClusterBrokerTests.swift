@@ -91,6 +91,13 @@ struct JobsCluster {
         try await holdJobs(holder, parked: parked)
     }
 
+    /// A raw connection to node 2, once node 2 reaches the holder.
+    func rawOnNode2() async throws -> RawConnection {
+        let raw = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await reachesJobs(raw))
+        return raw
+    }
+
     func stop() async {
         parked.releaseAll()
         await holder.close()
@@ -192,8 +199,7 @@ struct ClusterBrokerTests {
     func cancelAndHandlerGone() async throws {
         let cluster = try await JobsCluster(nodes: 2)
         let parked = cluster.parked
-        let raw = try RawConnection(port: cluster.nodes.servers[1].port)
-        #expect(try await reachesJobs(raw))
+        let raw = try await cluster.rawOnNode2()
         try raw.send(.call(2, "jobs/resize", "wait"))
         #expect(try await eventually { parked.count == 1 })
         try raw.send(Frame(.cancel, id: 2, payload: nil))
@@ -213,8 +219,7 @@ struct ClusterBrokerTests {
     @Test("a CALL and its CANCEL in one write: the cancel follows its call to the holder's node")
     func callAndCancelInOneWrite() async throws {
         let cluster = try await JobsCluster(nodes: 2)
-        let raw = try RawConnection(port: cluster.nodes.servers[1].port)
-        #expect(try await reachesJobs(raw))
+        let raw = try await cluster.rawOnNode2()
         try raw.send(try Frame.call(2, "jobs/resize", "wait").bytes + Frame(.cancel, id: 2, payload: nil).bytes)
         #expect(try await raw.nextNonPing().id == 2)
         // Had the cancel passed its call, the holder's node would still be serving it, parked.
@@ -226,8 +231,7 @@ struct ClusterBrokerTests {
     @Test("calls in one batch to a channel nobody holds each get the null reply")
     func batchToNobody() async throws {
         let cluster = try await JobsCluster(nodes: 2)
-        let raw = try RawConnection(port: cluster.nodes.servers[1].port)
-        #expect(try await reachesJobs(raw))
+        let raw = try await cluster.rawOnNode2()
         try raw.send((UInt32(10)...14).flatMap { (try? Frame.call($0, "jobs/nobody", "x").bytes) ?? [] })
         var answered: Set<UInt32> = []
         for _ in 0..<5 {
@@ -501,8 +505,7 @@ struct ClusterBrokerEdgeTests {
     @Test("a CANCEL across nodes gets the answer a caller on the holder's node gets")
     func cancelAnswerAsOnOneNode() async throws {
         let cluster = try await JobsCluster(nodes: 2)
-        let local = try RawConnection(port: cluster.nodes.servers[0].port), remote = try RawConnection(port: cluster.nodes.servers[1].port)
-        #expect(try await reachesJobs(remote))
+        let local = try RawConnection(port: cluster.nodes.servers[0].port), remote = try await cluster.rawOnNode2()
         for connection in [local, remote] {
             try connection.send(.call(2, "jobs/resize", "wait"))
         }
@@ -555,8 +558,7 @@ struct ClusterBrokerEdgeTests {
     @Test("the holder's node shuts down: calls from other nodes get going_away at once, not handler_gone after the lease")
     func holderNodeShutsDown() async throws {
         let cluster = try await JobsCluster(nodes: 2)
-        let remote = try RawConnection(port: cluster.nodes.servers[1].port)
-        #expect(try await reachesJobs(remote))
+        let remote = try await cluster.rawOnNode2()
         try remote.send(.call(2, "jobs/resize", "wait"))
         #expect(try await eventually { cluster.parked.count == 1 })
         let started = ContinuousClock.now
@@ -573,8 +575,7 @@ struct ClusterBrokerCancelTests {
     @Test("a CANCEL while the holder's node drains still reaches the holder and gets the cancel's answer, not going_away")
     func cancelWhileDraining() async throws {
         let cluster = try await JobsCluster(nodes: 2)
-        let remote = try RawConnection(port: cluster.nodes.servers[1].port)
-        #expect(try await reachesJobs(remote))
+        let remote = try await cluster.rawOnNode2()
         try remote.send(.call(2, "jobs/resize", "wait"))
         #expect(try await eventually { cluster.parked.count == 1 })
         cluster.nodes.servers[0].shutdown()  // drains for 300 ms: the call is still being served

@@ -22,7 +22,7 @@ import SwitchboardTransport
         let loops = [try EventLoop(), try EventLoop()]
         defer { for loop in loops { loop.finishDriving() } }
         let hub = LoopBusHub(loops: loops.map(\.handle), inboxLimit: 2)
-        let buses = [try hub.bus(0, loop: loops[0]), try hub.bus(1, loop: loops[1])]
+        let buses = [hub.bus(0, loop: loops[0]), hub.bus(1, loop: loops[1])]
         let heard = [Received(), Received()]
         for (index, bus) in buses.enumerated() {
             _ = try bus.subscribe("a.*", queue: nil) { heard[index].messages.append($0) }
@@ -66,7 +66,7 @@ import SwitchboardTransport
         let loops = [try EventLoop(), try EventLoop()]
         defer { for loop in loops { loop.finishDriving() } }
         let hub = LoopBusHub(loops: loops.map(\.handle), inboxLimit: 1, mayDrop: { $0.header("Keep") == nil })
-        let buses = [try hub.bus(0, loop: loops[0]), try hub.bus(1, loop: loops[1])]
+        let buses = [hub.bus(0, loop: loops[0]), hub.bus(1, loop: loops[1])]
         let heard = [Received(), Received()]
         _ = try buses[0].subscribe("back.*", queue: nil) { heard[0].messages.append($0) }
         _ = try buses[1].subscribe("work", queue: nil) { heard[1].messages.append($0) }
