@@ -111,7 +111,7 @@ let package = Package(
             name: "SwitchboardClusterTests",
             dependencies: [
                 "SwitchboardCluster", "SwitchboardTransport", "SwitchboardServer", "SwitchboardClient", "SwitchboardCodec",
-                "SwitchboardTesting", "SwitchboardWire", .product(name: "Logging", package: "swift-log"),
+                "SwitchboardTesting", "SwitchboardWire", "SwitchboardPlugins", .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(

@@ -78,6 +78,19 @@ final class Registration {
         sharedMethodCodec = codec?.methodCodec.map(SharedMethodCodec.init)
     }
 
+    /// What a request on a channel its holder declared `kind` does (protocol/plugins.md): a text-mode
+    /// send, or a binary MESSAGE to a message channel, is a send; `listen` and `cancel` on an event
+    /// channel are what they say (`method` is asked only there); anything else is a call.
+    static func requestKind(_ kind: Kind?, isSend: Bool, isText: Bool, method: () -> String?) -> InboundKind {
+        if isSend || (kind == .message && !isText) { return .message }
+        guard kind == .event else { return .call }
+        switch method() {
+        case "listen"?: return .listen
+        case "cancel"?: return .cancel
+        default: return .call
+        }
+    }
+
     /// The declared method codec, made once and shared by the requests forwarded to the holder.
     let sharedMethodCodec: SharedMethodCodec?
     var methodCodec: (any MethodCodec)? { sharedMethodCodec?.codec }
@@ -124,7 +137,7 @@ extension ServerCore {
             guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
             release(existing, reason: "re-registered", keepingClaim: true)
         }
-        if loopCount > 1, let group, !group.claim(frame.channel, for: index, isEvent: kind == .event) {  // held on another loop
+        if loopCount > 1, let group, !group.claim(frame.channel, for: index, kind: kind, codec: codec) {  // held on another loop
             return connection.writeError(.channelTaken, id: frame.id)
         }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,

@@ -84,6 +84,8 @@ final class ClusterLink {
     private var outgoing: [UInt64: OutgoingCall] = [:]
     private var nextCall: UInt64 = 0
     private(set) var callsOut = 0, callsExpired = 0, callsNoResponders = 0
+    /// Calls from other nodes refused here because their node refused the caller their kind.
+    var callsForbidden = 0
 
     /// What a call's payload holds (the kind of its batch record).
     enum CallInput: UInt8 {
@@ -96,6 +98,10 @@ final class ClusterLink {
     }
     /// A call record's flag: the caller speaks text mode.
     static let textFlag: UInt8 = 1
+    /// A call record's flags past ``textFlag``: the kinds (``InboundKind/bit`` of call, send and
+    /// listen, shifted by one) the caller's node refused the caller, for a request whose kind only the
+    /// holder's node can tell. That node answers `forbidden` if the request is one of them.
+    static func flags(refusing kinds: UInt8) -> UInt8 { (kinds & 0b111) << 1 }
     /// The headers naming this node: `Sb-Caller` on its calls and cancels, `Sb-Node` on its answers and
     /// its holders' events.
     private let callerHeaders: [BusMessage.Header], nodeHeaders: [BusMessage.Header]
@@ -165,6 +171,8 @@ final class ClusterLink {
         /// What the payload holds; nil for a kind this node does not know.
         let input: CallInput?
         let isText: Bool
+        /// The kinds (``InboundKind/bit``) the caller's node refused this request, were it one of them.
+        let refusedKinds: UInt8
         /// A slice of the batch: copied by whatever keeps it.
         let payload: ArraySlice<UInt8>
 
@@ -361,8 +369,8 @@ final class ClusterLink {
     /// Sends a call on `channel` to the holders' queue group, or to one node's holder (`node`); with
     /// a `completion`, its one outcome comes back to it. Returns the call's id (nil: wants no answer).
     @discardableResult
-    func call(_ channel: String, node: String? = nil, input: CallInput, fromText: Bool = false, payload: ArraySlice<UInt8>,
-              completion: ((CallOutcome) -> Void)?) -> UInt64? {
+    func call(_ channel: String, node: String? = nil, input: CallInput, fromText: Bool = false, refusing refusedKinds: UInt8 = 0,
+              payload: ArraySlice<UInt8>, completion: ((CallOutcome) -> Void)?) -> UInt64? {
         guard !isClosed else {
             completion?(.noHolder)
             return nil
@@ -382,7 +390,8 @@ final class ClusterLink {
         let index = batch(.calls(channel: channel, node: node), adding: payload.count) {
             node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
         }
-        BatchRecord.append(id: id, kind: input.rawValue, flags: fromText ? Self.textFlag : 0, payload: payload, to: &batches[index].records)
+        let flags = (fromText ? Self.textFlag : 0) | Self.flags(refusing: refusedKinds)
+        BatchRecord.append(id: id, kind: input.rawValue, flags: flags, payload: payload, to: &batches[index].records)
         guard id != 0 else { return nil }
         batches[index].ids.append(id)
         return id
@@ -527,7 +536,7 @@ final class ClusterLink {
         notePeer(caller)
         let calls = records.map {
             IncomingCall(caller: caller, id: $0.id == 0 ? nil : $0.id, input: CallInput(rawValue: $0.kind),
-                         isText: $0.flags & Self.textFlag != 0, payload: $0.payload)
+                         isText: $0.flags & Self.textFlag != 0, refusedKinds: $0.flags >> 1 & 0b111, payload: $0.payload)
         }
         guard let channel else {
             for call in calls { answer(call.key, with: .notImplemented) }
@@ -677,6 +686,7 @@ final class ClusterLink {
             ("events_out", eventsOut), ("events_in", eventsIn), ("events_unsent", eventsUnsent), ("events_malformed", eventsMalformed),
             ("batches_malformed", batchesMalformed),
             ("calls_out", callsOut), ("calls_in", callsIn), ("calls_no_holder", callsNoResponders), ("calls_expired", callsExpired),
+            ("calls_forbidden", callsForbidden),
             ("nodes_lost", peersLost), ("stalls", stalls),
             ("bus_messages_out", bus.messagesOut), ("bus_messages_in", bus.messagesIn), ("bus_bytes_out", bus.bytesOut),
             ("bus_bytes_in", bus.bytesIn), ("bus_dropped", bus.dropped), ("bus_reconnects", bus.reconnects),
@@ -718,6 +728,7 @@ final class ClusterLink {
             "callsOut": .int(callsOut), "callsIn": .int(callsIn),
             "callsPending": .int(outgoing.count), "callsServing": .int(served.count),
             "callsNoHolder": .int(callsNoResponders), "callsExpired": .int(callsExpired),
+            "callsForbidden": .int(callsForbidden),
             "busMessagesOut": .int(bus.messagesOut), "busMessagesIn": .int(bus.messagesIn),
             "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
             "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),

@@ -442,8 +442,8 @@ final class Connection {
 
     /// Routes a request from this client. One its handler does not answer at once is kept in the table
     /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).
-    func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput) {
-        var request = core.route(channel: channel, input: input, origin: origin, connection: self)
+    func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput, refusing refusedKinds: UInt8 = 0) {
+        var request = core.route(channel: channel, input: input, origin: origin, connection: self, refusing: refusedKinds)
         settle(&request)
     }
 

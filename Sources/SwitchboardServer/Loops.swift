@@ -12,14 +12,18 @@ final class LoopGroup: Sendable {
     /// Each loop's core; a core's index is its place here.
     let cores: [LoopBound<ServerCore>]
     /// Which loop holds each client-held channel (one loop at most, so that `channel_taken` holds
-    /// server-wide), and whether it is an event channel.
+    /// server-wide), and what its holder declared it to be.
     private let claims = Mutex<[String: Claim]>([:])
 
-    /// A client-held channel's loop, and whether its holder declared it an event channel (whose
-    /// listens and cancels go between loops by the bus, which keeps the streams).
+    /// A client-held channel's loop, and the kind and codec its holder declared: every loop judges a
+    /// request on it by what it is there (protocol/plugins.md), and an event channel's listens and
+    /// cancels go between loops by the bus, which keeps the streams.
     struct Claim: Sendable {
         let loop: Int
-        let isEvent: Bool
+        let kind: Registration.Kind?
+        let codec: DeclaredCodec?
+
+        var isEvent: Bool { kind == .event }
     }
     /// Loops whose loop has stopped, and loops whose drain is over.
     private let stopped = Atomic<Int>(0)
@@ -66,11 +70,11 @@ final class LoopGroup: Sendable {
     /// The loop serving connection (or client) `id`: ids are dealt round the loops.
     func loop(ofConnection id: UInt64) -> Int { Int((id &- 1) % UInt64(cores.count)) }
 
-    /// Claims `channel` for loop `index`; false when another loop holds it.
-    func claim(_ channel: String, for index: Int, isEvent: Bool) -> Bool {
+    /// Claims `channel` for loop `index`, declared as `kind` in `codec`; false when another loop holds it.
+    func claim(_ channel: String, for index: Int, kind: Registration.Kind?, codec: DeclaredCodec?) -> Bool {
         claims.withLock { claims in
             if let holder = claims[channel], holder.loop != index { return false }
-            claims[channel] = Claim(loop: index, isEvent: isEvent)
+            claims[channel] = Claim(loop: index, kind: kind, codec: codec)
             return true
         }
     }

@@ -163,6 +163,25 @@ extension ServerCore {
         request.codec = nil
         request.encodeMessage = nil
         request.isMethodPending = false
+        request.possibleKinds = 0
+
+        /// On a channel a client holds, declared as `kind` in `declared`.
+        func held(_ kind: Registration.Kind?, _ declared: DeclaredCodec?, _ methodCodec: SharedMethodCodec?) {
+            request.kind = Registration.requestKind(kind, isSend: isSend, isText: request.isText) {
+                request.knownMethod = method(methodCodec)
+                return request.knownMethod
+            }
+            if request.kind == .message {
+                if !request.isText { request.knownMethod = nil }
+                if let declared {
+                    request.encodeMessage = { value throws(CodecError) in try declared.encodeMessage(value) }
+                }
+            } else {
+                request.codec = methodCodec
+                if kind != .event { request.isMethodPending = !request.isText }
+            }
+        }
+
         switch route(named: request.channel, for: connection) {
         case .local(.method(let entry))?:
             request.kind = isSend ? .message : .call
@@ -178,26 +197,17 @@ extension ServerCore {
             request.encodeMessage = entry.encode
             if !request.isText { request.knownMethod = nil }
         case .held(let registration)?:
-            if isSend || (registration.kind == .message && !request.isText) {
-                request.kind = .message
-                if !request.isText { request.knownMethod = nil }
-                if let declared = registration.codec {
-                    request.encodeMessage = { value throws(CodecError) in try declared.encodeMessage(value) }
-                }
-            } else {
-                request.codec = registration.sharedMethodCodec
-                if registration.kind == .event {
-                    request.knownMethod = method(registration.sharedMethodCodec)
-                    request.kind = eventKind(request.knownMethod)
-                } else {
-                    request.kind = .call
-                    request.isMethodPending = !request.isText
-                }
-            }
+            held(registration.kind, registration.codec, registration.sharedMethodCodec)
         case nil:
+            if loopCount > 1, let claim = group?.holder(of: request.channel), claim.loop != index {
+                // Held on another loop: judged by what its holder declared it to be, as on its own loop.
+                return held(claim.kind, claim.codec, claim.codec?.methodCodec.map(SharedMethodCodec.init))
+            }
+            // Held on another node, or nowhere: only the holder's node can tell what the request is.
             if isSend { request.kind = .message; return }
             request.knownMethod = method(nil)
             request.kind = eventKind(request.knownMethod)
+            request.possibleKinds = InboundKind.call.bit | (request.isText ? 0 : InboundKind.message.bit) | request.kind.bit
         }
     }
 
@@ -267,8 +277,10 @@ extension Connection {
             let decision: InboundDecision
             do {
                 if let gate = stage.gate {
-                    decision = gate.judge(request.connection, channel: request.channel, kind: request.kind)
-                        .admit(now: request.connection.now).map { .reject($0) } ?? .next
+                    let verdict = request.possibleKinds == 0
+                        ? gate.judge(request.connection, channel: request.channel, kind: request.kind)
+                        : verdictOnEveryKind(of: &request, by: gate)
+                    decision = verdict.admit(now: request.connection.now).map { .reject($0) } ?? .next
                 } else {
                     decision = try stage.processor.process(&request)
                 }
@@ -295,6 +307,23 @@ extension Connection {
         dispatch(request, target: target)
     }
 
+    /// A gate's verdict on a request whose kind only another node can tell: its verdict on each kind
+    /// the request could be. The kinds it refuses travel with the request, for the holder's node to
+    /// refuse (protocol/cluster.md); the request is refused here only when every kind it could be is.
+    private func verdictOnEveryKind(of request: inout InboundRequest, by gate: any InboundGate) -> GateVerdict {
+        var admitted: GateVerdict?, refused: GateVerdict?
+        for kind in InboundKind.allCases where request.possibleKinds & kind.bit != 0 {
+            let verdict = gate.judge(request.connection, channel: request.channel, kind: kind)
+            if case .refuse = verdict {
+                request.refusedKinds |= kind.bit
+                refused = refused ?? verdict
+            } else if kind == request.kind || admitted == nil {
+                admitted = verdict  // a meter counts the request as the kind its method says, when it may be that
+            }
+        }
+        return admitted ?? refused ?? .admit
+    }
+
     /// Routes a request every stage let through: a binary method call as ``handleMessage(_:)`` would,
     /// anything else through the router.
     private func dispatch(_ request: InboundRequest, target: InboundTarget) {
@@ -317,10 +346,10 @@ extension Connection {
             case .value(let value): .call(MethodCall(method: request.knownMethod ?? request.kind.rawValue, arguments: value))
             }
             guard let origin else {
-                core.route(channel: request.channel, input: input, origin: nil, connection: self)
+                core.route(channel: request.channel, input: input, origin: nil, connection: self, refusing: request.refusedKinds)
                 return
             }
-            traced(request) { handleRequest(origin, channel: request.channel, input: input) }
+            traced(request) { handleRequest(origin, channel: request.channel, input: input, refusing: request.refusedKinds) }
         }
     }
 

@@ -298,6 +298,11 @@ public struct InboundRequest {
 
     /// The method, once read (or as a text client sent it).
     var knownMethod: String?
+    /// On a channel held on another node, whose kind only that node can tell: the kinds (as
+    /// ``InboundKind/bit``) the request could be, ``kind`` the one its method names; 0 when the kind is known.
+    var possibleKinds: UInt8 = 0
+    /// Of ``possibleKinds``, those a gate refused: the holder's node refuses the request if it is one.
+    var refusedKinds: UInt8 = 0
     /// A binary method call whose method has not been read yet.
     var isMethodPending = false
     /// The payload; a processor may rewrite it.

@@ -33,6 +33,8 @@ struct RemoteListeners: StreamHandler {
 /// A listen on its way to another node.
 struct RemoteListen {
     let input: ClusterLink.CallInput
+    /// What the caller's plugins refused it, were it of that kind (``InboundRequest/refusedKinds``).
+    let refusedKinds: UInt8
     let payload: [UInt8]
     let arguments: ChannelValue
     let request: PendingRequest
@@ -136,7 +138,7 @@ extension ServerCore {
     /// A request on a channel nobody serves here: it goes to the nodes whose clients hold the channel
     /// (in a batch, to their queue group), and their answer comes back to the requester.
     func routeToCluster(_ cluster: ClusterLink, channel name: String, input: RouteInput, request: PendingRequest,
-                        connection: Connection) {
+                        connection: Connection, refusing refusedKinds: UInt8) {
         let streamCall = self.streamCall(input)
         // A cancel of the stream this connection has from another node's holder (retired or not) ends it
         // here; any other `cancel` goes on as a call (the channel may well be a method channel).
@@ -166,15 +168,15 @@ extension ServerCore {
             payload = json[...]
         }
         if let streamCall, streamCall.method == "listen" {
-            return listenRemotely(name, RemoteListen(input: kind, payload: Array(payload), arguments: streamCall.arguments,
-                                                     request: request, connection: connection))
+            return listenRemotely(name, RemoteListen(input: kind, refusedKinds: refusedKinds, payload: Array(payload),
+                                                     arguments: streamCall.arguments, request: request, connection: connection))
         }
         guard !request.isDetached else {
-            cluster.call(name, input: kind, fromText: request.isText, payload: payload, completion: nil)
+            cluster.call(name, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload, completion: nil)
             return
         }
         // The core outlives every call: its cluster link drops them when it closes.
-        let id = cluster.call(name, input: kind, fromText: request.isText, payload: payload) { [unowned self] outcome in
+        let id = cluster.call(name, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload) { [unowned self] outcome in
             remoteAnswered(outcome, request: request)
         }
         // A CANCEL goes to the holder's node, which answers it as it would its own client's.
@@ -218,7 +220,7 @@ extension ServerCore {
         // Subscribed to the channel's events before the listen goes, so that none sent after its answer is missed.
         cluster.listenerAdded(on: name)
         let id = cluster.call(name, node: remoteStreams[name]?.holderNode, input: listen.input, fromText: listen.request.isText,
-                              payload: listen.payload[...]) { [unowned self] outcome in
+                              refusing: listen.refusedKinds, payload: listen.payload[...]) { [unowned self] outcome in
             remoteListenAnswered(outcome, channel: name, listen)
             self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
         }
@@ -309,6 +311,18 @@ extension ServerCore {
             }
             input = .message(value)
         case .leave, nil: return cluster.answer(key, with: .error(.badRequest("another node's call has no known input")))
+        }
+        if call.refusedKinds != 0 {  // the caller's node could not tell what it is: its kind here decides
+            let isSend = if case .message = input { true } else { false }
+            let kind = Registration.requestKind(registration.kind, isSend: isSend, isText: call.isText) {
+                heldEventCall(registration, input: input)?.method
+            }
+            if call.refusedKinds & kind.bit != 0 {
+                cluster.callsForbidden += 1
+                let right = kind == .message ? "send" : kind.rawValue
+                return cluster.answer(key, with: .error(.plugin(code: "forbidden", message: "the caller may not \(right) on \(registration.name)",
+                                                                  details: nil)))
+            }
         }
         // An event channel's listen: its success starts the caller node's stream.
         let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"

@@ -318,9 +318,11 @@ final class ServerCore {
     }
 
     /// Hands a request (`origin` nil: a MESSAGE with id 0, answered nowhere) to the channel's handler or
-    /// holder; returns the request, which may or may not be answered yet.
+    /// holder; returns the request, which may or may not be answered yet. `refusedKinds`: what the
+    /// plugins refused a request that goes to another node, were it of that kind (``InboundRequest/refusedKinds``).
     @discardableResult
-    func route(channel name: String, input: RouteInput, origin: PendingRequest.Origin?, connection: Connection) -> PendingRequest {
+    func route(channel name: String, input: RouteInput, origin: PendingRequest.Origin?, connection: Connection,
+               refusing refusedKinds: UInt8 = 0) -> PendingRequest {
         let entry: ChannelEntry
         switch route(named: name, for: connection) {
         case .local(let local)?: entry = local
@@ -334,7 +336,7 @@ final class ServerCore {
             if loopCount > 1, let holder = group?.holder(of: name), holder.loop != index, !holder.isEvent {  // a client of another loop holds it
                 routeToLoop(holder.loop, channel: name, input: input, request: request)
             } else if let cluster {  // a client of another node (or loop) may hold it
-                routeToCluster(cluster, channel: name, input: input, request: request, connection: connection)
+                routeToCluster(cluster, channel: name, input: input, request: request, connection: connection, refusing: refusedKinds)
             } else {
                 request.answer(.notImplemented)
             }

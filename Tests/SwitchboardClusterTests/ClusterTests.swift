@@ -10,8 +10,9 @@ import SwitchboardServer
 final class ClusterNodes {
     let servers: [Server]
 
-    /// `count` nodes of `loops` loops each, node i attached to `nats[i % nats.count]`.
-    init(_ count: Int, loops: Int = 1, nats: NATSServerProcess...) throws {
+    /// `count` nodes of `loops` loops each, node i attached to `nats[i % nats.count]`; `setUp` runs on
+    /// each before it starts (to load plugins, say).
+    init(_ count: Int, loops: Int = 1, nats: NATSServerProcess..., setUp: (Server) -> Void = { _ in }) throws {
         servers = try (1...count).map { index in
             var config = ServerConfiguration()
             config.port = 0
@@ -23,6 +24,7 @@ final class ClusterNodes {
             logger.logLevel = .critical
             let server = try Server(configuration: config, logger: logger)
             server.installDemoChannels()
+            setUp(server)
             try server.start()
             return server
         }

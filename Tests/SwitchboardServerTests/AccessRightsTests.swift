@@ -1,0 +1,66 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Testing
+import SwitchboardCodec
+import SwitchboardPlugins
+import SwitchboardServer
+import SwitchboardTesting
+import SwitchboardWire
+
+/// The rights of protocol/plugins.md ("Security model") where they are easiest to get wrong: a request
+/// whose channel is held on another loop, methods that only a grant naming them allows, REGISTER, and
+/// what a reload takes away.
+@Suite("Access rights: kinds across loops, methods, registrations, reloads")
+struct AccessRightsTests {
+    /// viewer may call `orders/*` but not `orders/admin`, and send nothing; ops may do anything.
+    static let ordersRules = AccessRules(users: [
+        .init(name: "viewer", tokenSha256: sha("viewer-token"),
+              allow: .init(call: ["orders/*"], send: []), deny: .init(call: ["orders/admin"])),
+        .init(name: "ops", tokenSha256: sha("ops-token"), allow: .init(register: ["orders/*"])),
+    ])
+
+    /// Connects and says HELLO with `token`.
+    private func user(_ token: String, port: Int) async throws -> RawConnection {
+        let wire = try RawConnection(port: port)
+        try wire.send(hello(token: token))
+        #expect(try await wire.frame().kind == .welcome)
+        return wire
+    }
+
+    @Test("a request on a channel held on another loop is judged by the kind the holder's channel gives it, as on the holder's loop")
+    func kindsAcrossLoops() async throws {
+        let settings = LiveSettings(PluginConfiguration(access: Self.ordersRules))
+        try await withServer({ $0.loops = 4 }, setUp: { server in
+            for plugin in PluginConfiguration.plugins(reading: settings) { server.load(plugin) }
+        }) { _, port in
+            // Connections are dealt round four loops: ops on loop 0, viewers on loops 1 (another) and 0 (the same) in turn.
+            let ops = try await user("ops-token", port: port)
+            let otherLoop = try await user("viewer-token", port: port)
+            for _ in 0..<2 { _ = try RawConnection(port: port) }
+            let sameLoop = try await user("viewer-token", port: port)
+            try ops.send(Frame(.register, id: 2, channel: "orders/admin", payload: Array(#"{"kind":"method"}"#.utf8)))
+            try ops.send(Frame(.register, id: 3, channel: "orders/notes",
+                               payload: Array(#"{"kind":"message","codec":"binary"}"#.utf8)))
+            #expect(try await ops.frame() == Frame(.reply, id: 2, payload: nil))
+            #expect(try await ops.frame() == Frame(.reply, id: 3, payload: nil))
+            for viewer in [sameLoop, otherLoop] {
+                // A method named `cancel` on a method channel is a call, and viewer may not call orders/admin.
+                try viewer.send(.call(10, "orders/admin", "cancel", ["order": 42]))
+                // Raw bytes to a message channel are a send, and viewer may send nothing.
+                try viewer.send(Frame(.message, id: 11, channel: "orders/notes", payload: [1, 2, 3]))
+                let answers = [try await viewer.frame(), try await viewer.frame()]
+                #expect(answers.map(\.id) == [10, 11])
+                #expect(answers.map(\.errorCode) == ["forbidden", "forbidden"])
+            }
+            // The same in text mode, from another loop: `cancel` called on a method channel is a call.
+            for _ in 0..<3 { _ = try RawConnection(port: port) }
+            let text = try RawConnection(port: port)  // the tenth connection: loop 1
+            try text.send(line: #"{"hello":{"version":1,"token":"viewer-token"}}"#)
+            #expect(try await text.line()["welcome"] != nil)
+            try text.send(line: #"{"id":12,"call":"orders/admin","method":"cancel","args":{"order":42}}"#)
+            #expect(try await text.line()["error"]?["code"] == "forbidden")
+            #expect(try await ops.barrier().isEmpty)  // nothing reached the holder
+        }
+    }
+}
