@@ -166,11 +166,15 @@ public struct AccessControl: Plugin {
         var allow: [InboundKind: [ChannelPattern]] = [:]
         var deny: [InboundKind: [ChannelPattern]] = [:]
 
+        /// `allowsByDefault`: an absent right under `allow` allows everything not denied, but for
+        /// `register`, which rights with any rules at all must grant by name (holding a channel means
+        /// receiving other users' requests on it).
         init(allow: AccessRules.Rights?, deny: AccessRules.Rights?, allowsByDefault: Bool) {
+            let hasRules = allow != nil || deny != nil
             for kind in InboundKind.allCases where kind != .cancel {
                 if let patterns = allow?.patterns(for: kind) {
                     self.allow[kind] = patterns.map(ChannelPattern.init)
-                } else if !allowsByDefault {
+                } else if !allowsByDefault || (kind == .register && hasRules) {
                     self.allow[kind] = []
                 }
                 self.deny[kind] = (deny?.patterns(for: kind) ?? []).map(ChannelPattern.init)

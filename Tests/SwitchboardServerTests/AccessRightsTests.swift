@@ -64,3 +64,26 @@ struct AccessRightsTests {
         }
     }
 }
+
+@Suite("Access rights: REGISTER needs a grant")
+struct RegisterGrantTests {
+    @Test("a user with rules but no `register` under allow may not REGISTER; one with no rules at all may, and so may one granted it")
+    func registerNeedsAGrant() throws {
+        let rules = AccessRules(users: [
+            .init(name: "reader", tokenSha256: sha("reader-token"), allow: .init(call: ["orders/*"], listen: ["orders/*"])),
+            .init(name: "auditor", tokenSha256: sha("auditor-token"), deny: .init(call: ["orders/admin"])),
+            .init(name: "service", tokenSha256: sha("service-token"), allow: .init(register: ["orders/*"])),
+            .init(name: "root", tokenSha256: sha("root-token")),
+        ], anonymous: .init(allow: .init(call: ["*"])))
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        for (token, expected) in [("reader-token", "forbidden"), ("auditor-token", "forbidden"), (nil, "forbidden"),
+                                  ("service-token", nil), ("root-token", nil)] as [(String?, String?)] {
+            let peer = embedded.connect()
+            if let token { peer.send(hello(token: token)) }
+            peer.send(Frame(.register, id: 7, channel: "orders/lookup-\(token ?? "anonymous")", payload: nil))
+            embedded.run()
+            let answer = try #require(try peer.frames().last)
+            #expect(answer.id == 7 && answer.errorCode == expected, "\(token ?? "anonymous")")
+        }
+    }
+}
