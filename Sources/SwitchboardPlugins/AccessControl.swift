@@ -125,6 +125,8 @@ public struct AccessControl: Plugin {
 
     public var inbound: [any InboundProcessor] { [Check(settings: settings)] }
 
+    public var judgesRights: Bool { settings.current.access != nil }
+
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication {
         guard let access = settings.current.access else { return .pass }
         if let token = hello.token {
@@ -161,10 +163,30 @@ public struct AccessControl: Plugin {
         var isAnonymous: Bool { tokenSha256 == nil && certificateSubject == nil }
     }
 
+    /// A pattern of a right: channels, and for calls the method (`orders/*#find`); nil: every method
+    /// but an operator's (``Server/operatorMethods``) in `allow`, every method in `deny`.
+    struct RightPattern {
+        let channel: ChannelPattern
+        let method: String?
+
+        /// `text` as written under `kind`: a call's pattern is split at its last `#`, and `#*` names every
+        /// method (so `name#*` is how a pattern names a channel whose name holds `#`).
+        init(_ text: String, kind: InboundKind) {
+            guard kind == .call, let hash = text.lastIndex(of: "#") else {
+                channel = ChannelPattern(text)
+                method = nil
+                return
+            }
+            channel = ChannelPattern(String(text[..<hash]))
+            let name = String(text[text.index(after: hash)...])
+            method = name == "*" ? nil : name
+        }
+    }
+
     /// A client's rights, compiled: patterns per kind.
     struct Compiled {
-        var allow: [InboundKind: [ChannelPattern]] = [:]
-        var deny: [InboundKind: [ChannelPattern]] = [:]
+        var allow: [InboundKind: [RightPattern]] = [:]
+        var deny: [InboundKind: [RightPattern]] = [:]
 
         /// `allowsByDefault`: an absent right under `allow` allows everything not denied, but for
         /// `register`, which rights with any rules at all must grant by name (holding a channel means
@@ -173,19 +195,46 @@ public struct AccessControl: Plugin {
             let hasRules = allow != nil || deny != nil
             for kind in InboundKind.allCases where kind != .cancel {
                 if let patterns = allow?.patterns(for: kind) {
-                    self.allow[kind] = patterns.map(ChannelPattern.init)
+                    self.allow[kind] = patterns.map { RightPattern($0, kind: kind) }
                 } else if !allowsByDefault || (kind == .register && hasRules) {
                     self.allow[kind] = []
                 }
-                self.deny[kind] = (deny?.patterns(for: kind) ?? []).map(ChannelPattern.init)
+                self.deny[kind] = (deny?.patterns(for: kind) ?? []).map { RightPattern($0, kind: kind) }
             }
         }
 
-        func permits(_ kind: InboundKind, _ channel: String) -> Bool {
-            if kind == .cancel { return true }
-            if deny[kind, default: []].contains(where: { $0.matches(channel) }) { return false }
-            guard let allowed = allow[kind] else { return true }
-            return allowed.contains { $0.matches(channel) }
+        /// The verdict on `kind` requests to `channel`: plain, unless some pattern for the channel names a
+        /// method or the channel has operator methods; then each call is judged by its method.
+        func verdict(_ kind: InboundKind, _ channel: String, refusal: @escaping @Sendable (String?) -> Rejection) -> GateVerdict {
+            if kind == .cancel { return .admit }
+            let denied = deny[kind, default: []].filter { $0.channel.matches(channel) }
+            let allowed = allow[kind].map { $0.filter { $0.channel.matches(channel) } }
+            let operatorMethods = kind == .call ? Server.operatorMethods[channel] ?? [] : []
+            guard operatorMethods.isEmpty, !denied.contains(where: { $0.method != nil }),
+                  !(allowed ?? []).contains(where: { $0.method != nil }) else {
+                let methods = MethodRights(denied: denied.map(\.method), allowed: allowed?.map(\.method), operatorMethods: operatorMethods)
+                return .byMethod { method in methods.permit(method) ? nil : refusal(method) }
+            }
+            if !denied.isEmpty { return .refuse(refusal(nil)) }
+            if let allowed, allowed.isEmpty { return .refuse(refusal(nil)) }
+            return .admit
+        }
+    }
+
+    /// The call rights on one channel whose patterns name methods, or that has operator methods.
+    struct MethodRights: Sendable {
+        /// The methods the matching `deny` patterns name (nil: all of them).
+        let denied: [String?]
+        /// The methods the matching `allow` patterns name (nil: all but operator methods); nil when
+        /// `allow` has no call patterns (everything not denied, but operator methods).
+        let allowed: [String?]?
+        let operatorMethods: [String]
+
+        func permit(_ method: String?) -> Bool {
+            if denied.contains(where: { $0 == nil || $0 == method }) { return false }
+            let isOperatorMethod = method.map(operatorMethods.contains) ?? false
+            guard let allowed else { return !isOperatorMethod }
+            return allowed.contains { $0 == nil ? !isOperatorMethod : $0 == method }
         }
     }
 
@@ -221,17 +270,19 @@ public struct AccessControl: Plugin {
             }
             guard let state else { return .admit }
             if let verdict = state.last?.verdict(for: channel, kind) { return verdict }
-            let verdict = verdict(on: channel, kind, rights: state.rights, identity: context.identity)
+            let verdict = Self.verdict(on: channel, kind, rights: state.rights, identity: context.identity)
             context.keep(ConnectionState(generation: state.generation, helloCount: state.helloCount, rights: state.rights,
                                          last: LastVerdict(channel: channel, kind: kind, verdict: verdict)))
             return verdict
         }
 
-        private func verdict(on channel: String, _ kind: InboundKind, rights: Compiled?, identity: String?) -> GateVerdict {
-            guard let rights, !rights.permits(kind, channel) else { return .admit }
+        private static func verdict(on channel: String, _ kind: InboundKind, rights: Compiled?, identity: String?) -> GateVerdict {
+            guard let rights else { return .admit }
             let who = identity.map { "user \($0)" } ?? "anonymous connections"
             let right = kind == .message ? "send" : kind.rawValue
-            return .refuse(.forbidden("\(who) may not \(right) on \(channel)"))
+            return rights.verdict(kind, channel) { method in
+                .forbidden("\(who) may not \(right) \(method.map { "\(channel)#\($0)" } ?? "on \(channel)")")
+            }
         }
 
         private func rights(of context: ConnectionContext) -> Compiled? {

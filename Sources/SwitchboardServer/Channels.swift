@@ -117,6 +117,9 @@ public struct MethodResult: Sendable {
         if request.loop.isInLoopThread { request.value.answerError(error) } else { request.onLoop { $0.answerError(error) } }
     }
 
+    /// Refuses the call with an ERROR, as a plugin's refusal is answered (loop thread only).
+    func refuse(_ error: WireError) { request.value.answer(.error(error)) }
+
     /// Answers with a null reply ("not implemented").
     public func notImplemented() {
         if request.loop.isInLoopThread { request.value.answer(.notImplemented) } else { request.onLoop { $0.answer(.notImplemented) } }

@@ -393,9 +393,12 @@ final class Connection {
             guard let gates else { return runInbound(message: frame) }
             let route = core.route(named: frame.channel, for: self)
             guard let kind = gatedKind(of: route) else { return runInbound(message: frame) }
-            if let refusal = admit(frame.channel, kind, through: gates) {
+            switch admit(frame.channel, kind, through: gates) {
+            case .admitted: break
+            case .refused(let refusal):
                 if frame.id != 0 { writeError(refusal, id: frame.id) }  // id 0: nobody waits (counted)
                 return
+            case .byMethod: return runInbound(message: frame)
             }
             if frame.id != 0, case .local(.method(let method))? = route {  // as below, with the route in hand
                 var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)

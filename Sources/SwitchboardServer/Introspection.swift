@@ -7,12 +7,14 @@ extension Server {
     /// all trusted.
     public func installIntrospectionChannels() {
         MethodChannel(name: "switchboard/channels", server: self).setMethodCallHandler { [group] call, result in
+            guard Introspection.mayUse("switchboard/channels", result, group) else { return }
             guard call.method == "list" else { return result.notImplemented() }
             group.gather(from: group.cores.currentIndex, { $0.channelRows }) { parts in
                 result.success(.list(Introspection.merge(parts.compactMap { $0 })))
             }
         }
         MethodChannel(name: "switchboard/connections", server: self).setMethodCallHandler { [group] call, result in
+            guard Introspection.mayUse("switchboard/connections", result, group) else { return }
             switch call.method {
             case "list":
                 guard let page = Introspection.Page(call.arguments) else {
@@ -46,6 +48,18 @@ extension Server {
 }
 
 enum Introspection {
+    /// Whether the caller of `result` may use the introspection channel `name`, which shows other
+    /// clients' connections and channels: when a plugin judges rights (access control), it has judged
+    /// this call already; without one, only a client on this machine may (protocol/plugins.md, "Security
+    /// model"). Anyone else is refused with `forbidden` here.
+    static func mayUse(_ name: String, _ result: MethodResult, _ group: LoopGroup) -> Bool {
+        let core = group.cores[group.cores.currentIndex].value  // the caller's loop: handlers run there
+        if core.pipeline.judgesRights || core.connections[result.client.rawValue]?.transport.isLoopbackPeer == true { return true }
+        result.refuse(.plugin(code: "forbidden", message: "\(name) is served to clients on this machine only, unless access control says otherwise",
+                              details: nil))
+        return false
+    }
+
     /// Which connections `list` returns: by id, from `offset`, at most `limit`.
     struct Page {
         var offset = 0, limit = 100

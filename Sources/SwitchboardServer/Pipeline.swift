@@ -51,6 +51,8 @@ final class Pipeline {
     /// Some outbound stage sees events: streams then ask, once each, which stages apply to them.
     private(set) var seesEvents = false
     var isEmpty: Bool { plugins.isEmpty }
+    /// Whether a loaded plugin decides who may do what now (``Plugin/judgesRights``).
+    var judgesRights: Bool { plugins.contains { $0.judgesRights } }
 
     func load(_ plugin: any Plugin) {
         plugins.append(plugin)
@@ -280,7 +282,7 @@ extension Connection {
                     let verdict = request.possibleKinds == 0
                         ? gate.judge(request.connection, channel: request.channel, kind: request.kind)
                         : verdictOnEveryKind(of: &request, by: gate)
-                    decision = verdict.admit(now: request.connection.now).map { .reject($0) } ?? .next
+                    decision = verdict.admit(now: request.connection.now, method: request.method).map { .reject($0) } ?? .next
                 } else {
                     decision = try stage.processor.process(&request)
                 }
@@ -578,11 +580,15 @@ final class GateMemo {
     let meter: (any GateMeter)?, meterPlugin: String, moreMeters: [Metered]
     /// The gate that refuses every such request, after the meters before it admitted it; nil for none.
     let refusal: (plugin: String, rejection: Rejection)?
+    /// Some gate judges such requests by their method: they take the whole pipeline, which reads it.
+    let judgesMethods: Bool
 
-    init(channel: String, kind: InboundKind, epoch: Int, meters: [Metered], refusal: (plugin: String, rejection: Rejection)?) {
+    init(channel: String, kind: InboundKind, epoch: Int, meters: [Metered], refusal: (plugin: String, rejection: Rejection)?,
+         judgesMethods: Bool = false) {
         self.channel = channel
         self.kind = kind
         self.epoch = epoch
+        self.judgesMethods = judgesMethods
         meter = meters.first?.meter
         meterPlugin = meters.first?.plugin ?? ""
         moreMeters = Array(meters.dropFirst())
@@ -602,13 +608,23 @@ final class GateMemo {
     }
 }
 
+/// The gates' verdict on one binary call or send, judged without its method.
+enum GateAdmission {
+    case admitted
+    /// Refused with this answer (counted).
+    case refused(WireError)
+    /// A gate judges it by its method: it takes the whole pipeline.
+    case byMethod
+}
+
 extension Connection {
     /// Runs a binary call or send through the gates, with the verdicts kept for its channel and kind
-    /// when they still hold: nil if all admit it, else the first refusal (counted).
-    func admit(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> WireError? {
+    /// when they still hold.
+    func admit(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> GateAdmission {
         let memo = verdicts(on: channel, kind, through: gates)
-        guard let (plugin, rejection) = memo.admit(now: core.eventLoop.now) else { return nil }
-        return refuse(rejection, by: plugin)
+        if memo.judgesMethods { return .byMethod }
+        guard let (plugin, rejection) = memo.admit(now: core.eventLoop.now) else { return .admitted }
+        return .refused(refuse(rejection, by: plugin))
     }
 
     @inline(never)
@@ -637,6 +653,7 @@ extension Connection {
             case .admit: continue
             case .meter(let meter): meters.append(GateMemo.Metered(plugin: gate.plugin, meter: meter))
             case .refuse(let rejection): refusal = (gate.plugin, rejection)
+            case .byMethod: return GateMemo(channel: channel, kind: kind, epoch: epoch, meters: [], refusal: nil, judgesMethods: true)
             }
             if refusal != nil { break }
         }

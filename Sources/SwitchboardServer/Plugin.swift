@@ -23,6 +23,10 @@ public protocol Plugin: Sendable {
     func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication
     /// Runs once, on the loading thread, when the plugin is loaded.
     func didLoad(into server: Server)
+    /// Whether it decides who may do what, now (access control whose section is in force): the server
+    /// then leaves the powers of its own channels to it (``Server/operatorMethods``, the introspection
+    /// channels), which otherwise serve clients on this machine only.
+    var judgesRights: Bool { get }
 }
 
 extension Plugin {
@@ -30,6 +34,7 @@ extension Plugin {
     public var outbound: [any OutboundProcessor] { [] }
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication { .pass }
     public func didLoad(into server: Server) {}
+    public var judgesRights: Bool { false }
 }
 
 /// What a client said in HELLO, for ``Plugin/authenticate(_:connection:)``.
@@ -468,7 +473,7 @@ extension InboundGate {
 
     public func process(_ request: inout InboundRequest) throws -> InboundDecision {
         judge(request.connection, channel: request.channel, kind: request.kind)
-            .admit(now: request.connection.now).map { .reject($0) } ?? .next
+            .admit(now: request.connection.now, method: request.method).map { .reject($0) } ?? .next
     }
 }
 
@@ -480,13 +485,17 @@ public enum GateVerdict {
     case refuse(Rejection)
     /// The meter decides each such request.
     case meter(any GateMeter)
+    /// The method called decides each such request (rights that name methods, such as
+    /// `switchboard/connections#close`): nil lets it through. The method is nil when it could not be read.
+    case byMethod(@Sendable (String?) -> Rejection?)
 
-    /// One request's fate: nil lets it through.
-    func admit(now: UInt64) -> Rejection? {
+    /// One request's fate: nil lets it through. `method` is read only for a verdict by method.
+    func admit(now: UInt64, method: @autoclosure () -> String?) -> Rejection? {
         switch self {
         case .admit: nil
         case .refuse(let rejection): rejection
         case .meter(let meter): meter.admit(now: now)
+        case .byMethod(let verdict): verdict(method())
         }
     }
 }

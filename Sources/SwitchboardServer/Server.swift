@@ -11,6 +11,11 @@ import SwitchboardTransport
 /// Create it, attach channels (``MethodChannel``, ``EventChannel``, ``BasicMessageChannel``), then
 /// ``run(handlingSignals:)`` on the current thread or ``start()`` on a thread of its own.
 public final class Server: Sendable {
+    /// The methods of the built-in channels that are operators' powers: a right grants one only by
+    /// naming it (`switchboard/connections#close`), never through a pattern or an absent right
+    /// (protocol/plugins.md).
+    public static let operatorMethods: [String: [String]] = ["switchboard/connections": ["close"]]
+
     /// The settings it was made with.
     public let configuration: ServerConfiguration
     /// Its loops (``ServerConfiguration/loops``).

@@ -38,6 +38,8 @@ public final class InMemoryTransport: Transport {
     /// A name for the peer, for messages; also its ``remoteAddress``.
     public let name: String
     public var remoteAddress: String { name }
+    /// Whether the server takes the peer to be on this machine; true unless a test says otherwise.
+    public var isLoopbackPeer = true
     public var scheme: String { "memory" }
     /// The peer's end of stream (or failure), waiting behind input held back by a pause.
     private var waitingClose: UVError??

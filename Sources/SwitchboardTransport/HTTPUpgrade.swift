@@ -66,6 +66,7 @@ public final class HTTPUpgradeTransport: Transport {
     /// close (bounded by its sweep of closing connections).
     public var isOpen: Bool { inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
+    public var isLoopbackPeer: Bool { inner.isLoopbackPeer }
     public var scheme: String { isWebSocket ? (inner.scheme == "tls" ? "wss" : "ws") : inner.scheme }
     public var peerIdentity: String? { inner.peerIdentity }
     /// Whether the connection became a WebSocket.

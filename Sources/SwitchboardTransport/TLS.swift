@@ -161,6 +161,7 @@ public final class TLSTransport: Transport {
     public var queuedBytes: Int { inner.queuedBytes + pendingPlaintext.count }
     public var isOpen: Bool { !isBroken && inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
+    public var isLoopbackPeer: Bool { inner.isLoopbackPeer }
     public var scheme: String { "tls" }
     public var peerIdentity: String? { peerSubject }
 

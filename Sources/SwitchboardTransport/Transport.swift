@@ -53,6 +53,9 @@ public protocol Transport: AnyObject {
     var isOpen: Bool { get }
     /// Who is at the other end, for logs and plugins: `host:port` for TCP.
     var remoteAddress: String { get }
+    /// Whether the peer is on this machine (a loopback address): the server's own default for what only
+    /// its operators may do.
+    var isLoopbackPeer: Bool { get }
     /// Who the peer proved to be, if the transport verified it: a TLS client certificate's subject.
     var peerIdentity: String? { get }
     /// What the connection runs over, for operators: `tcp`, `tls`, `ws` or `wss`.
@@ -73,6 +76,11 @@ public protocol Transport: AnyObject {
 
 extension Transport {
     public var peerIdentity: String? { nil }
+    /// 127.0.0.0/8 and ::1 (also as ::ffff:127.x), read from ``remoteAddress``.
+    public var isLoopbackPeer: Bool {
+        let address = remoteAddress
+        return address.hasPrefix("127.") || address.hasPrefix("[::1]:") || address.hasPrefix("[::ffff:127.")
+    }
     public var scheme: String { "tcp" }
     public func closeAfterWrites(_ intent: CloseIntent) { closeAfterWrites() }
 }

@@ -23,6 +23,7 @@ public final class WebSocketClientTransport: Transport {
     public var queuedBytes: Int { inner.queuedBytes + cutter.pendingCount }
     public var isOpen: Bool { !isFinished && inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
+    public var isLoopbackPeer: Bool { inner.isLoopbackPeer }
     public var scheme: String { inner.scheme == "tls" ? "wss" : "ws" }
     public var peerIdentity: String? { inner.peerIdentity }
 

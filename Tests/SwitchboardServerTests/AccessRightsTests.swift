@@ -87,3 +87,89 @@ struct RegisterGrantTests {
         }
     }
 }
+
+@Suite("Access rights: methods, and the introspection channels by default")
+struct MethodRightsTests {
+    static let rules = AccessRules(users: [
+        // protocol/plugins.md's example user: every switchboard/* channel, which lists but never closes.
+        .init(name: "app", tokenSha256: sha("app-token"), allow: .init(call: ["switchboard/*"])),
+        .init(name: "root", tokenSha256: sha("root-token")),
+        .init(name: "operator", tokenSha256: sha("operator-token"), allow: .init(call: ["*", "switchboard/connections#close"])),
+        .init(name: "auditor", tokenSha256: sha("auditor-token"), deny: .init(call: ["switchboard/connections#list"])),
+        .init(name: "finder", tokenSha256: sha("finder-token"), allow: .init(call: ["switchboard/echo#echo"])),
+    ])
+
+    /// The error code each call gets (nil: an answer), from a client that said HELLO with `token`.
+    private func codes(_ embedded: EmbeddedServer, token: String?, loopback: Bool = true,
+                       _ calls: [(String, String, ChannelValue)]) throws -> [String?] {
+        let peer = embedded.connect()
+        peer.isLoopbackPeer = loopback
+        if let token { peer.send(hello(token: token, id: 100)) }
+        for (index, (channel, method, arguments)) in calls.enumerated() {
+            peer.send(try .call(UInt32(index + 1), channel, method, arguments))
+        }
+        embedded.run()
+        return try peer.frames().filter { $0.id != 100 }.map(\.errorCode)
+    }
+
+    @Test("a right that names a channel or a pattern never grants `close`; only a grant naming the method does; methods can be allowed and denied by name")
+    func methodRights() throws {
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: Self.rules))))
+        let victim = embedded.connect()
+        embedded.run()
+        let list: (String, String, ChannelValue) = ("switchboard/connections", "list", .null)
+        let close: (String, String, ChannelValue) = ("switchboard/connections", "close", .int(999))  // no such connection
+        #expect(try codes(embedded, token: "app-token", [list, close]) == [nil, "forbidden"])
+        #expect(try codes(embedded, token: "root-token", [list, close]) == [nil, "forbidden"])
+        #expect(try codes(embedded, token: "operator-token", [list, close]) == [nil, nil])  // close answers not_found in its envelope
+        #expect(try codes(embedded, token: "auditor-token", [list, close, ("switchboard/channels", "list", .null)]) == ["forbidden", "forbidden", nil])
+        #expect(try codes(embedded, token: "finder-token", [("switchboard/echo", "echo", 1), ("switchboard/echo", "fail", 1)]) == [nil, "forbidden"])
+        // The victim is still there: nobody but the operator could have closed it.
+        #expect(!victim.isClosed && !victim.isClosingGracefully)
+        // Text mode is judged the same.
+        let text = embedded.connect()
+        text.send(line: #"{"hello":{"version":1,"token":"app-token"}}"#)
+        text.send(line: #"{"id":1,"call":"switchboard/connections","method":"close","args":1}"#)
+        embedded.run()
+        let lines = try text.lines()
+        #expect(lines.last?["error"]?["code"] == "forbidden")
+        #expect(lines.last?["error"]?["message"] == "user app may not call switchboard/connections#close")
+    }
+
+    @Test("over sockets, on one loop or several: `close` from a user granted switchboard/* is forbidden, from the operator it closes a connection of any loop")
+    func closeOverSockets() async throws {
+        let settings = LiveSettings(PluginConfiguration(access: Self.rules))
+        try await withServer(setUp: { server in
+            for plugin in PluginConfiguration.plugins(reading: settings) { server.load(plugin) }
+        }) { _, port in
+            let app = try RawConnection(port: port), victim = try RawConnection(port: port), op = try RawConnection(port: port)
+            try app.send(hello(token: "app-token"))
+            try op.send(hello(token: "operator-token"))
+            try victim.send(hello(token: "root-token"))
+            for wire in [app, op, victim] { #expect(try await wire.frame().kind == .welcome) }
+            try app.send(.call(2, "switchboard/connections", "close", 2))
+            #expect(try await app.frame().errorCode == "forbidden")
+            #expect(try await victim.barrier().isEmpty)  // still served
+            try op.send(.call(2, "switchboard/connections", "close", 2))
+            #expect(try await op.frame().envelope() == .success(.null))
+            #expect(try await victim.isClosedByServer())
+        }
+    }
+
+    @Test("with no access control, the introspection channels serve clients on this machine only")
+    func introspectionFromLoopbackOnly() throws {
+        let embedded = try EmbeddedServer()
+        let victim = embedded.connect()
+        embedded.run()
+        let calls: [(String, String, ChannelValue)] = [("switchboard/connections", "list", .null), ("switchboard/channels", "list", .null),
+                                                        ("switchboard/connections", "close", .int(Int(1))), ("switchboard/stats", "get", .null)]
+        #expect(try codes(embedded, token: nil, loopback: false, calls) == ["forbidden", "forbidden", "forbidden", nil])
+        #expect(!victim.isClosed && !victim.isClosingGracefully)
+        #expect(try codes(embedded, token: nil, loopback: true, Array(calls[0...1])) == [nil, nil])
+        let stranger = embedded.connect()
+        stranger.isLoopbackPeer = false
+        stranger.send(line: #"{"id":1,"call":"switchboard/connections","method":"close","args":1}"#)
+        embedded.run()
+        #expect(try stranger.lines().last?["error"]?["code"] == "forbidden")
+    }
+}
