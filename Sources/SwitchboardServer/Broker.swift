@@ -63,6 +63,8 @@ final class Registration {
     var listenerShortfalls: [String: Int] = [:]
     var upstream = Upstream.idle
     let counts = ChannelCounts()
+    /// ``Pipeline/gateEpoch`` when the gates last allowed its holder to hold it (Revocation.swift).
+    var judgedEpoch = 0
     /// Events the holder sent before its answer to the first `listen` arrived (it may emit from onListen).
     var early: [OutboundEvent] = []
 
@@ -140,8 +142,10 @@ extension ServerCore {
         if loopCount > 1, let group, !group.claim(frame.channel, for: index, kind: kind, codec: codec) {  // held on another loop
             return connection.writeError(.channelTaken, id: frame.id)
         }
-        registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
-                                                    queueLimit: config.eventQueueLimit)
+        let registration = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
+                                        queueLimit: config.eventQueueLimit)
+        registration.judgedEpoch = pipeline.gateEpoch.value
+        registrations[frame.channel] = registration
         cluster?.hold(frame.channel)
         routesVersion &+= 1
         if frame.id != 0 { connection.writeFrame(.reply, id: frame.id, payload: nil) }  // id 0: no answer wanted
@@ -162,6 +166,9 @@ extension ServerCore {
             release(registration, reason: "disconnected", failingForwarded: false)
         }
     }
+
+    /// A reload took the channel away from its holder: as if it had unregistered.
+    func revoke(_ registration: Registration) { release(registration, reason: "revoked") }
 
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
@@ -201,6 +208,8 @@ extension ServerCore {
 
     /// Routes a request (or a holder's event) on a client-held channel.
     func routeToHolder(_ registration: Registration, input: RouteInput, request: PendingRequest, from caller: Caller) {
+        // A reload may have taken the channel away: then no holder has it (Revocation.swift).
+        if revokeIfRefused(registration, epoch: pipeline.gateEpoch.value) { return request.answer(.notImplemented) }
         if case .local(let connection) = caller, registration.holder === connection, registration.kind == .event,
            request.isDetached, case .bytes(let payload) = input {
             return fanOut(registration, payload: payload.map(Array.init))

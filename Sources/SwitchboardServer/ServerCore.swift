@@ -77,6 +77,8 @@ final class ServerCore {
     private(set) var channels: [String: ChannelEntry] = [:]
     /// Changes whenever a channel or registration does, which invalidates every connection's cached route.
     var routesVersion = 0
+    /// ``Pipeline/gateEpoch`` when this loop's registrations and streams were last judged (Revocation.swift).
+    var holdingsJudgedAt = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
     /// This node's listeners of event channels held on other nodes, and the last stream's id.
@@ -521,6 +523,7 @@ final class ServerCore {
 
     private func keepHouse() {
         let now = eventLoop.now
+        if !pipeline.isEmpty { judgeHoldingsAgain() }
         // Many connections closing with full buffers (slow consumers) free a lot at once, scattered
         // through the loop thread's malloc arena: give it back, at most once a second. Checked before
         // this pass closes anything, so that the buffers of earlier closes (freed by the close

@@ -173,3 +173,57 @@ struct MethodRightsTests {
         #expect(try stranger.lines().last?["error"]?["code"] == "forbidden")
     }
 }
+
+@Suite("Access rights: what a reload takes away")
+struct ReloadRevocationTests {
+    static func rules(withApp: Bool) -> AccessRules {
+        var users: [AccessRules.User] = [.init(name: "bob", tokenSha256: sha("bob-token"), allow: .init(call: ["app/*"]))]
+        if withApp {
+            users.append(.init(name: "app", tokenSha256: sha("app-token"),
+                               allow: .init(call: [], listen: ["switchboard/room"], register: ["app/*"])))
+        }
+        return AccessRules(users: users)
+    }
+
+    @Test("a user removed by a reload loses the channels it holds (open requests answered handler_gone, later ones no holder) and its streams end with forbidden, on any loop")
+    func reloadRevokes() async throws {
+        let settings = LiveSettings(PluginConfiguration(access: Self.rules(withApp: true)))
+        try await withServer({ $0.loops = 4 }, setUp: { server in
+            for plugin in PluginConfiguration.plugins(reading: settings) { server.load(plugin) }
+        }) { _, port in
+            let app = try RawConnection(port: port), bob = try RawConnection(port: port)  // loops 0 and 1
+            let sameLoopCaller = try (0..<4).map { _ in try RawConnection(port: port) }[3]  // loop 0
+            for wire in [app, bob, sameLoopCaller] {
+                try wire.send(hello(token: wire === app ? "app-token" : "bob-token"))
+                #expect(try await wire.frame().kind == .welcome)
+            }
+            try app.send(Frame(.register, id: 2, channel: "app/svc", payload: Array(#"{"kind":"method"}"#.utf8)))
+            #expect(try await app.frame() == Frame(.reply, id: 2, payload: nil))
+            try app.send(.call(3, "switchboard/room", "listen"))
+            #expect(try await app.frame().id == 3)
+            for caller in [bob, sameLoopCaller] {
+                try caller.send(.call(5, "app/svc", "work"))
+                #expect(try await app.frame().kind == .message)  // forwarded, and left open
+            }
+
+            settings.replace(with: PluginConfiguration(access: Self.rules(withApp: false)))
+
+            for caller in [bob, sameLoopCaller] {
+                #expect(try await caller.frame() == Frame(.error, id: 5, payload: WireError.handlerGone.payload))
+            }
+            var told: [Frame] = []
+            for _ in 0..<3 { told.append(try await app.nextNonPing()) }
+            #expect(told.contains { $0.kind == .error && $0.id == 0 && $0.errorCode == "forbidden" })  // the channel is gone
+            let room = told.filter { $0.kind == .message && $0.channel == "switchboard/room" }
+            #expect(room.count == 2)
+            guard case .failure(let error)? = try room.first?.envelope() else { throw TestFailure("no error event: \(room)") }
+            #expect(error.code == "forbidden")  // an error event
+            #expect(room.last?.payload == nil)  // then the end
+            for caller in [bob, sameLoopCaller] {
+                try caller.send(.call(6, "app/svc", "work"))
+                #expect(try await caller.frame() == Frame(.reply, id: 6, payload: nil))  // no holder any more
+            }
+            #expect(try await app.barrier().isEmpty)  // and nothing more reached app
+        }
+    }
+}
