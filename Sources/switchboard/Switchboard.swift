@@ -72,7 +72,7 @@ struct Serve: ParsableCommand {
     @Option(help: "Milliseconds a client has to finish the TLS handshake.") var tlsHandshakeTimeout: UInt64 = 10_000
     @Option(help: "on: serve GET /healthz and /metrics on the ports; off: 404 (WebSocket upgrades are served either way).")
     var http: Switch = .on
-    @Option(help: "A browser origin allowed to open a WebSocket (repeatable; * matches any run of characters; default: any).")
+    @Option(help: "A browser origin allowed to open a WebSocket besides the page's own (repeatable; * matches any run of characters, so '*' allows any; default: only an Origin that matches the request's Host).")
     var wsOrigin: [String] = []
     @Option(help: "Channels with a label of their own in /metrics; the rest are summed as \"other\".")
     var metricsChannels = 100

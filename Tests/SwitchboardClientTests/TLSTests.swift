@@ -74,6 +74,62 @@ func closeCounts(_ server: Server) async throws -> [String: Int] {
     return counts
 }
 
+/// Sends `request` over TLS to `port`, presenting `certificate` (a name in the test directory) if given,
+/// and returns what comes back once `isEnough` says so, or the server closes, or 10 s have passed.
+func tlsExchange(port: Int, certificate: String? = nil, send request: [UInt8],
+                 until isEnough: ([UInt8]) -> Bool = { _ in false }) throws -> [UInt8] {
+    let loop = try EventLoop()
+    defer { loop.finishDriving() }
+    let context = try TLSContext.client(caFile: TestCertificates.path("ca.pem"),
+                                        certificateFile: certificate.map { TestCertificates.path("\($0).pem") },
+                                        keyFile: certificate.map { TestCertificates.path("\($0).key") })
+    var received: [UInt8] = [], isClosed = false, transport: (any Transport)?
+    TCPConnection.connect(loop: loop, host: "127.0.0.1", port: port) { result in
+        guard case .success(let connection) = result,
+              let tls = try? TLSTransport(over: connection, context: context, serverName: "127.0.0.1", loop: loop) else {
+            isClosed = true
+            return
+        }
+        transport = tls
+        tls.start { event in
+            switch event {
+            case .data(let bytes): received += bytes
+            case .closed, .failed: isClosed = true
+            case .drained: break
+            }
+        }
+        var bytes = request
+        tls.write(&bytes)
+    }
+    let deadline = Date().addingTimeInterval(10)
+    while !isClosed, !isEnough(received), Date() < deadline {
+        loop.runOnce()
+        usleep(1000)
+    }
+    transport?.closeNow()
+    return received
+}
+
+/// A WebSocket upgrade request for `port`, from a page at `origin`.
+func webSocketUpgrade(port: Int, origin: String) -> [UInt8] {
+    Array(("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nOrigin: \(origin)\r\n"
+        + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").utf8)
+}
+
+/// A masked client text message (payload under 126 bytes).
+func webSocketText(_ text: String) -> [UInt8] {
+    let payload = Array(text.utf8), mask: [UInt8] = [1, 2, 3, 4]
+    return [0x81, 0x80 | UInt8(payload.count)] + mask + payload.enumerated().map { $0.element ^ mask[$0.offset % 4] }
+}
+
+/// The server's first WebSocket message after the upgrade answer in `bytes`: opcode and payload (under 126 bytes).
+func firstWebSocketMessage(_ bytes: [UInt8]) -> (opcode: UInt8, payload: [UInt8])? {
+    guard let end = bytes.firstRange(of: [13, 10, 13, 10])?.upperBound, bytes.count >= end + 2 else { return nil }
+    let length = Int(bytes[end + 1] & 0x7F)
+    guard length < 126, bytes.count >= end + 2 + length else { return nil }
+    return (bytes[end] & 0x0F, Array(bytes[(end + 2)..<(end + 2 + length)]))
+}
+
 /// `switchboard/echo` on `client`.
 func echo(_ client: Client) -> SwitchboardClient.MethodChannel { SwitchboardClient.MethodChannel(name: "switchboard/echo", client: client) }
 
@@ -172,6 +228,28 @@ struct TLSTests {
         for name in [nil, ""] as [String?] {
             #expect(throws: TLSError.self) { _ = try TLSTransport(over: InMemoryTransport(), context: context, serverName: name, loop: loop) }
         }
+    }
+
+    @Test("wss: an upgrade from another origin with a trusted client certificate is refused (1008); from the server's own it is served")
+    func webSocketOriginOverTLS() async throws {
+        let rules = AccessRules(users: [.init(name: "alice", certificateSubject: TestCertificates.aliceSubject,
+                                              allow: .init(call: ["switchboard/*"]))])
+        let server = try startTLSServer(clientCA: true, plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        let port = server.tlsPort
+        let evil = try tlsExchange(port: port, certificate: "alice", send: webSocketUpgrade(port: port, origin: "https://evil.example")) {
+            firstWebSocketMessage($0) != nil
+        }
+        let close = try #require(firstWebSocketMessage(evil), "\(String(decoding: evil, as: UTF8.self))")
+        #expect(close.opcode == 8 && close.payload.prefix(2) == [0x03, 0xF0])  // 1008
+        let call = webSocketText(#"{"id":1,"call":"switchboard/echo","method":"echo","args":"alice"}"#)
+        for origin in ["https://127.0.0.1:\(port)", "wss://127.0.0.1:\(port)"] {
+            let own = try tlsExchange(port: port, certificate: "alice", send: webSocketUpgrade(port: port, origin: origin) + call) {
+                firstWebSocketMessage($0) != nil
+            }
+            let reply = try #require(firstWebSocketMessage(own))
+            #expect(reply.opcode == 1 && String(decoding: reply.payload, as: UTF8.self) == #"{"id":1,"result":"alice"}"#)
+        }
+        await stop(server)
     }
 
     @Test("the Swift client over ws:// and wss://: a small call, a 200 KiB call (frames past 64 KiB), a stream to its end")

@@ -13,11 +13,12 @@ final class RawWebSocket {
     /// The server's answer to the upgrade request.
     private(set) var handshake = ""
 
-    /// Upgrades a connection to `port`, with `origin` if given.
-    init?(port: Int, origin: String? = nil) {
+    /// Upgrades a connection to `port`, with `origin` if given, and `host` (by default `127.0.0.1:PORT`,
+    /// as a browser sends it) as its `Host`.
+    init?(port: Int, origin: String? = nil, host: String? = nil) {
         guard let socket = RawSocket(port: port) else { return nil }
         self.socket = socket
-        socket.send("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        socket.send("GET / HTTP/1.1\r\nHost: \(host ?? "127.0.0.1:\(port)")\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
             + (origin.map { "Origin: \($0)\r\n" } ?? "") + "\r\n")
         var head: [UInt8] = []
@@ -198,6 +199,55 @@ struct WebTests {
             close = try #require(good.receive())
             #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1001)
         }
+    }
+}
+
+extension WebTests {
+    @Test("WebSocket origins: by default only an Origin matching the Host (any case, default ports); no Origin is let in; * lets every origin in")
+    func webSocketOriginsByDefault() async throws {
+        try await withServer { _, port in
+            for origin in ["https://evil.example", "http://127.0.0.1:\(port + 1)", "null", "http://127.0.0.1", "http://127.0.0.1:\(port)/x"] {
+                let socket = try #require(RawWebSocket(port: port, origin: origin))
+                #expect(socket.handshake.hasPrefix("HTTP/1.1 101 "))
+                let close = try #require(socket.receive(), "\(origin)")
+                #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1008, "\(origin)")
+            }
+            let allowed: [(origin: String?, host: String?)] = [
+                (nil, nil), ("http://127.0.0.1:\(port)", nil), ("HTTP://127.0.0.1:\(port)", "127.0.0.1:\(port)"),
+                ("http://LocalHost:\(port)", "localhost:\(port)"), ("http://example.com", "Example.com"),
+                ("http://example.com", "example.com:80"), ("ws://[::1]:\(port)", "[::1]:\(port)"),
+            ]
+            for (origin, host) in allowed {
+                let socket = try #require(RawWebSocket(port: port, origin: origin, host: host))
+                socket.send(opcode: 1, Array(#"{"id":1,"call":"switchboard/echo","method":"echo","args":1}"#.utf8))
+                let line = try #require(socket.receive(), "\(origin ?? "none") from \(host ?? "-")")
+                #expect(line.opcode == 1 && String(decoding: line.payload, as: UTF8.self) == #"{"id":1,"result":1}"#)
+            }
+            #expect(try await closeCount("webSocketRefused", port: port) == 5)
+        }
+        try await withServer({ $0.webSocketOrigins = ["*"] }) { _, port in
+            let socket = try #require(RawWebSocket(port: port, origin: "https://evil.example"))
+            socket.send(opcode: 2, try Frame.call(1, "switchboard/echo", "echo", 1).bytes)
+            #expect(socket.receive()?.opcode == 2)
+        }
+    }
+
+    @Test("WebSocket origins: with --ws-origin patterns, the server's own origin is still let in")
+    func webSocketOwnOriginWithPatterns() async throws {
+        try await withServer({ $0.webSocketOrigins = ["https://*.good.example"] }) { _, port in
+            let own = try #require(RawWebSocket(port: port, origin: "http://127.0.0.1:\(port)"))
+            own.send(opcode: 2, try Frame.call(1, "switchboard/echo", "echo", 1).bytes)
+            #expect(own.receive()?.opcode == 2)
+        }
+    }
+
+    /// How many connections `switchboard/stats` says closed for `reason`.
+    func closeCount(_ reason: String, port: Int) async throws -> Int? {
+        let client = try RawConnection(port: port)
+        try client.send(try Frame.call(1, "switchboard/stats", "get"))
+        let stats = try await client.frame().envelope()
+        guard case .success(let value) = stats else { return nil }
+        return value["closes"]?[reason]?.intValue
     }
 }
 
