@@ -110,8 +110,8 @@ public struct AccessRules: Codable, Sendable, Equatable {
     }
 }
 
-/// Access control: identifies clients by token at HELLO (an unknown token is refused with
-/// `unauthorized`), then checks every call, send, listen and REGISTER against the client's rights;
+/// Access control: identifies clients by token at HELLO, or by TLS client certificate (an unknown token,
+/// or a certificate no user names, is refused with `unauthorized`), then checks every call, send, listen and REGISTER against the client's rights;
 /// a refusal is ERROR `forbidden` and the connection stays open. Deny wins over allow. A `cancel` is
 /// always allowed (it only stops the client's own stream).
 ///
@@ -133,11 +133,13 @@ public struct AccessControl: Plugin {
             connection.keep(Credential(tokenSha256: hash))  // a reload that changes the user's token revokes it
             return .identity(user.name)
         }
-        if let subject = hello.certificateSubject, let user = access.users?.first(where: { $0.certificateSubject == subject }) {
+        if let subject = hello.certificateSubject {
+            // A verified certificate no user names is refused, not taken for anonymous (wire.md).
+            guard let user = access.users?.first(where: { $0.certificateSubject == subject }) else { return .refuse }
             connection.keep(Credential(certificateSubject: subject))
             return .identity(user.name)
         }
-        connection.keep(Credential())  // anonymous (a certificate no user names is anonymous too)
+        connection.keep(Credential())  // anonymous
         return .pass
     }
 

@@ -10,7 +10,7 @@ import SwitchboardTesting
 import SwitchboardTransport
 
 /// Certificates made for this test run by `scripts/make-test-certs` (a CA, a server certificate for
-/// 127.0.0.1, alice's client certificate, and mallory's from another CA); never committed.
+/// 127.0.0.1, alice's and bob's client certificates, and mallory's from another CA); never committed.
 enum TestCertificates {
     static let directory: String = {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
@@ -172,6 +172,28 @@ struct TLSTests {
         #expect(try await closeCounts(server)["tlsHandshakeFailed"] == 2)
         await alice.close()
         await anonymous.close()
+        await stop(server)
+    }
+
+    @Test("mutual TLS with access control: a trusted certificate no user names gets ERROR unauthorized, then the close, in binary and text mode")
+    func unnamedCertificateIsRefused() async throws {
+        let rules = AccessRules(users: [.init(name: "alice", certificateSubject: TestCertificates.aliceSubject)],
+                                anonymous: .init(allow: .init(call: ["switchboard/echo", "switchboard/stats"])))
+        let server = try startTLSServer(clientCA: true, plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        do {
+            let bob = try await connectTLS(server, certificate: "bob")
+            let _: ChannelValue = try await echo(bob).invokeMethod("echo")
+            Issue.record("a certificate no user names was served")
+        } catch {
+            #expect("\(error)".contains("unauthorized"), "\(error)")
+        }
+        let line = Array(#"{"id":7,"call":"switchboard/echo","method":"echo","args":1}"#.utf8) + [10]
+        let text = String(decoding: try tlsExchange(port: server.tlsPort, certificate: "bob", send: line) { $0.contains(10) }, as: UTF8.self)
+        #expect(text.hasPrefix(#"{"error":{"code":"unauthorized""#), "\(text)")  // refused at its first bytes: no id yet
+        let alice = try await connectTLS(server, certificate: "alice")
+        #expect(try await echo(alice).invokeMethod("echo", arguments: "alice") == "alice")
+        #expect(try await closeCounts(server)["unauthorized"] == 2)
+        await alice.close()
         await stop(server)
     }
 
