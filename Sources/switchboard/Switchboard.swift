@@ -104,7 +104,7 @@ struct Serve: ParsableCommand {
         MallocTuning.keepLargeBlocks()
         let level = logLevel
         LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+            var handler = EscapingLogHandler(StreamLogHandler.standardError(label: label))  // no client can forge a line
             handler.logLevel = level
             return handler
         }

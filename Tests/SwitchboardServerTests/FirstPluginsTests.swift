@@ -283,6 +283,45 @@ struct FirstPluginsTests {
         #expect(log.all.last?.metadata["outcome"] == "error:forbidden")
     }
 
+    /// Fails every request on `fail/*`, naming its channel in the error.
+    struct Thrower: Plugin, InboundProcessor {
+        struct Failure: Error, CustomStringConvertible { let description: String }
+        let name = "thrower"
+        var inbound: [any InboundProcessor] { [self] }
+        var scope: Scope<InboundKind> { Scope(channels: [ChannelPattern("fail/*")]) }
+        func process(_ request: inout InboundRequest) throws -> InboundDecision {
+            throw Failure(description: "cannot handle \(request.channel)")
+        }
+    }
+
+    @Test("log lines cannot be forged: control characters a client sends are escaped, in the request log and the server's warnings")
+    func logValuesAreEscaped() async throws {
+        let log = CapturedLog()
+        let logger = Logger(label: "test") { _ in EscapingLogHandler(CapturedLog.Handler(log: log)) }
+        let settings = LiveSettings(PluginConfiguration(access: accessRules(), requestLog: .init()))
+        let server = try Server(configuration: .forTests(), logger: logger)
+        server.installDemoChannels()
+        for plugin: any Plugin in [Thrower(), AccessControl(settings: settings), RequestLog(settings: settings, logger: logger)] {
+            server.load(plugin)
+        }
+        let port = try server.start()
+        let forged = "x\n2026-11-27T05:00:00+0000 critical switchboard: forged"
+        let client = try RawConnection(port: port)
+        try client.send(try .call(1, forged, "get"))
+        try client.send(try .call(2, "fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n", "get"))
+        #expect(try await client.frame().errorCode == "forbidden")
+        #expect(try await client.frame().errorCode == "plugin_error")
+        server.shutdown()
+        await server.waitUntilStopped()
+        let records = log.all
+        let written = records.flatMap { [$0.message] + $0.metadata.values }
+        let control = written.filter { $0.unicodeScalars.contains { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) || $0 == "\u{2028}" } }
+        #expect(control.isEmpty, "\(control)")
+        #expect(records.contains { $0.metadata["channel"] == #"x\n2026-11-27T05:00:00+0000 critical switchboard: forged"# })
+        #expect(records.contains { $0.level == .warning && $0.message.hasSuffix(#"cannot handle fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n"#) },
+                "\(records.map(\.message))")
+    }
+
     @Test("aliases: old names reach the new channels, events go out under the old name, DEMAND follows")
     func aliases() throws {
         let settings = LiveSettings(PluginConfiguration(aliases: ["old/echo": "switchboard/echo", "old/ticker": "switchboard/ticker"]))
