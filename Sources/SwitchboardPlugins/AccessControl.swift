@@ -125,6 +125,8 @@ public struct AccessControl: Plugin {
 
     public var inbound: [any InboundProcessor] { [Check(settings: settings)] }
 
+    public var controlsAccess: Bool { settings.current.access != nil }
+
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication {
         guard let access = settings.current.access else { return .pass }
         if let token = hello.token {

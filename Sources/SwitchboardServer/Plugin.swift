@@ -21,6 +21,10 @@ public protocol Plugin: Sendable {
     /// Identifies a client from its HELLO: the first plugin that answers other than `.pass` decides.
     /// It may keep what it needs later in the connection's state (``ConnectionContext/keep(_:)``).
     func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication
+    /// Whether it now decides who clients are and what they may do (access control with rules in force):
+    /// `GET /metrics` then wants a user's token with the right to call `switchboard/stats` (wire-v1
+    /// section 8), judged by ``authenticate(_:connection:)`` and the gates. False by default.
+    var controlsAccess: Bool { get }
     /// Runs once, on the loading thread, when the plugin is loaded.
     func didLoad(into server: Server)
 }
@@ -29,6 +33,7 @@ extension Plugin {
     public var inbound: [any InboundProcessor] { [] }
     public var outbound: [any OutboundProcessor] { [] }
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication { .pass }
+    public var controlsAccess: Bool { false }
     public func didLoad(into server: Server) {}
 }
 
