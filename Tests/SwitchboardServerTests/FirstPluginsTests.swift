@@ -6,7 +6,7 @@ import Logging
 import Synchronization
 import Testing
 import SwitchboardCodec
-import SwitchboardPlugins
+@testable import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport
@@ -221,6 +221,52 @@ struct FirstPluginsTests {
         let expected = 100 * seconds  // the burst was spent: what the rate refills, and no more
         #expect(refused > 0)
         #expect(Double(accepted) >= expected * 0.8 && Double(accepted) <= expected + 3, "accepted \(accepted) in \(seconds) s")
+    }
+
+    @Test("anonymous connections from one address share a bucket, on every loop: reconnecting does not refill it; users and other addresses have their own")
+    func anonymousBucketPerAddress() async throws {
+        let address = try #require(RawSocket.nonLoopbackAddress, "this machine has no address but loopback")
+        let rules = [RateLimitRule(channels: ["switchboard/echo"], perConnection: .init(rate: 0.001, burst: 5))]
+        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: accessRules(), rateLimits: rules)))
+        try await withServer({ $0.host = "0.0.0.0" }, setUp: { server in for plugin in plugins { server.load(plugin) } }) { _, port in
+            /// The replies (not refusals) to five calls on a new connection from `host`, after `hello` if given.
+            func admitted(from host: String = "127.0.0.1", hello: Frame? = nil) async throws -> Int {
+                let connection = try RawConnection(host: host, port: port)
+                if let hello {
+                    try connection.send(hello)
+                    _ = try await connection.frame()
+                }
+                for id in UInt32(1)...5 { try connection.send(try .call(id, "switchboard/echo", "echo")) }
+                var replies = 0
+                for _ in 1...5 where try await connection.frame().kind == .reply { replies += 1 }
+                return replies
+            }
+            var reconnecting: [Int] = []
+            for _ in 1...5 { reconnecting.append(try await admitted()) }  // dealt round the loops
+            #expect(reconnecting == [5, 0, 0, 0, 0])
+            #expect(try await admitted(hello: hello(token: "bob-token")) == 5)  // a user: its own bucket
+            #expect(try await admitted(from: address) == 5)
+            #expect(try await admitted(from: address) == 0)
+        }
+    }
+
+    @Test("anonymous buckets per address are bounded: refilled ones go first, then others, a quarter at a time; a reload drops them")
+    func addressBucketsAreBounded() {
+        let buckets = RateLimiter.AddressBuckets(capacity: 8), limit = RateLimitRule.Limit(rate: 1, burst: 1)
+        func bucket(_ host: Int, now: UInt64, generation: Int = 0) -> RateLimiter.SharedBucket {
+            buckets.bucket(host: "10.0.0.\(host)", rule: 0, limit: limit, generation: generation, now: now)
+        }
+        for host in 0..<8 { #expect(bucket(host, now: 0).wait(limit, now: 0, taking: true) == 0) }
+        #expect(bucket(3, now: 0) === bucket(3, now: 0) && buckets.count == 8)
+        _ = bucket(8, now: 0)  // full, none refilled: two arbitrary ones go
+        #expect(buckets.count == 7)
+        _ = bucket(9, now: 0)
+        _ = bucket(10, now: 5000)  // every spent bucket has refilled by now: all go
+        #expect(buckets.count == 1)
+        _ = bucket(11, now: 5000, generation: 1)
+        #expect(buckets.count == 1)
+        #expect(RateLimiter.Check.host(of: "192.0.2.7:5000") == "192.0.2.7" && RateLimiter.Check.host(of: "[fd00::2]:80") == "fd00::2")
+        #expect(RateLimiter.Check.host(of: "memory") == "memory")
     }
 
     @Test("a per-user bucket is shared by the user's connections; anonymous ones have their own")
