@@ -11,7 +11,10 @@ public struct EscapingLogHandler: LogHandler {
     /// The handler that formats and writes.
     public var inner: any LogHandler
 
-    public init(_ inner: any LogHandler) { self.inner = inner }
+    public init(_ inner: any LogHandler) {
+        self.inner = inner
+        self.inner.metadataProvider = inner.metadataProvider.map(Self.escaping)
+    }
 
     public var logLevel: Logger.Level {
         get { inner.logLevel }
@@ -25,7 +28,7 @@ public struct EscapingLogHandler: LogHandler {
 
     public var metadataProvider: Logger.MetadataProvider? {
         get { inner.metadataProvider }
-        set { inner.metadataProvider = newValue }
+        set { inner.metadataProvider = newValue.map(Self.escaping) }
     }
 
     public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
@@ -38,7 +41,18 @@ public struct EscapingLogHandler: LogHandler {
         let message = event.message.description
         if Self.needsEscaping(message) { event.message = "\(Self.escape(message))" }
         event.metadata = event.metadata?.mapValues(Self.escape)
+        if let error = event.error, Self.needsEscaping("\(error)") { event.error = EscapedError(description: Self.escape("\(error)")) }
         inner.log(event: event)
+    }
+
+    /// An error, as its escaped description.
+    struct EscapedError: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// `provider`, its values escaped.
+    static func escaping(_ provider: Logger.MetadataProvider) -> Logger.MetadataProvider {
+        Logger.MetadataProvider { provider.get().mapValues(escape) }
     }
 
     /// `value` with its strings escaped.

@@ -340,10 +340,18 @@ struct FirstPluginsTests {
         }
     }
 
+    /// What a ``StreamLogHandler`` writes, kept.
+    final class LogText: TextOutputStream, Sendable {
+        private let text = Mutex("")
+        func write(_ string: String) { text.withLock { $0 += string } }
+        var lines: [Substring] { text.withLock { $0 }.split(separator: "\n") }
+    }
+
     @Test("log lines cannot be forged: control characters a client sends are escaped, in the request log and the server's warnings")
     func logValuesAreEscaped() async throws {
-        let log = CapturedLog()
-        let logger = Logger(label: "test") { _ in EscapingLogHandler(CapturedLog.Handler(log: log)) }
+        let output = LogText()
+        // As `switchboard serve` makes its handlers, writing here rather than to standard error.
+        let logger = Logger(label: "test") { EscapingLogHandler(StreamLogHandler(label: $0, stream: output, metadataProvider: nil)) }
         let settings = LiveSettings(PluginConfiguration(access: accessRules(), requestLog: .init()))
         let server = try Server(configuration: .forTests(), logger: logger)
         server.installDemoChannels()
@@ -351,21 +359,21 @@ struct FirstPluginsTests {
             server.load(plugin)
         }
         let port = try server.start()
-        let forged = "x\n2026-11-27T05:00:00+0000 critical switchboard: forged"
         let client = try RawConnection(port: port)
-        try client.send(try .call(1, forged, "get"))
-        try client.send(try .call(2, "fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n", "get"))
+        try client.send(try .call(1, "x\n2026-11-27T05:00:00+0000 critical switchboard: forged", "get"))
+        try client.send(try .call(2, "fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n", "get\u{7}"))
         #expect(try await client.frame().errorCode == "forbidden")
         #expect(try await client.frame().errorCode == "plugin_error")
         server.shutdown()
         await server.waitUntilStopped()
-        let records = log.all
-        let written = records.flatMap { [$0.message] + $0.metadata.values }
-        let control = written.filter { $0.unicodeScalars.contains { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) || $0 == "\u{2028}" } }
+        let lines = output.lines
+        #expect(lines.allSatisfy { $0.firstMatch(of: #/^\d{4}-\d\d-\d\dT\S+ (notice|warning) test: /#) != nil }, "\(lines)")
+        let control = lines.filter { $0.unicodeScalars.contains { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) || $0 == "\u{2028}" } }
         #expect(control.isEmpty, "\(control)")
-        #expect(records.contains { $0.metadata["channel"] == #"x\n2026-11-27T05:00:00+0000 critical switchboard: forged"# })
-        #expect(records.contains { $0.level == .warning && $0.message.hasSuffix(#"cannot handle fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n"#) },
-                "\(records.map(\.message))")
+        #expect(lines.contains { $0.contains(#"channel=x\n2026-11-27T05:00:00+0000 critical switchboard: forged "#) }, "\(lines)")
+        #expect(lines.contains { $0.contains(#"[SwitchboardServer] plugin thrower failed: cannot handle fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n"#) },
+                "\(lines)")
+        #expect(lines.contains { $0.contains(#"method=get\u{7} "#) }, "\(lines)")
     }
 
     @Test("aliases: old names reach the new channels, events go out under the old name, DEMAND follows")
