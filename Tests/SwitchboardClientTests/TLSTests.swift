@@ -122,13 +122,22 @@ func webSocketText(_ text: String) -> [UInt8] {
     return [0x81, 0x80 | UInt8(payload.count)] + mask + payload.enumerated().map { $0.element ^ mask[$0.offset % 4] }
 }
 
-/// The server's first WebSocket message after the upgrade answer in `bytes`: opcode and payload (under 126 bytes).
-func firstWebSocketMessage(_ bytes: [UInt8]) -> (opcode: UInt8, payload: [UInt8])? {
-    guard let end = bytes.firstRange(of: [13, 10, 13, 10])?.upperBound, bytes.count >= end + 2 else { return nil }
-    let length = Int(bytes[end + 1] & 0x7F)
-    guard length < 126, bytes.count >= end + 2 + length else { return nil }
-    return (bytes[end] & 0x0F, Array(bytes[(end + 2)..<(end + 2 + length)]))
+/// The server's WebSocket messages after the upgrade answer in `bytes`, as far as they are complete:
+/// opcode and payload (each under 126 bytes).
+func webSocketMessages(_ bytes: [UInt8]) -> [(opcode: UInt8, payload: [UInt8])] {
+    guard var start = bytes.firstRange(of: [13, 10, 13, 10])?.upperBound else { return [] }
+    var messages: [(opcode: UInt8, payload: [UInt8])] = []
+    while bytes.count >= start + 2 {
+        let length = Int(bytes[start + 1] & 0x7F)
+        guard length < 126, bytes.count >= start + 2 + length else { break }
+        messages.append((bytes[start] & 0x0F, Array(bytes[(start + 2)..<(start + 2 + length)])))
+        start += 2 + length
+    }
+    return messages
 }
+
+/// The first of ``webSocketMessages(_:)``.
+func firstWebSocketMessage(_ bytes: [UInt8]) -> (opcode: UInt8, payload: [UInt8])? { webSocketMessages(bytes).first }
 
 /// `switchboard/echo` on `client`.
 func echo(_ client: Client) -> SwitchboardClient.MethodChannel { SwitchboardClient.MethodChannel(name: "switchboard/echo", client: client) }
@@ -175,7 +184,7 @@ struct TLSTests {
         await stop(server)
     }
 
-    @Test("mutual TLS with access control: a trusted certificate no user names gets ERROR unauthorized, then the close, in binary and text mode")
+    @Test("mutual TLS with access control: a trusted certificate no user names gets ERROR unauthorized, then the close: binary, text, WebSocket")
     func unnamedCertificateIsRefused() async throws {
         let rules = AccessRules(users: [.init(name: "alice", certificateSubject: TestCertificates.aliceSubject)],
                                 anonymous: .init(allow: .init(call: ["switchboard/echo", "switchboard/stats"])))
@@ -190,9 +199,17 @@ struct TLSTests {
         let line = Array(#"{"id":7,"call":"switchboard/echo","method":"echo","args":1}"#.utf8) + [10]
         let text = String(decoding: try tlsExchange(port: server.tlsPort, certificate: "bob", send: line) { $0.contains(10) }, as: UTF8.self)
         #expect(text.hasPrefix(#"{"error":{"code":"unauthorized""#), "\(text)")  // refused at its first bytes: no id yet
+        let upgrade = Array(("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").utf8)
+        let overWebSocket = try tlsExchange(port: server.tlsPort, certificate: "bob",
+                                            send: upgrade + webSocketText(#"{"id":7,"call":"switchboard/echo","method":"echo"}"#)) { _ in false }
+        let messages = webSocketMessages(overWebSocket)
+        #expect(messages.count == 2 && messages[0].opcode == 1
+                    && String(decoding: messages[0].payload, as: UTF8.self).hasPrefix(#"{"error":{"code":"unauthorized""#))
+        #expect(messages.last?.opcode == 8 && messages.last?.payload.prefix(2) == [0x03, 0xF0])  // then the close, 1008
         let alice = try await connectTLS(server, certificate: "alice")
         #expect(try await echo(alice).invokeMethod("echo", arguments: "alice") == "alice")
-        #expect(try await closeCounts(server)["unauthorized"] == 2)
+        #expect(try await closeCounts(server)["unauthorized"] == 3)
         await alice.close()
         await stop(server)
     }
