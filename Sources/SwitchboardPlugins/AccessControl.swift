@@ -110,8 +110,8 @@ public struct AccessRules: Codable, Sendable, Equatable {
     }
 }
 
-/// Access control: identifies clients by token at HELLO, or by TLS client certificate (an unknown token,
-/// or a certificate no user names, is refused with `unauthorized`), then checks every call, send, listen and REGISTER against the client's rights;
+/// Access control: identifies clients by token at HELLO (an unknown token is refused with
+/// `unauthorized`), then checks every call, send, listen and REGISTER against the client's rights;
 /// a refusal is ERROR `forbidden` and the connection stays open. Deny wins over allow. A `cancel` is
 /// always allowed (it only stops the client's own stream).
 ///

@@ -13,7 +13,7 @@ public struct EscapingLogHandler: LogHandler {
 
     public init(_ inner: any LogHandler) {
         self.inner = inner
-        self.inner.metadataProvider = inner.metadataProvider.map(Self.escaping)
+        if let provider = inner.metadataProvider { self.inner.metadataProvider = Self.escaping(provider) }
     }
 
     public var logLevel: Logger.Level {
