@@ -125,7 +125,7 @@ public struct AccessControl: Plugin {
 
     public var inbound: [any InboundProcessor] { [Check(settings: settings)] }
 
-    public var judgesRights: Bool { settings.current.access != nil }
+    public var controlsAccess: Bool { settings.current.access != nil }
 
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication {
         guard let access = settings.current.access else { return .pass }
@@ -135,11 +135,13 @@ public struct AccessControl: Plugin {
             connection.keep(Credential(tokenSha256: hash))  // a reload that changes the user's token revokes it
             return .identity(user.name)
         }
-        if let subject = hello.certificateSubject, let user = access.users?.first(where: { $0.certificateSubject == subject }) {
+        if let subject = hello.certificateSubject {
+            // A verified certificate no user names is refused, not taken for anonymous (wire.md).
+            guard let user = access.users?.first(where: { $0.certificateSubject == subject }) else { return .refuse }
             connection.keep(Credential(certificateSubject: subject))
             return .identity(user.name)
         }
-        connection.keep(Credential())  // anonymous (a certificate no user names is anonymous too)
+        connection.keep(Credential())  // anonymous
         return .pass
     }
 

@@ -78,6 +78,12 @@ final class TokenBucket {
         return tokens >= 1 - 1e-9 ? 0 : max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
     }
 
+    /// Whether it holds its whole burst (refilled up to `now`): then it is no different from a new one.
+    func isFull(_ limit: RateLimitRule.Limit, now: UInt64) -> Bool {
+        refill(limit, now: now)
+        return tokens >= limit.burst - 1e-9
+    }
+
     /// Takes a token if there is one; else returns the milliseconds until there will be.
     @inline(__always)
     func take(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
@@ -96,21 +102,27 @@ final class TokenBucket {
 }
 
 /// Rate limiting: the first rule whose channels and kinds match a request applies its buckets (per
-/// connection, and per user for identified clients). A request over either gets ERROR `rate_limited`
-/// with `retryAfterMs` in its details; nothing else on the connection is affected, and a refused
-/// request takes no token.
+/// connection, and per user for identified clients; an anonymous connection's per-connection limit is
+/// a bucket shared by every anonymous connection from its address, so that reconnecting does not
+/// refill it). A request over either gets ERROR `rate_limited` with `retryAfterMs` in its details;
+/// nothing else on the connection is affected, and a refused request takes no token.
 public struct RateLimiter: Plugin {
     public let name = "rateLimit"
     let settings: LiveSettings
     let users: UserBuckets
+    let addresses: AddressBuckets
     let rules = GenerationCache<[Rule]>()
 
     public init(settings: LiveSettings) {
         self.settings = settings
         users = UserBuckets()
+        addresses = AddressBuckets(capacity: Self.addressCapacity)
     }
 
-    public var inbound: [any InboundProcessor] { [Check(settings: settings, users: users, rules: rules)] }
+    /// The addresses whose anonymous buckets are kept (see ``AddressBuckets``).
+    static let addressCapacity = 10_000
+
+    public var inbound: [any InboundProcessor] { [Check(settings: settings, users: users, addresses: addresses, rules: rules)] }
 
     /// A rule, compiled.
     struct Rule: Sendable {
@@ -134,24 +146,63 @@ public struct RateLimiter: Plugin {
     /// The per-user buckets, shared by every loop.
     final class UserBuckets: Sendable {
         struct Key: Hashable { let user: String; let rule: Int }
-        private let state = Mutex<(generation: Int, buckets: [Key: UserBucket])>((-1, [:]))
+        private let state = Mutex<(generation: Int, buckets: [Key: SharedBucket])>((-1, [:]))
 
         /// The user's bucket for rule `rule` of generation `generation`.
-        func bucket(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64) -> UserBucket {
+        func bucket(user: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64) -> SharedBucket {
             state.withLock { state in
                 // New rules, new buckets; a loop still on the older rules (mid-reload) does not reset them.
                 if generation > state.generation { state = (generation, [:]) }
                 let key = Key(user: user, rule: rule)
                 if let bucket = state.buckets[key] { return bucket }
-                let bucket = UserBucket(limit, now: now)
+                let bucket = SharedBucket(limit, now: now)
                 state.buckets[key] = bucket
                 return bucket
             }
         }
     }
 
-    /// A bucket shared by a user's connections, on any loop: one lock per request.
-    final class UserBucket: Sendable {
+    /// The buckets anonymous connections share per remote address (its host, not its port), on every
+    /// loop. At most `capacity` addresses are kept: when full, the buckets that have refilled go first
+    /// (a full bucket is no different from a new one); if that frees less than a quarter, arbitrary
+    /// others go too until a quarter is free, so a flood from many addresses costs a sweep per
+    /// `capacity / 4` new ones. An address whose bucket went while short starts afresh on its next
+    /// connection (its open connections keep the old one). A reload starts them all afresh.
+    final class AddressBuckets: Sendable {
+        struct Key: Hashable { let host: String; let rule: Int }
+        struct Entry { let bucket: SharedBucket; let limit: RateLimitRule.Limit }
+        let capacity: Int
+        private let state = Mutex<(generation: Int, buckets: [Key: Entry])>((-1, [:]))
+
+        init(capacity: Int) { self.capacity = capacity }
+
+        /// The bucket for rule `rule` of generation `generation` of the anonymous connections from `host`.
+        func bucket(host: String, rule: Int, limit: RateLimitRule.Limit, generation: Int, now: UInt64) -> SharedBucket {
+            state.withLock { state in
+                if generation > state.generation { state = (generation, [:]) }
+                let key = Key(host: host, rule: rule)
+                if let entry = state.buckets[key] { return entry.bucket }
+                if state.buckets.count >= capacity { Self.makeRoom(in: &state.buckets, capacity: capacity, now: now) }
+                let bucket = SharedBucket(limit, now: now)
+                state.buckets[key] = Entry(bucket: bucket, limit: limit)
+                return bucket
+            }
+        }
+
+        /// How many addresses' buckets are kept.
+        var count: Int { state.withLock { $0.buckets.count } }
+
+        private static func makeRoom(in buckets: inout [Key: Entry], capacity: Int, now: UInt64) {
+            buckets = buckets.filter { !$0.value.bucket.isFull($0.value.limit, now: now) }
+            let target = capacity - max(1, capacity / 4)
+            guard buckets.count > target else { return }
+            buckets = Dictionary(uniqueKeysWithValues: buckets.prefix(target).map { ($0.key, $0.value) })
+        }
+    }
+
+    /// A bucket shared by connections on any loop (a user's, or an address's anonymous connections):
+    /// one lock per request.
+    final class SharedBucket: Sendable {
         private let bucket: Mutex<TokenBucket>
 
         init(_ limit: RateLimitRule.Limit, now: UInt64) { bucket = Mutex(TokenBucket(limit, now: now)) }
@@ -160,10 +211,12 @@ public struct RateLimiter: Plugin {
         func wait(_ limit: RateLimitRule.Limit, now: UInt64, taking: Bool) -> Int {
             bucket.withLock { taking ? $0.take(limit, now: now) : $0.wait(limit, now: now) }
         }
+
+        func isFull(_ limit: RateLimitRule.Limit, now: UInt64) -> Bool { bucket.withLock { $0.isFull(limit, now: now) } }
     }
 
-    /// A rule's bucket for one connection (alone when the rule has no per-user limit or the connection no
-    /// user; else inside a ``UserMeter``).
+    /// A rule's bucket for one identified connection (alone when the rule has no per-user limit; else
+    /// inside a ``SharedMeter``).
     final class ConnectionMeter: GateMeter {
         let limit: RateLimitRule.Limit
         let bucket: TokenBucket
@@ -179,23 +232,25 @@ public struct RateLimiter: Plugin {
         }
     }
 
-    /// A rule's buckets for one user's connection: the user's, and the connection's if the rule has one.
-    /// A request refused by either takes a token from neither, and learns the longer wait.
-    final class UserMeter: GateMeter {
+    /// A rule's buckets for a connection that shares one: a user's connection, the user's and the
+    /// connection's if the rule has one; an anonymous connection, its address's alone (which never holds
+    /// more than the connection's own would). A request refused by either takes a token from neither,
+    /// and learns the longer wait.
+    final class SharedMeter: GateMeter {
         let connection: ConnectionMeter?
-        let userLimit: RateLimitRule.Limit
-        let userBucket: UserBucket
+        let sharedLimit: RateLimitRule.Limit
+        let sharedBucket: SharedBucket
 
-        init(connection: ConnectionMeter?, userLimit: RateLimitRule.Limit, userBucket: UserBucket) {
+        init(connection: ConnectionMeter?, sharedLimit: RateLimitRule.Limit, sharedBucket: SharedBucket) {
             self.connection = connection
-            self.userLimit = userLimit
-            self.userBucket = userBucket
+            self.sharedLimit = sharedLimit
+            self.sharedBucket = sharedBucket
         }
 
         func admit(now: UInt64) -> Rejection? {
             let connectionWait = connection.map { $0.bucket.wait($0.limit, now: now) } ?? 0
-            let userWait = userBucket.wait(userLimit, now: now, taking: connectionWait == 0)
-            if connectionWait > 0 || userWait > 0 { return .rateLimited(retryAfterMs: max(connectionWait, userWait)) }
+            let sharedWait = sharedBucket.wait(sharedLimit, now: now, taking: connectionWait == 0)
+            if connectionWait > 0 || sharedWait > 0 { return .rateLimited(retryAfterMs: max(connectionWait, sharedWait)) }
             if let connection { _ = connection.bucket.take(connection.limit, now: now) }
             return nil
         }
@@ -227,6 +282,7 @@ public struct RateLimiter: Plugin {
     struct Check: InboundGate {
         let settings: LiveSettings
         let users: UserBuckets
+        let addresses: AddressBuckets
         let rules: GenerationCache<[Rule]>
 
         var epoch: VerdictEpoch? { settings.epoch }
@@ -258,13 +314,28 @@ public struct RateLimiter: Plugin {
                 buckets = rules.map { rule in rule.perConnection.map { ConnectionMeter(limit: $0, bucket: TokenBucket($0, now: now)) } }
             }
             let meters = rules.indices.map { index -> (any GateMeter)? in
-                guard let user = context.identity, let userLimit = rules[index].perUser else { return buckets[index] }
+                guard let user = context.identity else {
+                    guard let limit = rules[index].perConnection else { return nil }
+                    let bucket = addresses.bucket(host: Self.host(of: context.remoteAddress), rule: index, limit: limit,
+                                                  generation: generation, now: now)
+                    return SharedMeter(connection: nil, sharedLimit: limit, sharedBucket: bucket)
+                }
+                guard let userLimit = rules[index].perUser else { return buckets[index] }
                 let userBucket = users.bucket(user: user, rule: index, limit: userLimit, generation: generation, now: now)
-                return UserMeter(connection: buckets[index], userLimit: userLimit, userBucket: userBucket)
+                return SharedMeter(connection: buckets[index], sharedLimit: userLimit, sharedBucket: userBucket)
             }
             let state = ConnectionState(generation: generation, helloCount: context.helloCount, rules: rules, buckets: buckets, meters: meters)
             context.keep(state)
             return state
+        }
+
+        /// The host of `address` (`host:port`, `[host]:port`), without its port.
+        static func host(of address: String) -> String {
+            if address.hasPrefix("["), let close = address.firstIndex(of: "]") {
+                return String(address[address.index(after: address.startIndex)..<close])
+            }
+            guard let colon = address.lastIndex(of: ":"), address.firstIndex(of: ":") == colon else { return address }
+            return String(address[..<colon])
         }
     }
 }

@@ -29,7 +29,7 @@ enum CloseReason: String {
     case tlsError
     /// A WebSocket protocol error, or a message over maxFrame (closed with 1002 or 1009).
     case webSocketError
-    /// A WebSocket upgrade from an origin `--ws-origin` does not allow (closed with 1008).
+    /// A WebSocket upgrade from a browser origin the server does not allow (closed with 1008).
     case webSocketRefused
     /// An operator closed it (`switchboard/connections` `close`).
     case closedByOperator

@@ -54,7 +54,7 @@ enum Introspection {
     /// model"). Anyone else is refused with `forbidden` here.
     static func mayUse(_ name: String, _ result: MethodResult, _ group: LoopGroup) -> Bool {
         let core = group.cores[group.cores.currentIndex].value  // the caller's loop: handlers run there
-        if core.pipeline.judgesRights || core.connections[result.client.rawValue]?.transport.isLoopbackPeer == true { return true }
+        if core.pipeline.controlsAccess || core.connections[result.client.rawValue]?.transport.isLoopbackPeer == true { return true }
         result.refuse(.plugin(code: "forbidden", message: "\(name) is served to clients on this machine only, unless access control says otherwise",
                               details: nil))
         return false

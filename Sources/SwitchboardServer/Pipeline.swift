@@ -51,8 +51,8 @@ final class Pipeline {
     /// Some outbound stage sees events: streams then ask, once each, which stages apply to them.
     private(set) var seesEvents = false
     var isEmpty: Bool { plugins.isEmpty }
-    /// Whether a loaded plugin decides who may do what now (``Plugin/judgesRights``).
-    var judgesRights: Bool { plugins.contains { $0.judgesRights } }
+    /// Whether a loaded plugin decides who may do what now (``Plugin/controlsAccess``).
+    var controlsAccess: Bool { plugins.contains { $0.controlsAccess } }
 
     func load(_ plugin: any Plugin) {
         plugins.append(plugin)

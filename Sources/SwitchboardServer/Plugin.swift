@@ -21,20 +21,22 @@ public protocol Plugin: Sendable {
     /// Identifies a client from its HELLO: the first plugin that answers other than `.pass` decides.
     /// It may keep what it needs later in the connection's state (``ConnectionContext/keep(_:)``).
     func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication
+    /// Whether it now decides who clients are and what they may do (access control with rules in force).
+    /// The server then leaves its own guarded powers to it: `GET /metrics` wants a user's token with the
+    /// right to call `switchboard/stats` (wire-v1 section 8), judged by ``authenticate(_:connection:)``
+    /// and the gates, and the introspection channels and ``Server/operatorMethods`` are as the rights
+    /// say. With no such plugin, both serve clients on this machine only. False by default.
+    var controlsAccess: Bool { get }
     /// Runs once, on the loading thread, when the plugin is loaded.
     func didLoad(into server: Server)
-    /// Whether it decides who may do what, now (access control whose section is in force): the server
-    /// then leaves the powers of its own channels to it (``Server/operatorMethods``, the introspection
-    /// channels), which otherwise serve clients on this machine only.
-    var judgesRights: Bool { get }
 }
 
 extension Plugin {
     public var inbound: [any InboundProcessor] { [] }
     public var outbound: [any OutboundProcessor] { [] }
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication { .pass }
+    public var controlsAccess: Bool { false }
     public func didLoad(into server: Server) {}
-    public var judgesRights: Bool { false }
 }
 
 /// What a client said in HELLO, for ``Plugin/authenticate(_:connection:)``.

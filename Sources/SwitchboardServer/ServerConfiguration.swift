@@ -29,7 +29,8 @@ public struct ServerConfiguration: Sendable {
     /// Serve `GET /healthz` and `GET /metrics` on the ports (wire-v1 section 8); WebSocket upgrades are
     /// served either way.
     public var httpEndpoints = true
-    /// Browser origins allowed to open a WebSocket (`*` matches any run of characters); nil = any.
+    /// Browser origins allowed to open a WebSocket besides the server's own (`*` matches any run of
+    /// characters; `["*"]`: any); nil = only an `Origin` that matches the request's `Host`.
     public var webSocketOrigins: [String]?
     /// Where the counters go, and what `GET /metrics` serves: a Prometheus registry of the server's own.
     public var metrics = MetricsSettings.prometheus()

@@ -216,8 +216,9 @@ final class ServerCore {
 
     /// `transport`, also answering HTTP and WebSocket upgrades (wire-v1 section 8).
     private func web(_ transport: any Transport) -> HTTPUpgradeTransport {
+        let peer = transport.remoteAddress
         let options = HTTPUpgradeTransport.Options(maxFrame: Int(config.maxFrame), allowedOrigins: config.webSocketOrigins) {
-            [unowned self] request, answer in config.httpEndpoints ? respond(to: request, answer) : answer(nil)
+            [unowned self] request, answer in config.httpEndpoints ? respond(to: request, from: peer, answer) : answer(nil)
         }
         return HTTPUpgradeTransport(over: transport, options: options)
     }

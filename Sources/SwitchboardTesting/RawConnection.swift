@@ -20,15 +20,15 @@ public final class RawConnection {
     private var buffer: [UInt8] = []
     private let receiveTimeout: Duration
 
-    /// Connects to 127.0.0.1:`port`.
-    public init(port: Int, receiveTimeout: Int = 5) throws {
+    /// Connects to `host:port` (an IPv4 address of this machine: loopback by default).
+    public init(host: String = "127.0.0.1", port: Int, receiveTimeout: Int = 5) throws {
         self.receiveTimeout = Duration.seconds(receiveTimeout)
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // no child process inherits it
         guard fd >= 0 else { throw TestFailure("socket failed") }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = UInt16(port).bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_addr.s_addr = inet_addr(host)
         let socketFD = fd
         let rc = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(socketFD, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }

@@ -7,13 +7,14 @@ import Foundation
 public final class RawSocket {
     private var fd: Int32
 
-    /// Connects to `127.0.0.1:port`; reads give up after `timeout` seconds. Nil if the connection fails.
-    public init?(port: Int, timeout: Double = 5) {
+    /// Connects to `host:port` (an IPv4 address of this machine: loopback by default); reads give up
+    /// after `timeout` seconds. Nil if the connection fails.
+    public init?(host: String = "127.0.0.1", port: Int, timeout: Double = 5) {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)  // no child process inherits it
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = UInt16(port).bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_addr.s_addr = inet_addr(host)
         let connected = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
         }
@@ -23,6 +24,23 @@ public final class RawSocket {
     }
 
     deinit { if fd >= 0 { close(fd) } }
+
+    /// An IPv4 address of this machine other than loopback, if it has one: a peer connecting from it is
+    /// not a loopback client.
+    public static let nonLoopbackAddress: String? = {
+        var list: UnsafeMutablePointer<ifaddrs>?
+        guard getifaddrs(&list) == 0 else { return nil }
+        defer { freeifaddrs(list) }
+        var entry = list
+        while let current = entry {
+            defer { entry = current.pointee.ifa_next }
+            guard let address = current.pointee.ifa_addr, address.pointee.sa_family == sa_family_t(AF_INET) else { continue }
+            let ipv4 = address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_addr }
+            guard UInt32(bigEndian: ipv4.s_addr) >> 24 != 127 else { continue }
+            return String(cString: inet_ntoa(ipv4))
+        }
+        return nil
+    }()
 
     /// Closes abruptly: the peer gets a reset (RST), not an end of stream.
     public func reset() {

@@ -24,18 +24,22 @@ public struct HTTPResponse: Sendable {
     public var status: Int
     public var contentType: String
     public var body: [UInt8]
+    /// More header lines (`Name: value`), such as a 401's `WWW-Authenticate`.
+    public var headers: [String]
 
-    public init(status: Int, contentType: String = "text/plain; charset=utf-8", body: [UInt8]) {
+    public init(status: Int, contentType: String = "text/plain; charset=utf-8", body: [UInt8], headers: [String] = []) {
         self.status = status
         self.contentType = contentType
         self.body = body
+        self.headers = headers
     }
 
-    public init(status: Int, text: String) { self.init(status: status, body: Array(text.utf8)) }
+    public init(status: Int, text: String, headers: [String] = []) { self.init(status: status, body: Array(text.utf8), headers: headers) }
 
     /// The bytes on the wire, with `Connection: close`.
     var bytes: [UInt8] {
         let head = "HTTP/1.1 \(status) \(Self.reason(status))\r\nContent-Type: \(contentType)\r\n"
+            + headers.map { $0 + "\r\n" }.joined()
             + "Content-Length: \(body.count)\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n"
         return Array(head.utf8) + body
     }
@@ -45,6 +49,7 @@ public struct HTTPResponse: Sendable {
         case 101: "Switching Protocols"
         case 200: "OK"
         case 400: "Bad Request"
+        case 401: "Unauthorized"
         case 403: "Forbidden"
         case 404: "Not Found"
         case 405: "Method Not Allowed"

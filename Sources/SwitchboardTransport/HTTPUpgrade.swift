@@ -10,8 +10,10 @@ public final class HTTPUpgradeTransport: Transport {
         /// The server's maxFrame: a larger WebSocket message (a frame with its 4-byte length field, or
         /// a line) closes with 1009.
         public var maxFrame: Int
-        /// Browser origins allowed to open a WebSocket (`*` matches any run of characters); nil: any.
-        /// A request without an `Origin` header (not from a browser) is always allowed.
+        /// Browser origins allowed to open a WebSocket besides the server's own (`*` matches any run of
+        /// characters, so `["*"]` allows every origin); nil: only the server's own, an `Origin` whose
+        /// host and port are the request's `Host` (wire-v1 section 8). A request without an `Origin`
+        /// header (not from a browser) is always allowed.
         public var allowedOrigins: [String]?
         /// Answers a plain HTTP request (called on the loop) by calling its second argument once, now or
         /// later, on the loop; nil: 404.
@@ -189,8 +191,8 @@ public final class HTTPUpgradeTransport: Transport {
         var response = Array(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Accept: \(Digest.webSocketAccept(key: key))\r\n\r\n").utf8)
         inner.write(&response)
-        if let origin = head.header("Origin"), let allowed = options.allowedOrigins,
-           !allowed.contains(where: { Self.matches(origin, pattern: $0) }) {
+        if let origin = head.header("Origin"),
+           !Self.allows(origin: origin, host: head.header("Host"), isTLS: inner.scheme == "tls", patterns: options.allowedOrigins) {
             session.queueClose(1008, reason: "origin not allowed")
             flush(session)
             return fail(.webSocketRefused, "origin \(origin) is not allowed")
@@ -266,6 +268,53 @@ public final class HTTPUpgradeTransport: Transport {
             handler?(event)
         case .data, .drained:
             handler?(event)
+        }
+    }
+
+    /// Whether a browser page at `origin` may open a WebSocket: one from the server's own origin (the
+    /// host and port of `host`, the request's `Host`, any case, a missing port being the scheme's
+    /// default) always, any other when one of `patterns` matches it.
+    static func allows(origin: String, host: String?, isTLS: Bool, patterns: [String]?) -> Bool {
+        if let host, let page = Authority(origin: origin), page == Authority(host, defaultPort: isTLS ? 443 : 80) { return true }
+        return patterns?.contains { matches(origin, pattern: $0) } ?? false
+    }
+
+    /// A host and port, as an `Origin` or a `Host` header names them.
+    struct Authority: Equatable {
+        let host: Substring
+        let port: Int?
+
+        /// `scheme://host[:port]`; the port defaults to the scheme's (80 for http and ws, 443 for https
+        /// and wss). nil for anything else (`null`, a path).
+        init?(origin: String) {
+            guard let separator = origin.firstRange(of: "://") else { return nil }
+            let defaultPort: Int? = switch origin[..<separator.lowerBound].lowercased() {
+            case "http", "ws": 80
+            case "https", "wss": 443
+            default: nil
+            }
+            self.init(origin[separator.upperBound...], defaultPort: defaultPort)
+        }
+
+        /// `host[:port]` (`[v6]:port` for IPv6), lowercased; nil if the port is not a number.
+        init?(_ text: some StringProtocol, defaultPort: Int?) {
+            let text = Substring(text.lowercased())
+            var hostEnd = text.endIndex
+            if text.hasPrefix("[") {
+                guard let close = text.firstIndex(of: "]") else { return nil }
+                hostEnd = text.index(after: close)
+            } else if let colon = text.firstIndex(of: ":") {
+                hostEnd = colon
+            }
+            let rest = text[hostEnd...]
+            guard !text[..<hostEnd].isEmpty, !text[..<hostEnd].contains("/") else { return nil }
+            if rest.isEmpty || rest == ":" {
+                port = defaultPort
+            } else {
+                guard rest.first == ":", let number = Int(rest.dropFirst()), (0...65535).contains(number) else { return nil }
+                port = number
+            }
+            host = text[..<hostEnd]
         }
     }
 

@@ -76,11 +76,23 @@ public protocol Transport: AnyObject {
 
 extension Transport {
     public var peerIdentity: String? { nil }
-    /// 127.0.0.0/8 and ::1 (also as ::ffff:127.x), read from ``remoteAddress``.
-    public var isLoopbackPeer: Bool {
-        let address = remoteAddress
-        return address.hasPrefix("127.") || address.hasPrefix("[::1]:") || address.hasPrefix("[::ffff:127.")
-    }
+    /// Whether ``remoteAddress`` is a loopback address (``isLoopbackAddress(_:)``).
+    public var isLoopbackPeer: Bool { isLoopbackAddress(remoteAddress) }
     public var scheme: String { "tcp" }
     public func closeAfterWrites(_ intent: CloseIntent) { closeAfterWrites() }
+}
+
+/// Whether `address` (`host:port`, `[host]:port`) is a loopback address: 127.0.0.0/8, `::1`, or
+/// 127.0.0.0/8 mapped into IPv6.
+public func isLoopbackAddress(_ address: String) -> Bool {
+    let host: Substring
+    if address.hasPrefix("["), let close = address.firstIndex(of: "]") {
+        host = address[address.index(after: address.startIndex)..<close]
+    } else {
+        host = address.prefix { $0 != ":" }
+    }
+    let lowered = host.lowercased()
+    let ipv4 = lowered.hasPrefix("::ffff:") ? lowered.dropFirst(7) : Substring(lowered)
+    let octets = ipv4.split(separator: ".", omittingEmptySubsequences: false)
+    return lowered == "::1" || (octets.count == 4 && octets[0] == "127" && octets.allSatisfy { UInt8($0) != nil })
 }

@@ -70,9 +70,9 @@ struct Serve: ParsableCommand {
     @Option(help: "CA certificates (PEM): require client certificates signed by them (mutual TLS).") var tlsCa: String?
     @Option(help: "Port for TLS (0 = any free port).") var tlsPort = 7421
     @Option(help: "Milliseconds a client has to finish the TLS handshake.") var tlsHandshakeTimeout: UInt64 = 10_000
-    @Option(help: "on: serve GET /healthz and /metrics on the ports; off: 404 (WebSocket upgrades are served either way).")
+    @Option(help: "on: serve GET /, /healthz and /metrics on the ports (/metrics to loopback clients only, or with --token or access control to Authorization: Bearer TOKEN); off: 404 (WebSocket upgrades are served either way).")
     var http: Switch = .on
-    @Option(help: "A browser origin allowed to open a WebSocket (repeatable; * matches any run of characters; default: any).")
+    @Option(help: "A browser origin allowed to open a WebSocket besides the page's own (repeatable; * matches any run of characters, so '*' allows any; default: only an Origin that matches the request's Host).")
     var wsOrigin: [String] = []
     @Option(help: "Channels with a label of their own in /metrics; the rest are summed as \"other\".")
     var metricsChannels = 100
@@ -104,7 +104,7 @@ struct Serve: ParsableCommand {
         MallocTuning.keepLargeBlocks()
         let level = logLevel
         LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+            var handler = EscapingLogHandler(StreamLogHandler.standardError(label: label))  // no client can forge a line
             handler.logLevel = level
             return handler
         }

@@ -10,7 +10,7 @@ import SwitchboardTesting
 import SwitchboardTransport
 
 /// Certificates made for this test run by `scripts/make-test-certs` (a CA, a server certificate for
-/// 127.0.0.1, alice's client certificate, and mallory's from another CA); never committed.
+/// 127.0.0.1, alice's and bob's client certificates, and mallory's from another CA); never committed.
 enum TestCertificates {
     static let directory: String = {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
@@ -74,6 +74,71 @@ func closeCounts(_ server: Server) async throws -> [String: Int] {
     return counts
 }
 
+/// Sends `request` over TLS to `port`, presenting `certificate` (a name in the test directory) if given,
+/// and returns what comes back once `isEnough` says so, or the server closes, or 10 s have passed.
+func tlsExchange(port: Int, certificate: String? = nil, send request: [UInt8],
+                 until isEnough: ([UInt8]) -> Bool = { _ in false }) throws -> [UInt8] {
+    let loop = try EventLoop()
+    defer { loop.finishDriving() }
+    let context = try TLSContext.client(caFile: TestCertificates.path("ca.pem"),
+                                        certificateFile: certificate.map { TestCertificates.path("\($0).pem") },
+                                        keyFile: certificate.map { TestCertificates.path("\($0).key") })
+    var received: [UInt8] = [], isClosed = false, transport: (any Transport)?
+    TCPConnection.connect(loop: loop, host: "127.0.0.1", port: port) { result in
+        guard case .success(let connection) = result,
+              let tls = try? TLSTransport(over: connection, context: context, serverName: "127.0.0.1", loop: loop) else {
+            isClosed = true
+            return
+        }
+        transport = tls
+        tls.start { event in
+            switch event {
+            case .data(let bytes): received += bytes
+            case .closed, .failed: isClosed = true
+            case .drained: break
+            }
+        }
+        var bytes = request
+        tls.write(&bytes)
+    }
+    let deadline = Date().addingTimeInterval(10)
+    while !isClosed, !isEnough(received), Date() < deadline {
+        loop.runOnce()
+        usleep(1000)
+    }
+    transport?.closeNow()
+    return received
+}
+
+/// A WebSocket upgrade request for `port`, from a page at `origin`.
+func webSocketUpgrade(port: Int, origin: String) -> [UInt8] {
+    Array(("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nOrigin: \(origin)\r\n"
+        + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").utf8)
+}
+
+/// A masked client text message (payload under 126 bytes).
+func webSocketText(_ text: String) -> [UInt8] {
+    let payload = Array(text.utf8), mask: [UInt8] = [1, 2, 3, 4]
+    return [0x81, 0x80 | UInt8(payload.count)] + mask + payload.enumerated().map { $0.element ^ mask[$0.offset % 4] }
+}
+
+/// The server's WebSocket messages after the upgrade answer in `bytes`, as far as they are complete:
+/// opcode and payload (each under 126 bytes).
+func webSocketMessages(_ bytes: [UInt8]) -> [(opcode: UInt8, payload: [UInt8])] {
+    guard var start = bytes.firstRange(of: [13, 10, 13, 10])?.upperBound else { return [] }
+    var messages: [(opcode: UInt8, payload: [UInt8])] = []
+    while bytes.count >= start + 2 {
+        let length = Int(bytes[start + 1] & 0x7F)
+        guard length < 126, bytes.count >= start + 2 + length else { break }
+        messages.append((bytes[start] & 0x0F, Array(bytes[(start + 2)..<(start + 2 + length)])))
+        start += 2 + length
+    }
+    return messages
+}
+
+/// The first of ``webSocketMessages(_:)``.
+func firstWebSocketMessage(_ bytes: [UInt8]) -> (opcode: UInt8, payload: [UInt8])? { webSocketMessages(bytes).first }
+
 /// `switchboard/echo` on `client`.
 func echo(_ client: Client) -> SwitchboardClient.MethodChannel { SwitchboardClient.MethodChannel(name: "switchboard/echo", client: client) }
 
@@ -116,6 +181,36 @@ struct TLSTests {
         #expect(try await closeCounts(server)["tlsHandshakeFailed"] == 2)
         await alice.close()
         await anonymous.close()
+        await stop(server)
+    }
+
+    @Test("mutual TLS with access control: a trusted certificate no user names gets ERROR unauthorized, then the close: binary, text, WebSocket")
+    func unnamedCertificateIsRefused() async throws {
+        let rules = AccessRules(users: [.init(name: "alice", certificateSubject: TestCertificates.aliceSubject)],
+                                anonymous: .init(allow: .init(call: ["switchboard/echo", "switchboard/stats"])))
+        let server = try startTLSServer(clientCA: true, plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        do {
+            let bob = try await connectTLS(server, certificate: "bob")
+            let _: ChannelValue = try await echo(bob).invokeMethod("echo")
+            Issue.record("a certificate no user names was served")
+        } catch {
+            #expect("\(error)".contains("unauthorized"), "\(error)")
+        }
+        let line = Array(#"{"id":7,"call":"switchboard/echo","method":"echo","args":1}"#.utf8) + [10]
+        let text = String(decoding: try tlsExchange(port: server.tlsPort, certificate: "bob", send: line) { $0.contains(10) }, as: UTF8.self)
+        #expect(text.hasPrefix(#"{"error":{"code":"unauthorized""#), "\(text)")  // refused at its first bytes: no id yet
+        let upgrade = Array(("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").utf8)
+        let overWebSocket = try tlsExchange(port: server.tlsPort, certificate: "bob",
+                                            send: upgrade + webSocketText(#"{"id":7,"call":"switchboard/echo","method":"echo"}"#)) { _ in false }
+        let messages = webSocketMessages(overWebSocket)
+        #expect(messages.count == 2 && messages[0].opcode == 1
+                    && String(decoding: messages[0].payload, as: UTF8.self).hasPrefix(#"{"error":{"code":"unauthorized""#))
+        #expect(messages.last?.opcode == 8 && messages.last?.payload.prefix(2) == [0x03, 0xF0])  // then the close, 1008
+        let alice = try await connectTLS(server, certificate: "alice")
+        #expect(try await echo(alice).invokeMethod("echo", arguments: "alice") == "alice")
+        #expect(try await closeCounts(server)["unauthorized"] == 3)
+        await alice.close()
         await stop(server)
     }
 
@@ -172,6 +267,28 @@ struct TLSTests {
         for name in [nil, ""] as [String?] {
             #expect(throws: TLSError.self) { _ = try TLSTransport(over: InMemoryTransport(), context: context, serverName: name, loop: loop) }
         }
+    }
+
+    @Test("wss: an upgrade from another origin with a trusted client certificate is refused (1008); from the server's own it is served")
+    func webSocketOriginOverTLS() async throws {
+        let rules = AccessRules(users: [.init(name: "alice", certificateSubject: TestCertificates.aliceSubject,
+                                              allow: .init(call: ["switchboard/*"]))])
+        let server = try startTLSServer(clientCA: true, plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        let port = server.tlsPort
+        let evil = try tlsExchange(port: port, certificate: "alice", send: webSocketUpgrade(port: port, origin: "https://evil.example")) {
+            firstWebSocketMessage($0) != nil
+        }
+        let close = try #require(firstWebSocketMessage(evil), "\(String(decoding: evil, as: UTF8.self))")
+        #expect(close.opcode == 8 && close.payload.prefix(2) == [0x03, 0xF0])  // 1008
+        let call = webSocketText(#"{"id":1,"call":"switchboard/echo","method":"echo","args":"alice"}"#)
+        for origin in ["https://127.0.0.1:\(port)", "wss://127.0.0.1:\(port)"] {
+            let own = try tlsExchange(port: port, certificate: "alice", send: webSocketUpgrade(port: port, origin: origin) + call) {
+                firstWebSocketMessage($0) != nil
+            }
+            let reply = try #require(firstWebSocketMessage(own))
+            #expect(reply.opcode == 1 && String(decoding: reply.payload, as: UTF8.self) == #"{"id":1,"result":"alice"}"#)
+        }
+        await stop(server)
     }
 
     @Test("the Swift client over ws:// and wss://: a small call, a 200 KiB call (frames past 64 KiB), a stream to its end")

@@ -6,7 +6,7 @@ import Logging
 import Synchronization
 import Testing
 import SwitchboardCodec
-import SwitchboardPlugins
+@testable import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport
@@ -223,6 +223,52 @@ struct FirstPluginsTests {
         #expect(Double(accepted) >= expected * 0.8 && Double(accepted) <= expected + 3, "accepted \(accepted) in \(seconds) s")
     }
 
+    @Test("anonymous connections from one address share a bucket, on every loop: reconnecting does not refill it; users and other addresses have their own")
+    func anonymousBucketPerAddress() async throws {
+        let address = try #require(RawSocket.nonLoopbackAddress, "this machine has no address but loopback")
+        let rules = [RateLimitRule(channels: ["switchboard/echo"], perConnection: .init(rate: 0.001, burst: 5))]
+        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: accessRules(), rateLimits: rules)))
+        try await withServer({ $0.host = "0.0.0.0" }, setUp: { server in for plugin in plugins { server.load(plugin) } }) { _, port in
+            /// The replies (not refusals) to five calls on a new connection from `host`, after `hello` if given.
+            func admitted(from host: String = "127.0.0.1", hello: Frame? = nil) async throws -> Int {
+                let connection = try RawConnection(host: host, port: port)
+                if let hello {
+                    try connection.send(hello)
+                    _ = try await connection.frame()
+                }
+                for id in UInt32(1)...5 { try connection.send(try .call(id, "switchboard/echo", "echo")) }
+                var replies = 0
+                for _ in 1...5 where try await connection.frame().kind == .reply { replies += 1 }
+                return replies
+            }
+            var reconnecting: [Int] = []
+            for _ in 1...5 { reconnecting.append(try await admitted()) }  // dealt round the loops
+            #expect(reconnecting == [5, 0, 0, 0, 0])
+            #expect(try await admitted(hello: hello(token: "bob-token")) == 5)  // a user: its own bucket
+            #expect(try await admitted(from: address) == 5)
+            #expect(try await admitted(from: address) == 0)
+        }
+    }
+
+    @Test("anonymous buckets per address are bounded: refilled ones go first, then others, a quarter at a time; a reload drops them")
+    func addressBucketsAreBounded() {
+        let buckets = RateLimiter.AddressBuckets(capacity: 8), limit = RateLimitRule.Limit(rate: 1, burst: 1)
+        func bucket(_ host: Int, now: UInt64, generation: Int = 0) -> RateLimiter.SharedBucket {
+            buckets.bucket(host: "10.0.0.\(host)", rule: 0, limit: limit, generation: generation, now: now)
+        }
+        for host in 0..<8 { #expect(bucket(host, now: 0).wait(limit, now: 0, taking: true) == 0) }
+        #expect(bucket(3, now: 0) === bucket(3, now: 0) && buckets.count == 8)
+        _ = bucket(8, now: 0)  // full, none refilled: two arbitrary ones go
+        #expect(buckets.count == 7)
+        _ = bucket(9, now: 0)
+        _ = bucket(10, now: 5000)  // every spent bucket has refilled by now: all go
+        #expect(buckets.count == 1)
+        _ = bucket(11, now: 5000, generation: 1)
+        #expect(buckets.count == 1)
+        #expect(RateLimiter.Check.host(of: "192.0.2.7:5000") == "192.0.2.7" && RateLimiter.Check.host(of: "[fd00::2]:80") == "fd00::2")
+        #expect(RateLimiter.Check.host(of: "memory") == "memory")
+    }
+
     @Test("a per-user bucket is shared by the user's connections; anonymous ones have their own")
     func perUserBucket() throws {
         let rules = [RateLimitRule(channels: ["*"], kinds: ["call"], perUser: .init(rate: 0.001, burst: 3))]
@@ -281,6 +327,53 @@ struct FirstPluginsTests {
         embedded.run()
         #expect(log.all.count == before + 1)
         #expect(log.all.last?.metadata["outcome"] == "error:forbidden")
+    }
+
+    /// Fails every request on `fail/*`, naming its channel in the error.
+    struct Thrower: Plugin, InboundProcessor {
+        struct Failure: Error, CustomStringConvertible { let description: String }
+        let name = "thrower"
+        var inbound: [any InboundProcessor] { [self] }
+        var scope: Scope<InboundKind> { Scope(channels: [ChannelPattern("fail/*")]) }
+        func process(_ request: inout InboundRequest) throws -> InboundDecision {
+            throw Failure(description: "cannot handle \(request.channel)")
+        }
+    }
+
+    /// What a ``StreamLogHandler`` writes, kept.
+    final class LogText: TextOutputStream, Sendable {
+        private let text = Mutex("")
+        func write(_ string: String) { text.withLock { $0 += string } }
+        var lines: [Substring] { text.withLock { $0 }.split(separator: "\n") }
+    }
+
+    @Test("log lines cannot be forged: control characters a client sends are escaped, in the request log and the server's warnings")
+    func logValuesAreEscaped() async throws {
+        let output = LogText()
+        // As `switchboard serve` makes its handlers, writing here rather than to standard error.
+        let logger = Logger(label: "test") { EscapingLogHandler(StreamLogHandler(label: $0, stream: output, metadataProvider: nil)) }
+        let settings = LiveSettings(PluginConfiguration(access: accessRules(), requestLog: .init()))
+        let server = try Server(configuration: .forTests(), logger: logger)
+        server.installDemoChannels()
+        for plugin: any Plugin in [Thrower(), AccessControl(settings: settings), RequestLog(settings: settings, logger: logger)] {
+            server.load(plugin)
+        }
+        let port = try server.start()
+        let client = try RawConnection(port: port)
+        try client.send(try .call(1, "x\n2026-11-27T05:00:00+0000 critical switchboard: forged", "get"))
+        try client.send(try .call(2, "fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n", "get\u{7}"))
+        #expect(try await client.frame().errorCode == "forbidden")
+        #expect(try await client.frame().errorCode == "plugin_error")
+        server.shutdown()
+        await server.waitUntilStopped()
+        let lines = output.lines
+        #expect(lines.allSatisfy { $0.firstMatch(of: #/^\d{4}-\d\d-\d\dT\S+ (notice|warning) test: /#) != nil }, "\(lines)")
+        let control = lines.filter { $0.unicodeScalars.contains { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) || $0 == "\u{2028}" } }
+        #expect(control.isEmpty, "\(control)")
+        #expect(lines.contains { $0.contains(#"channel=x\n2026-11-27T05:00:00+0000 critical switchboard: forged "#) }, "\(lines)")
+        #expect(lines.contains { $0.contains(#"[SwitchboardServer] plugin thrower failed: cannot handle fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n"#) },
+                "\(lines)")
+        #expect(lines.contains { $0.contains(#"method=get\u{7} "#) }, "\(lines)")
     }
 
     @Test("aliases: old names reach the new channels, events go out under the old name, DEMAND follows")

@@ -2,7 +2,8 @@ import Foundation
 import Synchronization
 import Testing
 import SwitchboardCodec
-import SwitchboardServer
+import SwitchboardPlugins
+@testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 @testable import SwitchboardTransport
@@ -13,11 +14,12 @@ final class RawWebSocket {
     /// The server's answer to the upgrade request.
     private(set) var handshake = ""
 
-    /// Upgrades a connection to `port`, with `origin` if given.
-    init?(port: Int, origin: String? = nil) {
+    /// Upgrades a connection to `port`, with `origin` if given, and `host` (by default `127.0.0.1:PORT`,
+    /// as a browser sends it) as its `Host`.
+    init?(port: Int, origin: String? = nil, host: String? = nil) {
         guard let socket = RawSocket(port: port) else { return nil }
         self.socket = socket
-        socket.send("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        socket.send("GET / HTTP/1.1\r\nHost: \(host ?? "127.0.0.1:\(port)")\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
             + (origin.map { "Origin: \($0)\r\n" } ?? "") + "\r\n")
         var head: [UInt8] = []
@@ -66,10 +68,11 @@ extension Array where Element == UInt8 {
     func ends(with suffix: [UInt8]) -> Bool { count >= suffix.count && Array(self[(count - suffix.count)...]) == suffix }
 }
 
-/// An HTTP GET over a raw socket: the status code and the body.
-func httpGet(_ path: String, port: Int) -> (status: Int, body: String)? {
-    guard let socket = RawSocket(port: port) else { return nil }
-    socket.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+/// An HTTP GET over a raw socket (from `host`, an address of this machine), with `headers`: the status
+/// code and the body.
+func httpGet(_ path: String, port: Int, from host: String = "127.0.0.1", headers: [String] = []) -> (status: Int, body: String)? {
+    guard let socket = RawSocket(host: host, port: port) else { return nil }
+    socket.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers.map { $0 + "\r\n" }.joined() + "\r\n")
     guard let reply = socket.readUntilClosed() else { return nil }
     let text = String(decoding: reply.bytes, as: UTF8.self)
     guard let status = text.split(separator: " ").dropFirst().first.flatMap({ Int($0) }),
@@ -127,6 +130,65 @@ struct WebTests {
             let echo = samples[#"switchboard_channel_requests_total{channel="switchboard/echo"}"#]
             #expect(echo == 3 || samples[#"switchboard_channel_requests_total{channel="other"}"#] ?? 0 >= 3)
         }
+    }
+
+    @Test("/metrics with --token wants that token as a bearer: 401 without it; /healthz and the console page stay open")
+    func metricsWithToken() async throws {
+        try await withServer({ $0.token = "s3cret" }) { _, port in
+            for headers in [[], ["Authorization: Bearer wrong"], ["Authorization: Basic s3cret"], ["Authorization: Bearer"]] {
+                let refused = try #require(httpGet("/metrics", port: port, headers: headers))
+                #expect(refused.status == 401 && !refused.body.contains("switchboard_"), "\(headers)")
+            }
+            let metrics = try #require(httpGet("/metrics", port: port, headers: ["authorization: bearer  s3cret"]))
+            #expect(metrics.status == 200 && metrics.body.contains("switchboard_connections"))
+            #expect(httpGet("/healthz", port: port)?.status == 200)
+            #expect(httpGet("/", port: port)?.status == 200)
+        }
+    }
+
+    @Test("/metrics with access control: 401 without a known token, 403 for a user without switchboard/stats, 200 with it")
+    func metricsWithAccessControl() async throws {
+        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: accessRules())))
+        try await withServer(setUp: { server in for plugin in plugins { server.load(plugin) } }) { _, port in
+            let holder = try RawConnection(port: port)
+            try holder.send(hello(token: "bob-token"))
+            try holder.send(Frame(.register, id: 2, channel: "payroll/alice@example.com", payload: nil))
+            _ = try await holder.frame()
+            #expect(try await holder.frame().kind == .reply)
+            for (headers, status) in [([], 401), (["Authorization: Bearer nobody-token"], 401), (["Authorization: Bearer alice-token"], 403)] {
+                let refused = try #require(httpGet("/metrics", port: port, headers: headers))
+                #expect(refused.status == status && !refused.body.contains("payroll"), "\(headers)")
+            }
+            let metrics = try #require(httpGet("/metrics", port: port, headers: ["Authorization: Bearer bob-token"]))
+            #expect(metrics.status == 200 && metrics.body.contains("payroll/alice@example.com"))
+            #expect(httpGet("/healthz", port: port)?.status == 200)
+        }
+    }
+
+    @Test("/metrics with no token and no access control: loopback clients only; another address gets 403")
+    func metricsUnconfigured() async throws {
+        let address = try #require(RawSocket.nonLoopbackAddress, "this machine has no address but loopback")
+        try await withServer({ $0.host = "0.0.0.0" }) { _, port in
+            let remote = try #require(httpGet("/metrics", port: port, from: address))
+            #expect(remote.status == 403 && !remote.body.contains("switchboard_"))
+            #expect(httpGet("/healthz", port: port, from: address)?.status == 200)
+            #expect(httpGet("/metrics", port: port)?.status == 200)
+        }
+    }
+
+    @Test("loopback peers, as /metrics tells them apart; bearer tokens")
+    func loopbackAndBearer() {
+        for address in ["127.0.0.1:5000", "127.9.8.7:1", "[::1]:5000", "[::FFFF:127.0.0.1]:80"] {
+            #expect(isLoopbackAddress(address), "\(address)")
+        }
+        for address in ["192.0.2.2:5000", "[::2]:5000", "[fd00::1]:1", "127.0.0.1.evil:1", "1270.0.0.1:1", "memory", "unknown"] {
+            #expect(!isLoopbackAddress(address), "\(address)")
+        }
+        var head = HTTPRequestHead()
+        head.headers = [("Authorization", "BEARER   t0k")]
+        #expect(ServerCore.bearerToken(head) == "t0k")
+        head.headers = [("Authorization", "Bearer ")]
+        #expect(ServerCore.bearerToken(head) == nil)
     }
 
     @Test("metrics: a channel that goes takes its series with it")
@@ -198,6 +260,55 @@ struct WebTests {
             close = try #require(good.receive())
             #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1001)
         }
+    }
+}
+
+extension WebTests {
+    @Test("WebSocket origins: by default only an Origin matching the Host (any case, default ports); no Origin is let in; * lets every origin in")
+    func webSocketOriginsByDefault() async throws {
+        try await withServer { _, port in
+            for origin in ["https://evil.example", "http://127.0.0.1:\(port + 1)", "null", "http://127.0.0.1", "http://127.0.0.1:\(port)/x"] {
+                let socket = try #require(RawWebSocket(port: port, origin: origin))
+                #expect(socket.handshake.hasPrefix("HTTP/1.1 101 "))
+                let close = try #require(socket.receive(), "\(origin)")
+                #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1008, "\(origin)")
+            }
+            let allowed: [(origin: String?, host: String?)] = [
+                (nil, nil), ("http://127.0.0.1:\(port)", nil), ("HTTP://127.0.0.1:\(port)", "127.0.0.1:\(port)"),
+                ("http://LocalHost:\(port)", "localhost:\(port)"), ("http://example.com", "Example.com"),
+                ("http://example.com", "example.com:80"), ("ws://[::1]:\(port)", "[::1]:\(port)"),
+            ]
+            for (origin, host) in allowed {
+                let socket = try #require(RawWebSocket(port: port, origin: origin, host: host))
+                socket.send(opcode: 1, Array(#"{"id":1,"call":"switchboard/echo","method":"echo","args":1}"#.utf8))
+                let line = try #require(socket.receive(), "\(origin ?? "none") from \(host ?? "-")")
+                #expect(line.opcode == 1 && String(decoding: line.payload, as: UTF8.self) == #"{"id":1,"result":1}"#)
+            }
+            #expect(try await closeCount("webSocketRefused", port: port) == 5)
+        }
+        try await withServer({ $0.webSocketOrigins = ["*"] }) { _, port in
+            let socket = try #require(RawWebSocket(port: port, origin: "https://evil.example"))
+            socket.send(opcode: 2, try Frame.call(1, "switchboard/echo", "echo", 1).bytes)
+            #expect(socket.receive()?.opcode == 2)
+        }
+    }
+
+    @Test("WebSocket origins: with --ws-origin patterns, the server's own origin is still let in")
+    func webSocketOwnOriginWithPatterns() async throws {
+        try await withServer({ $0.webSocketOrigins = ["https://*.good.example"] }) { _, port in
+            let own = try #require(RawWebSocket(port: port, origin: "http://127.0.0.1:\(port)"))
+            own.send(opcode: 2, try Frame.call(1, "switchboard/echo", "echo", 1).bytes)
+            #expect(own.receive()?.opcode == 2)
+        }
+    }
+
+    /// How many connections `switchboard/stats` says closed for `reason`.
+    func closeCount(_ reason: String, port: Int) async throws -> Int? {
+        let client = try RawConnection(port: port)
+        try client.send(try Frame.call(1, "switchboard/stats", "get"))
+        let stats = try await client.frame().envelope()
+        guard case .success(let value) = stats else { return nil }
+        return value["closes"]?[reason]?.intValue
     }
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The console page (clients/console/index.html) in headless Chromium against a live server.
 
-    python3 scripts/integration/console.py path/to/switchboard [--page-url URL]
+    python3 scripts/integration/console.py path/to/switchboard [--page-url URL] [--token TOKEN]
 
 Starts `switchboard serve --port 0`, loads the page the server serves at `/` (or --page-url, for
 development: a page served elsewhere, given the server's WebSocket address in `?server=`; `{port}` in
@@ -9,7 +9,8 @@ the URL is replaced by the server's port), and drives it as a person would: the 
 Pause, Resume and Stop) and Post forms, the live counters and chart, the channel and connection tables
 and a connection's Close button. Prints a PASS or FAIL line per check and exits nonzero on any failure,
 leaving a screenshot and the browser's console log in .build/console-test/. With SAVE_SCREENSHOT=1 a
-successful run saves docs/console.png (the README shows it).
+successful run saves docs/console.png (the README shows it). With --token, the server wants that token
+and the page is given it in `?token=`.
 
 Needs Debian's chromium, chromium-driver and python3-selenium.
 """
@@ -77,8 +78,8 @@ class Run:
             time.sleep(interval)
 
 
-def start_server(binary, log):
-    proc = subprocess.Popen([binary, "serve", "--port", "0", "--log-level", "notice"],
+def start_server(binary, log, token=None):
+    proc = subprocess.Popen([binary, "serve", "--port", "0", "--log-level", "notice"] + (["--token", token] if token else []),
                             stdout=subprocess.DEVNULL, stderr=log)
     pattern = re.compile(r"listening on [0-9.]+:(\d+)")
     for _ in range(200):
@@ -125,11 +126,11 @@ def open_browser():
 
 
 def page_url(args, port):
-    if not args.page_url:
-        return f"http://127.0.0.1:{port}/"
-    url = args.page_url.replace("{port}", str(port))
-    if "server=" not in url:
+    url = args.page_url.replace("{port}", str(port)) if args.page_url else f"http://127.0.0.1:{port}/"
+    if args.page_url and "server=" not in url:
         url += ("&" if "?" in url else "?") + "server=" + urllib.parse.quote(f"ws://127.0.0.1:{port}/", safe="")
+    if args.token:
+        url += ("&" if "?" in url else "?") + "token=" + urllib.parse.quote(args.token, safe="")
     return url
 
 
@@ -138,6 +139,7 @@ def main():
     parser.add_argument("switchboard", help="path to the switchboard binary")
     parser.add_argument("--page-url", help="load the page from here instead of the server's / "
                         "({port} is replaced; ?server=ws://127.0.0.1:PORT/ is added unless given)")
+    parser.add_argument("--token", help="start the server with --token TOKEN and give the page ?token=TOKEN")
     args = parser.parse_args()
 
     run = Run()
@@ -145,7 +147,7 @@ def main():
         if os.path.exists(os.path.join(FAILURE_DIR, stale)):
             os.unlink(os.path.join(FAILURE_DIR, stale))
     log = tempfile.NamedTemporaryFile("w+", prefix="switchboard-console-", suffix=".log", delete=False)
-    server, port = start_server(args.switchboard, log)
+    server, port = start_server(args.switchboard, log, args.token)
     driver = None
     browser_log = []
     try:

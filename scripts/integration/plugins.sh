@@ -41,11 +41,13 @@ text_session "a user: deny wins over everything allowed" \
 text_session "a wrong token is unauthorized and closes" '{"id":1,"hello":{"token":"guess"}}\n{"id":2,"ping":true}\n' \
 '{"id":1,"error":{"code":"unauthorized","message":"a valid token is required"}}' 0.3
 
+# A user's connection has a bucket of its own (anonymous ones share one per address, which the first
+# session above has drawn on).
 text_session "rate limit: a burst of 2, then rate_limited with retryAfterMs" \
-'{"id":1,"call":"legacy/echo","method":"echo","args":1}\n{"id":2,"call":"switchboard/echo","method":"echo","args":2}\n{"id":3,"call":"switchboard/echo","method":"echo","args":3}\n' \
-'{"id":1,"result":1}
-{"id":2,"result":2}
-{"id":3,"error":{"code":"rate_limited","message":"over the rate limit: retry after 1000 ms","details":{"retryAfterMs":1000}}}'
+'{"id":0,"hello":{"token":"ops-secret"}}\n{"id":1,"call":"legacy/echo","method":"echo","args":1}\n{"id":2,"call":"switchboard/echo","method":"echo","args":2}\n{"id":3,"call":"switchboard/echo","method":"echo","args":3}\n' \
+"$(printf '%s\n' '{"id":0,"welcome":{"version":1,"server":"switchboard/0.1.0","maxFrame":16777216,"heartbeatMs":0}}' \
+'{"id":1,"result":1}' '{"id":2,"result":2}' \
+'{"id":3,"error":{"code":"rate_limited","message":"over the rate limit: retry after 1000 ms","details":{"retryAfterMs":1000}}}')"
 
 # binary: a forbidden call gets ERROR forbidden with its id (7), and the connection stays open (PING 8).
 CALL_PAYLOAD=07$(printf '%02x' 3)$(hex_of get)00
