@@ -69,10 +69,14 @@ public protocol Transport: AnyObject {
     func closeAfterWrites(_ intent: CloseIntent)
     /// Closes at once; queued bytes are dropped.
     func closeNow()
+    /// Whether the layers here hold the start of something the peer has not finished: part of an HTTP
+    /// request head, of a WebSocket frame or of a TLS record (the owner times it: wire.md, "Limits").
+    var holdsPartialInput: Bool { get }
 }
 
 extension Transport {
     public var peerIdentity: String? { nil }
     public var scheme: String { "tcp" }
     public func closeAfterWrites(_ intent: CloseIntent) { closeAfterWrites() }
+    public var holdsPartialInput: Bool { false }
 }

@@ -1,0 +1,75 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+/// The caps on connections served at once (``ServerConfiguration/maxConnections`` and
+/// ``ServerConfiguration/maxConnectionsPerAddress``), shared by every loop: loop 0 admits each
+/// connection it accepts, and the loop that serves it releases it when it closes.
+final class ConnectionQuota: Sendable {
+    /// Why a connection was refused; counted in stats as its close reason.
+    enum Refusal: String {
+        /// The server serves ``maxConnections`` already.
+        case overConnectionLimit
+        /// Its address has ``maxPerAddress`` connections already.
+        case overAddressLimit
+    }
+
+    private struct State {
+        var total = 0
+        /// Connections by host, for the hosts the per-address cap applies to.
+        var byHost: [String: Int] = [:]
+    }
+
+    private let state = Mutex(State())
+    /// The total cap: the configured one, lowered to the descriptor limit less 64 (the listeners, the
+    /// loops' own handles, a cluster's sockets, files), so that accepting never runs out of descriptors.
+    let maxConnections: Int
+    let maxPerAddress: Int
+    let capsLoopback: Bool
+
+    init(_ config: ServerConfiguration) {
+        var limit = rlimit()
+        let descriptors = getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 ? Int(clamping: limit.rlim_cur) : Int.max
+        maxConnections = max(1, min(config.maxConnections, descriptors - 64))
+        maxPerAddress = config.maxConnectionsPerAddress
+        capsLoopback = config.capsLoopback
+    }
+
+    /// Counts a connection from `host`; the refusal instead, when a cap is reached.
+    func admit(_ host: String) -> Refusal? {
+        let capped = capsLoopback || !Self.isLoopback(host)
+        return state.withLock { state in
+            guard state.total < maxConnections else { return .overConnectionLimit }
+            if capped {
+                guard state.byHost[host, default: 0] < maxPerAddress else { return .overAddressLimit }
+                state.byHost[host, default: 0] += 1
+            }
+            state.total += 1
+            return nil
+        }
+    }
+
+    /// A connection from `host` that ``admit(_:)`` counted has gone.
+    func release(_ host: String) {
+        state.withLock { state in
+            state.total -= 1
+            guard let count = state.byHost[host] else { return }
+            state.byHost[host] = count > 1 ? count - 1 : nil
+        }
+    }
+
+    /// The host of a transport's `host:port` or `[host]:port`.
+    static func host(of remoteAddress: String) -> String {
+        if remoteAddress.hasPrefix("["), let end = remoteAddress.firstIndex(of: "]") {
+            return String(remoteAddress[remoteAddress.index(after: remoteAddress.startIndex)..<end])
+        }
+        guard let colon = remoteAddress.lastIndex(of: ":") else { return remoteAddress }
+        return String(remoteAddress[..<colon])
+    }
+
+    /// 127.0.0.0/8, `::1`, and IPv4 loopback mapped into IPv6.
+    static func isLoopback(_ host: String) -> Bool {
+        host.hasPrefix("127.") || host == "::1" || host.hasPrefix("::ffff:127.")
+    }
+}
