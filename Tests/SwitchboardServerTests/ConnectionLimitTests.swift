@@ -115,14 +115,14 @@ struct DeadlineTests {
 
     @Test("a frame that keeps arriving (64 KiB per deadline) is not cut off, however long it takes")
     func largeFrameOnASlowLink() async throws {
-        try await withShortDeadlines { _, port in
+        try await withShortDeadlines({ $0.frameTimeoutMs = 1000 }) { _, port in
             let wire = try RawConnection(port: port)
             try wire.send(hello)
             #expect(try await wire.frame().kind == .welcome)
-            let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 400_000))).bytes
-            for start in stride(from: 0, to: bytes.count, by: 80_000) {  // 80 KiB every 200 ms: 1 s in all
+            let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 2_400_000))).bytes
+            for start in stride(from: 0, to: bytes.count, by: 80_000) {  // 80 KB every 100 ms: 3 deadlines in all
                 try wire.send(Array(bytes[start..<min(start + 80_000, bytes.count)]))
-                try await Task.sleep(for: .milliseconds(200))
+                try await Task.sleep(for: .milliseconds(100))
             }
             let reply = try await wire.frame()
             #expect(reply.kind == .reply && reply.id == 2)
