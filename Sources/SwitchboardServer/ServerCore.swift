@@ -313,12 +313,19 @@ final class ServerCore {
 
     func connectionClosed(_ connection: Connection, reason: CloseReason) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
-        if let host = connection.admittedHost { quota.release(host) }
         tallies.closes[reason.rawValue, default: 0] += 1
         releasedSinceTrim += connection.pendingBytes
         if reason == .slowConsumer { stats.slowConsumersClosed += 1 }
-        if !connection.transport.isOpen { return }
+        if !connection.transport.isOpen { return releaseAdmission(of: connection) }
         closingConnections.append(connection)
+    }
+
+    /// Gives a gone connection's place under the caps back: once its socket is closed, not when its
+    /// close begins, so that connections lingering in a graceful close (at most a second) count too.
+    private func releaseAdmission(of connection: Connection) {
+        guard let host = connection.admittedHost else { return }
+        connection.admittedHost = nil
+        quota.release(host)
     }
 
     var welcome: ChannelValue {
@@ -598,12 +605,12 @@ final class ServerCore {
         }
         forgetAnsweredLoopCalls()
         closingConnections.removeAll { connection in
-            guard connection.transport.isOpen else { return true }
-            if let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) {
+            if connection.transport.isOpen {
+                guard let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) else { return false }
                 connection.close(.shutdown)  // the linger is over (the reason was counted when it began)
-                return true
             }
-            return false
+            releaseAdmission(of: connection)
+            return true
         }
     }
 
