@@ -20,9 +20,10 @@ settled, at most SETTLE_MAX s).
               timeout (closes.firstFrameTimeout), with an error line `timeout`.
   6 slow-http  SLOW_CONNS connections each send half an HTTP request head and stop: every one must get 408
               and be closed (closes.firstFrameTimeout).
-  7 slow-tls   SLOW_TLS_CONNS TLS connections (the server started with TLS) each finish the handshake, make
-              one call, then send half a TLS record and stop: every one must be closed at the frame timeout
-              (closes.frameTimeout), with an error line `timeout`.
+  7 slow-tls   SLOW_TLS_CONNS TLS connections (the server started with TLS): half send half a ClientHello
+              record and stop (closed by the handshake timeout, closes.tlsHandshakeTimeout, or the
+              first-frame timeout), half finish the handshake, make one call, then send half a TLS record
+              and stop (closed at the frame timeout, closes.frameTimeout, with an error line `timeout`).
   8 reconnect  RECONNECT_WORKERS anonymous clients reconnect as fast as they can for RECONNECT_SECONDS: half
               the connections send HELLO and a PING and wait for the PONG, half close without a byte.
 
@@ -315,11 +316,13 @@ class Attack:
 
     # ---- 5-7: slow starts, closed at their deadlines
     async def closes_by(self, reason):
-        return ((await get_stats(self.port)).get("closes") or {}).get(reason, 0)
+        """Closes counted for `reason`, or the sum for a tuple of reasons."""
+        closes = (await get_stats(self.port)).get("closes") or {}
+        return sum(closes.get(r, 0) for r in (reason if isinstance(reason, tuple) else (reason,)))
 
     async def held_until_closed(self, hold, reason, count, expected_reply, sample_reader):
         """Holds the slow starters (probing) until the server has closed `count` more connections for
-        `reason`; checks what one of them was told. Returns the figures."""
+        `reason` (or any of a tuple); checks what one of them was told. Returns the figures."""
         base = await self.closes_by(reason)
         t0 = time.monotonic()
         closed_after = None
@@ -378,7 +381,15 @@ class Attack:
             raise RuntimeError("slow-tls needs a server with TLS (--tls-port, --ca)")
         import ssl
         context = ssl.create_default_context(cafile=self.ca)
-        streams = []
+        streams, hellos = [], []
+
+        async def half_hello():
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            await self.loop.sock_connect(s, ("127.0.0.1", self.tls_port))
+            # A handshake record declaring 512 bytes, then 40 of them.
+            await self.loop.sock_sendall(s, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(34))
+            hellos.append(s)
 
         async def one():
             reader, writer = await asyncio.open_connection("127.0.0.1", self.tls_port, ssl=context,
@@ -389,18 +400,22 @@ class Attack:
             # Half an application-data record: a header declaring 64 bytes, then 10 of them.
             os.write(writer.get_extra_info("socket").fileno(), b"\x17\x03\x03\x00\x40" + bytes(10))
             streams.append((reader, writer))
-        for start in range(0, SLOW_TLS_CONNS, 100):
-            await asyncio.gather(*(one() for _ in range(min(100, SLOW_TLS_CONNS - start))))
+        for start in range(0, SLOW_TLS_CONNS // 2, 100):
+            await asyncio.gather(*(one() for _ in range(min(100, SLOW_TLS_CONNS // 2 - start))))
+            await asyncio.gather(*(half_hello() for _ in range(min(100, SLOW_TLS_CONNS // 2 - start))))
 
         async def told():
             try:
                 return (await asyncio.wait_for(streams[0][0].read(4096), 5)).decode(errors="replace")
             except (asyncio.TimeoutError, OSError, ssl.SSLError) as e:
                 return f"({type(e).__name__})"
-        figures = await self.held_until_closed(hold, "frameTimeout", SLOW_TLS_CONNS, '{"error":{"code":"timeout"', told)
+        reasons = ("frameTimeout", "tlsHandshakeTimeout", "firstFrameTimeout")
+        figures = await self.held_until_closed(hold, reasons, len(streams) + len(hellos), '{"error":{"code":"timeout"', told)
         for _, writer in streams:
             writer.transport.abort()
-        return figures
+        for s in hellos:
+            s.close()
+        return f"{len(hellos)} half ClientHellos, {len(streams)} half records after a call: {figures}"
 
     # ---- 8: anonymous clients that reconnect as fast as they can
     async def reconnect_flood(self, hold):

@@ -1,7 +1,5 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
+import SwitchboardTransport
 
 /// The caps on connections served at once (``ServerConfiguration/maxConnections`` and
 /// ``ServerConfiguration/maxConnectionsPerAddress``), shared by every loop: loop 0 admits each
@@ -29,8 +27,7 @@ final class ConnectionQuota: Sendable {
     let capsLoopback: Bool
 
     init(_ config: ServerConfiguration) {
-        var limit = rlimit()
-        let descriptors = getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 ? Int(clamping: limit.rlim_cur) : Int.max
+        let descriptors = ProcessLimits.openFiles ?? Int.max
         maxConnections = max(1, min(config.maxConnections, descriptors - 64))
         maxPerAddress = config.maxConnectionsPerAddress
         capsLoopback = config.capsLoopback
