@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 import SwitchboardCodec
-import SwitchboardServer
+@testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
@@ -225,6 +225,14 @@ struct ConnectionCapTests {
             let stats = try await reader.frame().envelope().get()
             #expect((stats["closes"]?["overAddressLimit"]?.intValue ?? 0) >= 1)
         }
+    }
+
+    @Test("a transport's address is counted by its host, the port aside; IPv4, IPv6 and IPv4-mapped loopback are loopback")
+    func hostsAndLoopback() {
+        #expect(ConnectionQuota.host(of: "203.0.113.9:5100") == "203.0.113.9")
+        #expect(ConnectionQuota.host(of: "[2001:db8::1]:443") == "2001:db8::1")
+        #expect(["127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1"].allSatisfy(ConnectionQuota.isLoopback))
+        #expect(!["10.0.0.1", "2001:db8::1", "::ffff:10.0.0.1", "1.127.0.0"].contains(where: ConnectionQuota.isLoopback))
     }
 
     @Test("loopback is exempt from the per-address cap by default")
