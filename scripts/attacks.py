@@ -6,7 +6,8 @@ echo calls one at a time as a well-behaved client, again and again until the att
 short warm-up), every 0.25 s during (peak), and after (once the attack's sockets are closed and RSS has
 settled, at most SETTLE_MAX s).
 
-  1 idle      10,000 connections that send nothing.
+  1 idle      10,000 connections that send a HELLO, then nothing (a connection that sends nothing at all
+              is closed at the first-frame timeout: attack 5).
   2 never-read 5,000 room listeners (4 KiB receive buffers) that never read, while one poster posts
               POST_SIZE bytes POST_RATE times a second until the server has closed all of them as slow
               consumers (stats slowConsumersClosed), at least POSTER_SECONDS and at most 90 s.
@@ -15,6 +16,16 @@ settled, at most SETTLE_MAX s).
               for TRICKLE_SECONDS.
   4 ping-flood one client sends PINGs (64-byte payload) as fast as the socket takes them for FLOOD_SECONDS
               and never reads its PONGs (4 KiB receive buffer).
+  5 slow-text  SLOW_CONNS connections each send `{` and stop: every one must be closed at the first-frame
+              timeout (closes.firstFrameTimeout), with an error line `timeout`.
+  6 slow-http  SLOW_CONNS connections each send half an HTTP request head and stop: every one must get 408
+              and be closed (closes.firstFrameTimeout).
+  7 slow-tls   SLOW_TLS_CONNS TLS connections (the server started with TLS): half send half a ClientHello
+              record and stop (closed by the handshake timeout, closes.tlsHandshakeTimeout, or the
+              first-frame timeout), half finish the handshake, make one call, then send half a TLS record
+              and stop (closed at the frame timeout, closes.frameTimeout, with an error line `timeout`).
+  8 reconnect  RECONNECT_WORKERS anonymous clients reconnect as fast as they can for RECONNECT_SECONDS: half
+              the connections send HELLO and a PING and wait for the PONG, half close without a byte.
 
 Thresholds (an attack FAILs when any is broken):
   * echo latency during the attack: p99 < 100 ms, and every probe call answered;
@@ -25,7 +36,8 @@ Thresholds (an attack FAILs when any is broken):
   * RSS after: <= baseline + max(32 MiB, 25 % of baseline, 2 % of the attack's peak growth) once the
     attack's connections are gone and RSS has settled: the server must give back what an attack made it
     take, less some slack for allocator caches and tables that keep their capacity;
-  * the server is still up, and its connection count is back to 1 (the stats reader).
+  * the server is still up, and its connection count is back to 1 (the stats reader);
+  * 5-7: every slow starter was closed by its deadline within SLOW_HOLD_MAX s, and told why.
 """
 import argparse
 import asyncio
@@ -37,7 +49,7 @@ import sys
 import time
 
 sys.dont_write_bytecode = True
-from sbwire import (MESSAGE, PING, ROOM, ROOM_POST, REPLY, connect, frame, get_stats, method_call, mib,
+from sbwire import (HELLO, MESSAGE, PING, PONG, ROOM, ROOM_POST, REPLY, connect, frame, get_stats, method_call, mib,
                     percentile, rss_kib, total_dropped)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,12 +60,16 @@ IDLE_CONNS = 10_000
 NEVER_READ_CONNS, POST_SIZE, POST_RATE, POSTER_SECONDS = 5_000, 1024, 100, 10
 TRICKLERS, TRICKLE_SECONDS, FRAME_LEN = 8, 30, 16 << 20
 FLOOD_SECONDS, PING_PAYLOAD = 20, 64
+SLOW_CONNS, SLOW_TLS_CONNS, SLOW_HOLD_MAX = 2_000, 500, 30  # the deadlines are 10 s by default
+RECONNECT_WORKERS, RECONNECT_SECONDS = 64, 15
 SETTLE_MAX = 15
 
 
 class Attack:
     def __init__(self, args):
         self.port, self.pid, self.limit = args.port, args.pid, args.outbound_limit
+        self.tls_port, self.ca = args.tls_port, args.ca
+        self.body_failures = []  # reasons an attack's body found to fail it (see run)
         self.loop = asyncio.get_running_loop()
         self.failed = []
         self.peak = 0
@@ -148,6 +164,7 @@ class Attack:
                     break
             probe_result.update(lat=lat, failures=failures)
         started = time.monotonic()
+        self.body_failures = []
         extra = await body(hold)
         duration = time.monotonic() - started
         stop.set()
@@ -172,6 +189,7 @@ class Attack:
         after_limit = max(32 * 1024, base // 4, (self.peak - base) // 50)
         if after - base > after_limit:
             reasons.append(f"RSS after +{mib(after - base):.1f} MiB over +{mib(after_limit):.1f} MiB")
+        reasons += self.body_failures
         if stats1 and stats1.get("connections") != 1:
             reasons.append(f"{stats1.get('connections')} connections left (want 1)")
         delta = lambda key: (stats1.get(key, 0) - stats0.get(key, 0)) if stats1 else "?"
@@ -189,7 +207,7 @@ class Attack:
 
     # ---- 1: idle connections
     async def idle(self, hold):
-        socks = await self.open_sockets(IDLE_CONNS)
+        socks = await self.open_sockets(IDLE_CONNS, first=frame(HELLO, 1, "", None))
         stats = await get_stats(self.port)
         await hold()
         for s in socks:
@@ -296,6 +314,145 @@ class Attack:
         return f"{sent} PINGs sent ({sent * len(batch) // 1000 / 2**20:.0f} MiB), flooder closed: {closed or 'no'}"
 
 
+    # ---- 5-7: slow starts, closed at their deadlines
+    async def closes_by(self, reason):
+        """Closes counted for `reason`, or the sum for a tuple of reasons."""
+        closes = (await get_stats(self.port)).get("closes") or {}
+        return sum(closes.get(r, 0) for r in (reason if isinstance(reason, tuple) else (reason,)))
+
+    async def held_until_closed(self, hold, reason, count, expected_reply, sample_reader):
+        """Holds the slow starters (probing) until the server has closed `count` more connections for
+        `reason` (or any of a tuple); checks what one of them was told. Returns the figures."""
+        base = await self.closes_by(reason)
+        t0 = time.monotonic()
+        closed_after = None
+
+        async def watch():  # every 0.25 s, so that the time they were closed is known to that
+            nonlocal closed_after
+            while time.monotonic() - t0 < SLOW_HOLD_MAX:
+                if await self.closes_by(reason) - base >= count:
+                    closed_after = time.monotonic() - t0
+                    return
+                await asyncio.sleep(0.25)
+        watcher = asyncio.create_task(watch())
+
+        async def all_closed():
+            return watcher.done()
+        await hold(0, all_closed, SLOW_HOLD_MAX)
+        await watcher
+        closed = await self.closes_by(reason) - base
+        told = await sample_reader()
+        if closed < count:
+            self.body_failures.append(f"only {closed} of {count} slow starters closed as {reason} within {SLOW_HOLD_MAX} s")
+        if not told.startswith(expected_reply):
+            self.body_failures.append(f"a slow starter was told {told[:60]!r}, not {expected_reply!r}…")
+        return (f"{count} slow starters, {closed} closed as {reason} "
+                + (f"{closed_after:.1f} s after the last one connected" if closed_after is not None else "(not all)")
+                + f", one was told {told[:48]!r}")
+
+    async def slow_plain(self, hold, first, reason, expected_reply):
+        socks = await self.open_sockets(SLOW_CONNS, first=first)
+
+        async def told():
+            s, out = socks[0], b""
+            try:
+                while True:
+                    chunk = await asyncio.wait_for(self.loop.sock_recv(s, 4096), 5)
+                    if not chunk:
+                        break
+                    out += chunk
+            except (asyncio.TimeoutError, OSError):
+                pass
+            return out.decode(errors="replace")
+        figures = await self.held_until_closed(hold, reason, SLOW_CONNS, expected_reply, told)
+        for s in socks:
+            s.close()
+        return figures
+
+    async def slow_text(self, hold):
+        return await self.slow_plain(hold, b"{", "firstFrameTimeout", '{"error":{"code":"timeout"')
+
+    async def slow_http(self, hold):
+        return await self.slow_plain(hold, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n", "firstFrameTimeout",
+                                     "HTTP/1.1 408")
+
+    async def slow_tls(self, hold):
+        if not self.tls_port:
+            raise RuntimeError("slow-tls needs a server with TLS (--tls-port, --ca)")
+        import ssl
+        context = ssl.create_default_context(cafile=self.ca)
+        streams, hellos = [], []
+
+        async def half_hello():
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            await self.loop.sock_connect(s, ("127.0.0.1", self.tls_port))
+            # A handshake record declaring 512 bytes, then 40 of them.
+            await self.loop.sock_sendall(s, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(34))
+            hellos.append(s)
+
+        async def one():
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.tls_port, ssl=context,
+                                                           server_hostname="127.0.0.1")
+            writer.write(b'{"id":1,"ping":true}\n')
+            await writer.drain()
+            await asyncio.wait_for(reader.readline(), 10)
+            # Half an application-data record: a header declaring 64 bytes, then 10 of them.
+            os.write(writer.get_extra_info("socket").fileno(), b"\x17\x03\x03\x00\x40" + bytes(10))
+            streams.append((reader, writer))
+        for start in range(0, SLOW_TLS_CONNS // 2, 100):
+            await asyncio.gather(*(one() for _ in range(min(100, SLOW_TLS_CONNS // 2 - start))))
+            await asyncio.gather(*(half_hello() for _ in range(min(100, SLOW_TLS_CONNS // 2 - start))))
+
+        async def told():
+            try:
+                return (await asyncio.wait_for(streams[0][0].read(4096), 5)).decode(errors="replace")
+            except (asyncio.TimeoutError, OSError, ssl.SSLError) as e:
+                return f"({type(e).__name__})"
+        reasons = ("frameTimeout", "tlsHandshakeTimeout", "firstFrameTimeout")
+        figures = await self.held_until_closed(hold, reasons, len(streams) + len(hellos), '{"error":{"code":"timeout"', told)
+        for _, writer in streams:
+            writer.transport.abort()
+        for s in hellos:
+            s.close()
+        return f"{len(hellos)} half ClientHellos, {len(streams)} half records after a call: {figures}"
+
+    # ---- 8: anonymous clients that reconnect as fast as they can
+    async def reconnect_flood(self, hold):
+        stop = asyncio.Event()
+        rounds, failures = 0, 0
+        greeting = frame(HELLO, 1, "", None) + frame(PING, 2, "", None)
+
+        async def worker(index):
+            nonlocal rounds, failures
+            while not stop.is_set():
+                writer = None
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                    if (index + rounds) % 2:
+                        writer.write(greeting)
+                        while True:  # WELCOME, then PONG
+                            (length,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 5))
+                            body = await asyncio.wait_for(reader.readexactly(length), 5)
+                            if body[0] == PONG:
+                                break
+                    rounds += 1
+                except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                    failures += 1
+                finally:
+                    if writer is not None:
+                        writer.transport.abort()
+        tasks = [asyncio.create_task(worker(i)) for i in range(RECONNECT_WORKERS)]
+        t0 = time.monotonic()
+        await hold(RECONNECT_SECONDS)
+        stop.set()
+        await asyncio.gather(*tasks)
+        seconds = time.monotonic() - t0
+        if failures:
+            self.body_failures.append(f"{failures} reconnecting client(s) failed")
+        return f"{RECONNECT_WORKERS} clients, {rounds} connections ({rounds / seconds:.0f}/s), {failures} failed"
+
+
 async def main_async(args):
     a = Attack(args)
     print(f"server pid {a.pid} port {a.port}, outbound limit {a.limit} B; limits: echo p99 {P99_LIMIT_MS:.0f} ms, "
@@ -305,6 +462,10 @@ async def main_async(args):
         (2, "never-read", a.never_read, int(NEVER_READ_CONNS * a.limit / 1024 * 1.25) + 64 * 1024),
         (3, "trickle", a.trickle, 64 * 1024),
         (4, "ping-flood", a.ping_flood, a.limit // 1024 + 64 * 1024),
+        (5, "slow-text", a.slow_text, SLOW_CONNS * 16 + 32 * 1024),
+        (6, "slow-http", a.slow_http, SLOW_CONNS * 16 + 32 * 1024),
+        (7, "slow-tls", a.slow_tls, SLOW_TLS_CONNS * 64 + 32 * 1024),
+        (8, "reconnect", a.reconnect_flood, 64 * 1024),
     ]
     for number, name, body, budget in plan:
         if args.only and str(number) not in args.only.split(","):
@@ -326,6 +487,8 @@ def main():
     p.add_argument("--pid", type=int, required=True)
     p.add_argument("--outbound-limit", type=int, required=True, help="the server's --outbound-limit")
     p.add_argument("--only", help="comma-separated attack numbers, e.g. 1,3")
+    p.add_argument("--tls-port", type=int, help="the server's TLS port (attack 7)")
+    p.add_argument("--ca", help="the CA that signed the server's TLS certificate (attack 7)")
     args = p.parse_args()
     sys.exit(asyncio.run(main_async(args)))
 

@@ -1,5 +1,6 @@
 import Synchronization
 import SwitchboardServer
+import SwitchboardTransport
 
 /// One entry of the `rateLimits` section: token buckets for requests on matching channels.
 public struct RateLimitRule: Codable, Sendable, Equatable {
@@ -316,7 +317,7 @@ public struct RateLimiter: Plugin {
             let meters = rules.indices.map { index -> (any GateMeter)? in
                 guard let user = context.identity else {
                     guard let limit = rules[index].perConnection else { return nil }
-                    let bucket = addresses.bucket(host: Self.host(of: context.remoteAddress), rule: index, limit: limit,
+                    let bucket = addresses.bucket(host: hostOfAddress(context.remoteAddress), rule: index, limit: limit,
                                                   generation: generation, now: now)
                     return SharedMeter(connection: nil, sharedLimit: limit, sharedBucket: bucket)
                 }
@@ -327,15 +328,6 @@ public struct RateLimiter: Plugin {
             let state = ConnectionState(generation: generation, helloCount: context.helloCount, rules: rules, buckets: buckets, meters: meters)
             context.keep(state)
             return state
-        }
-
-        /// The host of `address` (`host:port`, `[host]:port`), without its port.
-        static func host(of address: String) -> String {
-            if address.hasPrefix("["), let close = address.firstIndex(of: "]") {
-                return String(address[address.index(after: address.startIndex)..<close])
-            }
-            guard let colon = address.lastIndex(of: ":"), address.firstIndex(of: ":") == colon else { return address }
-            return String(address[..<colon])
         }
     }
 }

@@ -33,6 +33,10 @@ enum CloseReason: String {
     case webSocketRefused
     /// An operator closed it (`switchboard/connections` `close`).
     case closedByOperator
+    /// No complete frame, line or HTTP request head within the first-frame timeout.
+    case firstFrameTimeout
+    /// A frame, line, HTTP request head, TLS record or WebSocket frame stayed unfinished past the frame timeout.
+    case frameTimeout
 
     init(_ failure: TransportFailure.Kind) {
         switch failure {
@@ -122,6 +126,13 @@ final class Connection {
     var bytesIn = 0, bytesOut = 0
     /// The name its HELLO gave, if any.
     var clientName: String?
+    /// The host that ``ConnectionQuota`` counted it under, released when it closes; nil if not counted.
+    var admittedHost: String?
+    /// A frame or line has been read whole: the first-frame deadline is met.
+    private var hasCompletedFrame = false
+    /// When housekeeping first saw the current unfinished frame (or line, or head), and `bytesIn` then.
+    private var partialSince: UInt64?
+    private var bytesInWhenPartialSeen = 0
     /// The connection as plugins see it, made with the connection when plugins are loaded (only code
     /// that runs then asks for it).
     var context: ConnectionContext {
@@ -252,6 +263,10 @@ final class Connection {
             swap(&decoder, &frameDecoder)
         }
         core.stats.framesIn += count
+        if count > 0 {
+            hasCompletedFrame = true
+            partialSince = nil  // whatever is left began with this read
+        }
         inbound = buffer
         if !isClosing, isOverOutboundLimit, !isInputPaused {
             isInputPaused = true
@@ -835,6 +850,50 @@ final class Connection {
         stream.stop(dropReason: "cancelled")
         if notifyHandler { stream.entry.handler.onCancel(arguments: arguments ?? stream.arguments, sink: stream.sink) }
         closeIfPeerIsDone()
+    }
+
+    // MARK: Deadlines
+
+    /// Bytes of an unfinished frame that must arrive within each frame timeout for it to go on.
+    static let frameProgressBytes = 64 * 1024
+
+    /// Whether the client is in the middle of something: a frame or line in the buffer, an over-long
+    /// line being skipped, or, in a layer below, an HTTP request head, a WebSocket frame or a TLS record.
+    private var holdsPartialInput: Bool {
+        inbound.readableBytes > 0 || lineDecoder.isSkippingLine || transport.holdsPartialInput
+    }
+
+    /// The deadline this connection has missed, if any (wire.md, "Limits and liveness"), checked by
+    /// housekeeping: its first complete frame within ``ServerConfiguration/firstFrameTimeoutMs`` of
+    /// being accepted, and the end of a frame it began within ``ServerConfiguration/frameTimeoutMs``
+    /// of housekeeping's seeing it begun (or 64 KiB more of it). Input the server stopped reading, and
+    /// a peer that has finished sending, are not timed; a connection idle between frames never is.
+    func missedDeadline(at now: UInt64) -> CloseReason? {
+        guard !isClosing, !isInputPaused, !peerFinishedSending else { return nil }
+        let config = core.config
+        if !hasCompletedFrame, config.firstFrameTimeoutMs > 0, now - openedAt >= config.firstFrameTimeoutMs {
+            return .firstFrameTimeout
+        }
+        guard config.frameTimeoutMs > 0, holdsPartialInput else {
+            partialSince = nil
+            return nil
+        }
+        guard let since = partialSince, bytesIn - bytesInWhenPartialSeen < Self.frameProgressBytes else {
+            partialSince = now  // begun, or still coming fast enough: a new period
+            bytesInWhenPartialSeen = bytesIn
+            return nil
+        }
+        return now - since >= config.frameTimeoutMs ? .frameTimeout : nil
+    }
+
+    /// Closes a connection that missed `deadline`, telling it why in its mode (ERROR `timeout`, or an
+    /// error line); one with no mode yet gets 408 for an unfinished HTTP head, or only the close.
+    func timeOut(_ deadline: CloseReason) {
+        let limit = deadline == .firstFrameTimeout ? core.config.firstFrameTimeoutMs : core.config.frameTimeoutMs
+        let what = deadline == .firstFrameTimeout ? "no complete frame or line" : "a frame or line was not finished"
+        logger.info("closing: \(deadline.rawValue)")
+        if mode != .undecided { writeError(.timeout("\(what) within \(limit) ms")) }
+        closeAfterFlush(deadline, intent: .timeout)
     }
 
     // MARK: Closing

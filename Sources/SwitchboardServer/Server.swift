@@ -37,10 +37,11 @@ public final class Server: Sendable {
         precondition(configuration.loops >= 1, "a server runs at least one loop")
         self.configuration = configuration
         var cores: [ServerCore] = []
+        let quota = ConnectionQuota(configuration)
         for index in 0..<configuration.loops {
             var logger = logger
             if configuration.loops > 1 { logger[metadataKey: "loop"] = "\(index)" }
-            cores.append(try ServerCore(config: configuration, logger: logger, index: index, loops: configuration.loops))
+            cores.append(try ServerCore(config: configuration, logger: logger, index: index, loops: configuration.loops, quota: quota))
         }
         group = LoopGroup(cores: cores, metrics: configuration.metrics, joinedByNATS: configuration.cluster != nil)
         for core in cores { core.group = group }

@@ -41,6 +41,23 @@ public struct ServerConfiguration: Sendable {
     /// handler may run on several threads at once. In a cluster, each loop is a node of its own. At least
     /// 1; a driven server (``Server/startDriven()``, `EmbeddedServer`) runs exactly 1.
     public var loops = 1
+    /// How long a new connection has to complete its first frame, line or HTTP request head (a TLS
+    /// handshake included); 0 = no limit. Only the first is timed: a client may then stay idle.
+    public var firstFrameTimeoutMs: UInt64 = 10_000
+    /// How long a frame, line or HTTP request head (or a TLS record or WebSocket frame carrying one)
+    /// may stay unfinished once it has begun, unless 64 KiB more of it arrive within that time (a large
+    /// frame on a slow link goes on); 0 = no limit.
+    public var frameTimeoutMs: UInt64 = 10_000
+    /// Connections served at once, over every port and loop; more are closed as soon as they are
+    /// accepted (counted in `closes.overConnectionLimit`). Lowered at start to the descriptor limit
+    /// less 64, as Redis lowers `maxclients`.
+    public var maxConnections = 10_000
+    /// Connections served at once from one remote address (counted in `closes.overAddressLimit`);
+    /// loopback addresses are exempt unless ``capsLoopback`` is set.
+    public var maxConnectionsPerAddress = 256
+    /// Whether ``maxConnectionsPerAddress`` applies to loopback addresses too. Off by default: behind a
+    /// reverse proxy on the same host every client comes from loopback.
+    public var capsLoopback = false
 
     /// The defaults of wire-v1.
     public init() {}

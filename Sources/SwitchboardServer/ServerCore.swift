@@ -118,9 +118,14 @@ final class ServerCore {
     private(set) var cluster: ClusterLink?
     /// Whether ``cluster`` joins the loops of this server rather than nodes.
     private(set) var linksLoops = false
+    /// The caps on connections, shared by the server's loops.
+    let quota: ConnectionQuota
+    /// The last refusal logged (see ``lastAcceptErrorLog``).
+    private var lastRefusalLog: UInt64 = 0
 
-    init(config: ServerConfiguration, logger: Logger, index: Int = 0, loops: Int = 1) throws(UVError) {
+    init(config: ServerConfiguration, logger: Logger, index: Int = 0, loops: Int = 1, quota: ConnectionQuota) throws(UVError) {
         self.config = config
+        self.quota = quota
         self.logger = logger
         self.index = index
         loopCount = loops
@@ -179,37 +184,66 @@ final class ServerCore {
     }
 
     /// A connection loop 0 accepted: served here, or handed to the loop whose turn it is.
+    /// Admitted by the connection caps, it is counted under its host until it closes; refused, it is
+    /// closed at once (it has no mode yet to be told in), counted and logged.
     private func accepted(_ transport: TCPConnection, tls: TLSSettings?) {
+        let host = hostOfAddress(transport.remoteAddress)
+        if let refusal = quota.admit(host) { return refuse(transport, refusal, host: host) }
         let target = nextLoop
         nextLoop = (nextLoop + 1) % loopCount
-        guard target != index, let sibling = group?.cores[target] else { return serve(transport, tls: tls) }
+        guard target != index, let sibling = group?.cores[target] else { return serve(transport, tls: tls, host: host) }
         let socket: DetachedSocket
-        do { socket = try transport.detach() } catch { return acceptFailed(error) }
-        if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls) }) { socket.close() }
+        do { socket = try transport.detach() } catch {
+            quota.release(host)
+            return acceptFailed(error)
+        }
+        let quota = quota
+        if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls, host: host) }) {
+            quota.release(host)
+            socket.close()
+        }
+    }
+
+    private func refuse(_ transport: TCPConnection, _ refusal: ConnectionQuota.Refusal, host: String) {
+        tallies.closes[refusal.rawValue, default: 0] += 1
+        transport.closeNow()
+        let now = eventLoop.now
+        guard now - lastRefusalLog >= 1000 || lastRefusalLog == 0 else { return }
+        lastRefusalLog = now
+        logger.warning("refusing connections: \(refusal.rawValue)", metadata: [
+            "remote": "\(host)", "maxConnections": "\(quota.maxConnections)", "maxConnectionsPerAddress": "\(quota.maxPerAddress)"])
     }
 
     /// Serves a connection loop 0 accepted for this loop.
-    private func adopt(_ socket: DetachedSocket, tls: TLSSettings?) {
-        guard phase == .running || phase == .draining else { return socket.close() }
+    private func adopt(_ socket: DetachedSocket, tls: TLSSettings?, host: String) {
+        guard phase == .running || phase == .draining else {
+            quota.release(host)
+            return socket.close()
+        }
         let transport: TCPConnection
-        do { transport = try TCPConnection.adopt(socket, loop: eventLoop) } catch { return acceptFailed(error) }
-        serve(transport, tls: tls)
+        do { transport = try TCPConnection.adopt(socket, loop: eventLoop) } catch {
+            quota.release(host)
+            return acceptFailed(error)
+        }
+        serve(transport, tls: tls, host: host)
     }
 
     /// Serves an accepted TCP connection, under TLS when it came to the TLS port.
-    private func serve(_ transport: TCPConnection, tls: TLSSettings?) {
-        if let tls { return acceptTLS(transport, tls) }
-        accept(web(transport))
+    private func serve(_ transport: TCPConnection, tls: TLSSettings?, host: String) {
+        if let tls { return acceptTLS(transport, tls, host: host) }
+        accept(web(transport), admittedHost: host)
     }
 
     /// The TLS port, once bound.
     var tlsPort: Int? { tlsListener?.port }
 
-    private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings) {
+    private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings, host: String) {
         do {
-            accept(web(try TLSTransport(over: transport, context: tls.context, loop: eventLoop, handshakeTimeoutMs: tls.handshakeTimeoutMs)))
+            accept(web(try TLSTransport(over: transport, context: tls.context, loop: eventLoop, handshakeTimeoutMs: tls.handshakeTimeoutMs)),
+                   admittedHost: host)
         } catch {
             logger.warning("cannot start TLS: \(error)")
+            quota.release(host)
             transport.closeNow()
         }
     }
@@ -228,7 +262,8 @@ final class ServerCore {
         beforeSleep = try BeforeSleep(loop: eventLoop) { [unowned self] in flushDirty() }
         kick = try Timer(loop: eventLoop)
         let housekeeping = try Timer(loop: eventLoop)
-        let interval = max(10, min(100, config.slowConsumerGraceMs / 4, config.heartbeatMs == 0 ? 100 : config.heartbeatMs / 4))
+        let periods = [config.heartbeatMs, config.firstFrameTimeoutMs, config.frameTimeoutMs].filter { $0 > 0 }
+        let interval = max(10, min(100, config.slowConsumerGraceMs / 4, periods.map { $0 / 4 }.min() ?? 100))
         housekeeping.start(after: interval, repeat: interval) { [unowned self] in keepHouse() }
         self.housekeeping = housekeeping
         // Reported when scraped, or by loop 0's timer for every loop.
@@ -265,11 +300,15 @@ final class ServerCore {
         }
     }
 
-    /// Serves a new connection over `transport`.
-    func accept(_ transport: any Transport) {
-        guard phase == .running || phase == .draining else { return transport.closeNow() }
+    /// Serves a new connection over `transport` (counted under `admittedHost` by the caps, if given).
+    func accept(_ transport: any Transport, admittedHost: String? = nil) {
+        guard phase == .running || phase == .draining else {
+            if let admittedHost { quota.release(admittedHost) }
+            return transport.closeNow()
+        }
         connectionsMade += 1
         let connection = Connection(id: (connectionsMade - 1) * UInt64(loopCount) + UInt64(index) + 1, transport: transport, core: self)
+        connection.admittedHost = admittedHost
         connections[connection.id] = connection
         stats.connectionsTotal += 1
         transport.start { event in connection.handle(event) }
@@ -280,8 +319,16 @@ final class ServerCore {
         tallies.closes[reason.rawValue, default: 0] += 1
         releasedSinceTrim += connection.pendingBytes
         if reason == .slowConsumer { stats.slowConsumersClosed += 1 }
-        if !connection.transport.isOpen { return }
+        if !connection.transport.isOpen { return releaseAdmission(of: connection) }
         closingConnections.append(connection)
+    }
+
+    /// Gives a gone connection's place under the caps back: once its socket is closed, not when its
+    /// close begins, so that connections lingering in a graceful close (at most a second) count too.
+    private func releaseAdmission(of connection: Connection) {
+        guard let host = connection.admittedHost else { return }
+        connection.admittedHost = nil
+        quota.release(host)
     }
 
     var welcome: ChannelValue {
@@ -547,6 +594,10 @@ final class ServerCore {
                 connection.close(.slowConsumer)
                 continue
             }
+            if let deadline = connection.missedDeadline(at: now) {
+                connection.timeOut(deadline)
+                continue
+            }
             // Paused input is the server's doing (the peer may well be sending): no heartbeat verdict.
             guard config.heartbeatMs > 0, !connection.isText, !connection.isInputPaused else { continue }
             if now - connection.lastInbound >= 2 * config.heartbeatMs {
@@ -560,12 +611,12 @@ final class ServerCore {
         }
         forgetAnsweredLoopCalls()
         closingConnections.removeAll { connection in
-            guard connection.transport.isOpen else { return true }
-            if let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) {
+            if connection.transport.isOpen {
+                guard let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) else { return false }
                 connection.close(.shutdown)  // the linger is over (the reason was counted when it began)
-                return true
             }
-            return false
+            releaseAdmission(of: connection)
+            return true
         }
     }
 

@@ -53,6 +53,7 @@ public struct HTTPResponse: Sendable {
         case 403: "Forbidden"
         case 404: "Not Found"
         case 405: "Method Not Allowed"
+        case 408: "Request Timeout"
         case 426: "Upgrade Required"
         case 431: "Request Header Fields Too Large"
         case 503: "Service Unavailable"
@@ -109,10 +110,14 @@ final class HTTPRequestParser {
 
     /// Feeds `bytes`; says whether the head is complete.
     func feed(_ bytes: [UInt8]) -> Outcome {
+        // The parser never sees more than `limit` bytes of a head, however many came in one read.
+        guard seen < limit else { return .tooLarge }
+        guard !bytes.isEmpty else { return .needMore }  // an empty read would tell the parser the input ended
+        let allowed = min(bytes.count, limit - seen)
         let consumed = bytes.withUnsafeBufferPointer { buffer in
             parser.data = Unmanaged.passUnretained(self).toOpaque()
             return buffer.withMemoryRebound(to: CChar.self) { chars in
-                http_parser_execute(&parser, &settings, chars.baseAddress, chars.count)
+                http_parser_execute(&parser, &settings, chars.baseAddress, allowed)
             }
         }
         seen += consumed
@@ -125,7 +130,7 @@ final class HTTPRequestParser {
         if error != HPE_OK {
             return .malformed(String(cString: http_errno_description(error)))
         }
-        return seen > limit ? .tooLarge : .needMore
+        return seen >= limit ? .tooLarge : .needMore
     }
 
     private func endHeader() {

@@ -51,6 +51,11 @@ public final class HTTPUpgradeTransport: Transport {
     @exclusivity(unchecked) private var received: [UInt8] = []
     /// Server-to-client WebSocket frames, built here and handed down, its capacity kept write after write.
     private var framed: [UInt8] = []
+    /// Bytes of the WebSocket message being received, and where it begins in `received`: a message over
+    /// maxFrame is cut off there, however many fragments it came in (see ``collect(_:_:)``).
+    @exclusivity(unchecked) private var messageBytes = 0
+    @exclusivity(unchecked) private var messageStart = 0
+    @exclusivity(unchecked) private var isMessageTooLarge = false
     /// Cuts what the owner writes into messages, once a WebSocket.
     private var cutter = MessageCutter() { didSet { pendingCount = cutter.pendingCount } }
     /// `cutter.pendingCount`, read per request by the owner's outbound check. Unchecked: a plain integer
@@ -73,6 +78,15 @@ public final class HTTPUpgradeTransport: Transport {
     public var peerIdentity: String? { inner.peerIdentity }
     /// Whether the connection became a WebSocket.
     public var isWebSocket: Bool { if case .webSocket = mode { true } else { false } }
+    /// A request head not finished yet, part of a WebSocket frame, or what the layers below hold.
+    public var holdsPartialInput: Bool {
+        switch mode {
+        case .http: true
+        case .webSocket(let session): session.isInsideFrame || inner.holdsPartialInput
+        case .sniffing, .passThrough: inner.holdsPartialInput
+        case .answered: false
+        }
+    }
 
     public func start(_ handler: @escaping (TransportEvent) -> Void) {
         self.handler = handler
@@ -112,6 +126,9 @@ public final class HTTPUpgradeTransport: Transport {
 
     public func closeAfterWrites(_ intent: CloseIntent) {
         isClosingByOwner = true
+        if intent == .timeout, case .http = mode {
+            return answer(HTTPResponse(status: 408, text: "the request head was not finished in time\n"))
+        }
         if case .webSocket(let session) = mode, session.closeCodeSent == 0 {
             session.queueClose(intent.webSocketCode, reason: intent.webSocketReason)
             flush(session)
@@ -185,7 +202,10 @@ public final class HTTPUpgradeTransport: Transport {
         }
         let session = WebSocketSession(maxMessage: options.maxFrame + 4)
         session.onData = { [unowned self] opcode, bytes in collect(opcode, bytes) }
-        session.onMessageEnd = { [unowned self] opcode in if opcode == .text { received.append(10) } }
+        session.onMessageEnd = { [unowned self] opcode in
+            messageBytes = 0
+            if opcode == .text, !isMessageTooLarge { received.append(10) }
+        }
         session.onFrame = { [unowned self] in handler?(.data([])) }  // traffic, for the heartbeat
         mode = .webSocket(session)
         var response = Array(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -214,13 +234,19 @@ public final class HTTPUpgradeTransport: Transport {
             isPausedForPongs = true
             inner.pauseReading()
         }
+        if isMessageTooLarge, !wasClosing, wslayClosed == 0 {
+            received.removeSubrange(min(messageStart, received.count)...)  // the messages before it are delivered
+            session.queueClose(1009, reason: "message too large")
+            flush(session)
+        }
         if !received.isEmpty {
             var messages: [UInt8] = []
             swap(&messages, &received)
+            messageStart = 0
             deliver(.data(messages))
         }
         guard !isFinished else { return }
-        if wslayClosed == 1009 {
+        if wslayClosed == 1009 || isMessageTooLarge {
             fail(.webSocketError, "a WebSocket message over maxFrame (\(options.maxFrame) bytes)")
         } else if !ok || wslayClosed != 0 {
             fail(.webSocketError, "WebSocket protocol error (close code \(wslayClosed))")
@@ -236,6 +262,9 @@ public final class HTTPUpgradeTransport: Transport {
     /// Message bytes from the peer, kept for ``receive(_:_:)`` to deliver; a text message's end adds its
     /// newline.
     private func collect(_ opcode: WebSocketSession.Opcode, _ bytes: UnsafeBufferPointer<UInt8>) {
+        if messageBytes == 0 { messageStart = received.count }
+        messageBytes += bytes.count
+        guard !isMessageTooLarge, messageBytes <= options.maxFrame + 4 else { isMessageTooLarge = true; return }
         if received.isEmpty, let first = bytes.first { cutter.decide(byFirstByte: first) }
         if opcode == .text {
             // One text-mode line per message: a newline in it can only be JSON whitespace.
@@ -347,13 +376,15 @@ public final class HTTPUpgradeTransport: Transport {
 /// Why the owner closes a connection, for transports that can say so to the peer (WebSocket close codes).
 public enum CloseIntent: Sendable {
     case normal, goingAway, policy, tooLarge, protocolError
+    /// A deadline passed (wire.md, "Limits"): an HTTP request head gets 408, a WebSocket 1008.
+    case timeout
 
     var webSocketCode: UInt16 {
         switch self {
         case .normal: 1000
         case .goingAway: 1001
         case .protocolError: 1002
-        case .policy: 1008
+        case .policy, .timeout: 1008
         case .tooLarge: 1009
         }
     }
@@ -365,6 +396,7 @@ public enum CloseIntent: Sendable {
         case .protocolError: "protocol error"
         case .policy: "refused"
         case .tooLarge: "message too large"
+        case .timeout: "timed out"
         }
     }
 }

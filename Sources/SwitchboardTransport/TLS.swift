@@ -164,6 +164,8 @@ public final class TLSTransport: Transport {
     public var isLoopbackPeer: Bool { inner.isLoopbackPeer }
     public var scheme: String { "tls" }
     public var peerIdentity: String? { peerSubject }
+    /// Part of a record is in (a handshake in progress has a timeout of its own).
+    public var holdsPartialInput: Bool { isEstablished && (inputIndex < input.count || SSL_has_pending(ssl) == 1) }
 
     public func start(_ handler: @escaping (TransportEvent) -> Void) {
         self.handler = handler

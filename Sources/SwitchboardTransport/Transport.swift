@@ -72,6 +72,9 @@ public protocol Transport: AnyObject {
     func closeAfterWrites(_ intent: CloseIntent)
     /// Closes at once; queued bytes are dropped.
     func closeNow()
+    /// Whether the layers here hold the start of something the peer has not finished: part of an HTTP
+    /// request head, of a WebSocket frame or of a TLS record (the owner times it: wire.md, "Limits").
+    var holdsPartialInput: Bool { get }
 }
 
 extension Transport {
@@ -80,19 +83,24 @@ extension Transport {
     public var isLoopbackPeer: Bool { isLoopbackAddress(remoteAddress) }
     public var scheme: String { "tcp" }
     public func closeAfterWrites(_ intent: CloseIntent) { closeAfterWrites() }
+    public var holdsPartialInput: Bool { false }
 }
 
 /// Whether `address` (`host:port`, `[host]:port`) is a loopback address: 127.0.0.0/8, `::1`, or
 /// 127.0.0.0/8 mapped into IPv6.
 public func isLoopbackAddress(_ address: String) -> Bool {
-    let host: Substring
-    if address.hasPrefix("["), let close = address.firstIndex(of: "]") {
-        host = address[address.index(after: address.startIndex)..<close]
-    } else {
-        host = address.prefix { $0 != ":" }
-    }
-    let lowered = host.lowercased()
+    let lowered = hostOfAddress(address).lowercased()
     let ipv4 = lowered.hasPrefix("::ffff:") ? lowered.dropFirst(7) : Substring(lowered)
     let octets = ipv4.split(separator: ".", omittingEmptySubsequences: false)
     return lowered == "::1" || (octets.count == 4 && octets[0] == "127" && octets.allSatisfy { UInt8($0) != nil })
+}
+
+/// The host of `address` (`host:port`, `[host]:port`), without its port; `address` itself when it has
+/// no port.
+public func hostOfAddress(_ address: String) -> String {
+    if address.hasPrefix("["), let close = address.firstIndex(of: "]") {
+        return String(address[address.index(after: address.startIndex)..<close])
+    }
+    guard let colon = address.lastIndex(of: ":"), address.firstIndex(of: ":") == colon else { return address }
+    return String(address[..<colon])
 }

@@ -100,8 +100,14 @@ final class WebSocketSession {
 
     deinit { wslay_event_context_free(context) }
 
+    /// Server side: where the peer's frames begin and end, followed byte by byte as they arrive.
+    private var boundaries = FrameBoundaries()
+    /// Server side: the peer has sent part of a frame, or the first frames of a message it has not ended.
+    var isInsideFrame: Bool { boundaries.isInsideFrame || receiving != nil }
+
     /// Reads `bytes`: delivers the messages they complete. False on a fatal error (the session is over).
     func receive(_ bytes: [UInt8]) -> Bool {
+        if role == .server { boundaries.advance(over: bytes) }
         if inputOffset == input.count {
             input = bytes
             inputOffset = 0
@@ -222,5 +228,41 @@ final class WebSocketSession {
 
     private static func owner(_ user: UnsafeMutableRawPointer?) -> WebSocketSession? {
         user.map { Unmanaged<WebSocketSession>.fromOpaque($0).takeUnretainedValue() }
+    }
+}
+
+/// Follows the frames of a WebSocket byte stream without reading them (wslay does): how much of the
+/// current frame is still to come, and the start of a header that is not all in yet.
+struct FrameBoundaries {
+    private var remaining = 0
+    private var header: [UInt8] = []
+
+    var isInsideFrame: Bool { remaining > 0 || !header.isEmpty }
+
+    mutating func advance(over bytes: [UInt8]) {
+        var index = 0
+        while index < bytes.count {
+            if remaining > 0 {
+                let count = min(remaining, bytes.count - index)
+                remaining -= count
+                index += count
+                continue
+            }
+            header.append(bytes[index])
+            index += 1
+            guard let payload = Self.payloadSize(header) else { continue }  // more header to come
+            header.removeAll(keepingCapacity: true)
+            remaining = payload
+        }
+    }
+
+    /// The payload size once `header` is a whole frame header (an absurd length is clamped: wslay
+    /// refuses such a frame anyway).
+    private static func payloadSize(_ header: [UInt8]) -> Int? {
+        guard header.count >= 2 else { return nil }
+        let lengthSize = switch header[1] & 0x7F { case 126: 2; case 127: 8; default: 0 }
+        guard header.count == 2 + lengthSize + (header[1] & 0x80 != 0 ? 4 : 0) else { return nil }
+        guard lengthSize > 0 else { return Int(header[1] & 0x7F) }
+        return header[2..<(2 + lengthSize)].reduce(0) { min($0 << 8 | Int($1), 1 << 40) }
     }
 }

@@ -129,6 +129,8 @@ public enum WireError: Error, Equatable, Sendable {
     case badRequest(String)
     case goingAway
     case slowConsumer
+    /// The connection missed a deadline: its first frame, line or HTTP head, or the end of one it began.
+    case timeout(String)
     case cancelled
     case handlerGone
     case channelTaken
@@ -156,6 +158,7 @@ public enum WireError: Error, Equatable, Sendable {
         case .badRequest: "bad_request"
         case .goingAway: "going_away"
         case .slowConsumer: "slow_consumer"
+        case .timeout: "timeout"
         case .cancelled: "cancelled"
         case .handlerGone: "handler_gone"
         case .channelTaken: "channel_taken"
@@ -170,7 +173,7 @@ public enum WireError: Error, Equatable, Sendable {
     public var message: String {
         switch self {
         case .malformedFrame(let m), .badFrame(let m), .badChannel(let m), .badPayload(let m), .badHello(let m),
-             .badRequest(let m):
+             .badRequest(let m), .timeout(let m):
             m
         case .frameTooLarge(let declared): "frame of \(declared) bytes exceeds the server's maxFrame"
         case .duplicateId: "a request with this id is still pending"
@@ -206,7 +209,7 @@ public enum WireError: Error, Equatable, Sendable {
     /// Whether the server closes the connection after sending this error.
     public var closesConnection: Bool {
         switch self {
-        case .malformedFrame, .frameTooLarge, .unauthorized, .badHello, .unsupportedVersion, .slowConsumer: true
+        case .malformedFrame, .frameTooLarge, .unauthorized, .badHello, .unsupportedVersion, .slowConsumer, .timeout: true
         default: false
         }
     }

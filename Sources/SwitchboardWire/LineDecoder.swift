@@ -8,6 +8,9 @@ public struct LineDecoder: Sendable {
     private var scanned = 0
     private var skipping = false
 
+    /// Whether a line over the limit is being skipped: the client is in the middle of a line.
+    public var isSkippingLine: Bool { skipping }
+
     /// Makes a decoder.
     public init(maxLine: Int) { self.maxLine = maxLine }
 

@@ -80,6 +80,16 @@ struct Serve: ParsableCommand {
     var cluster: String?
     @Option(help: "This node's name in the cluster (default: the host name and process id).") var node: String?
     @Option(help: "Event loops, one thread each: 1 … 256 (default: one per core).") var loops: Int?
+    @Option(help: "Milliseconds a new connection has to complete its first frame, line or HTTP head (0 = no limit).")
+    var firstFrameTimeout: UInt64 = 10_000
+    @Option(help: "Milliseconds a frame, line, HTTP head, TLS record or WebSocket frame may stay unfinished, unless 64 KiB more of it arrive (0 = no limit).")
+    var frameTimeout: UInt64 = 10_000
+    @Option(help: "Connections served at once; more are closed when accepted (lowered to the descriptor limit less 64).")
+    var maxConnections = 10_000
+    @Option(help: "Connections served at once from one remote address (loopback is exempt unless --cap-loopback).")
+    var maxConnectionsPerAddress = 256
+    @Flag(help: "Apply --max-connections-per-address to loopback too (off: a reverse proxy on this host would hit it).")
+    var capLoopback = false
 
     /// The servers `--cluster` lists; nil if one is not a NATS address.
     private var clusterServers: [NATSBus.Server]? {
@@ -90,6 +100,9 @@ struct Serve: ParsableCommand {
         guard maxFrame >= 16, maxFrame <= 1 << 30 else { throw ValidationError("--max-frame must be 16 … 1073741824") }
         guard (0...65535).contains(port) else { throw ValidationError("--port must be 0 … 65535") }
         guard outboundLimit > 0 else { throw ValidationError("--outbound-limit must be positive") }
+        guard maxConnections > 0, maxConnectionsPerAddress > 0 else {
+            throw ValidationError("--max-connections and --max-connections-per-address must be positive")
+        }
         guard (tlsCert == nil) == (tlsKey == nil) else { throw ValidationError("--tls-cert and --tls-key go together") }
         guard tlsCa == nil || tlsCert != nil else { throw ValidationError("--tls-ca needs --tls-cert and --tls-key") }
         guard (0...65535).contains(tlsPort) else { throw ValidationError("--tls-port must be 0 … 65535") }
@@ -117,6 +130,11 @@ struct Serve: ParsableCommand {
         config.heartbeatMs = heartbeat
         config.token = token ?? environment("SWITCHBOARD_TOKEN")
         config.drainTimeoutMs = drainTimeout
+        config.firstFrameTimeoutMs = firstFrameTimeout
+        config.frameTimeoutMs = frameTimeout
+        config.maxConnections = maxConnections
+        config.maxConnectionsPerAddress = maxConnectionsPerAddress
+        config.capsLoopback = capLoopback
         config.httpEndpoints = http == .on
         config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
         config.metrics = .prometheus(channelLimit: metricsChannels)

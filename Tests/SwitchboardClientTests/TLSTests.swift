@@ -29,9 +29,11 @@ enum TestCertificates {
 }
 
 /// A server with TLS on a free port beside its plain one.
-func startTLSServer(clientCA: Bool = false, handshakeTimeoutMs: UInt64 = 10_000, plugins: [any Plugin] = []) throws -> Server {
+func startTLSServer(clientCA: Bool = false, handshakeTimeoutMs: UInt64 = 10_000, plugins: [any Plugin] = [],
+                    configure: (inout ServerConfiguration) -> Void = { _ in }) throws -> Server {
     var config = ServerConfiguration.forTests()
     config.drainTimeoutMs = 300
+    configure(&config)
     let context = try TLSContext.server(certificateFile: TestCertificates.path("server.pem"), keyFile: TestCertificates.path("server.key"),
                                         clientCAFile: clientCA ? TestCertificates.path("ca.pem") : nil)
     config.tls = TLSSettings(context: context, port: 0, handshakeTimeoutMs: handshakeTimeoutMs)

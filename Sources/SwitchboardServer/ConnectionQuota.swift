@@ -1,0 +1,58 @@
+import Synchronization
+import SwitchboardTransport
+
+/// The caps on connections served at once (``ServerConfiguration/maxConnections`` and
+/// ``ServerConfiguration/maxConnectionsPerAddress``), shared by every loop: loop 0 admits each
+/// connection it accepts, and the loop that serves it releases it when it closes.
+final class ConnectionQuota: Sendable {
+    /// Why a connection was refused; counted in stats as its close reason.
+    enum Refusal: String {
+        /// The server serves ``maxConnections`` already.
+        case overConnectionLimit
+        /// Its address has ``maxPerAddress`` connections already.
+        case overAddressLimit
+    }
+
+    private struct State {
+        var total = 0
+        /// Connections by host, for the hosts the per-address cap applies to.
+        var byHost: [String: Int] = [:]
+    }
+
+    private let state = Mutex(State())
+    /// The total cap: the configured one, lowered to the descriptor limit less 64 (the listeners, the
+    /// loops' own handles, a cluster's sockets, files), so that accepting never runs out of descriptors.
+    let maxConnections: Int
+    let maxPerAddress: Int
+    let capsLoopback: Bool
+
+    init(_ config: ServerConfiguration) {
+        let descriptors = ProcessLimits.openFiles ?? Int.max
+        maxConnections = max(1, min(config.maxConnections, descriptors - 64))
+        maxPerAddress = config.maxConnectionsPerAddress
+        capsLoopback = config.capsLoopback
+    }
+
+    /// Counts a connection from `host`; the refusal instead, when a cap is reached.
+    func admit(_ host: String) -> Refusal? {
+        let capped = capsLoopback || !isLoopbackAddress(host)
+        return state.withLock { state in
+            guard state.total < maxConnections else { return .overConnectionLimit }
+            if capped {
+                guard state.byHost[host, default: 0] < maxPerAddress else { return .overAddressLimit }
+                state.byHost[host, default: 0] += 1
+            }
+            state.total += 1
+            return nil
+        }
+    }
+
+    /// A connection from `host` that ``admit(_:)`` counted has gone.
+    func release(_ host: String) {
+        state.withLock { state in
+            state.total -= 1
+            guard let count = state.byHost[host] else { return }
+            state.byHost[host] = count > 1 ? count - 1 : nil
+        }
+    }
+}
