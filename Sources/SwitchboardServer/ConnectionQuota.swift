@@ -20,15 +20,16 @@ final class ConnectionQuota: Sendable {
     }
 
     private let state = Mutex(State())
-    /// The total cap: the configured one, lowered to the descriptor limit less 64 (the listeners, the
-    /// loops' own handles, a cluster's sockets, files), so that accepting never runs out of descriptors.
+    /// The total cap: the configured one, lowered to the descriptor limit less what the server keeps for
+    /// itself (64, or a quarter of a smaller limit: the listeners, the loops' own handles, a cluster's
+    /// sockets, files), so that accepting never runs out of descriptors.
     let maxConnections: Int
     let maxPerAddress: Int
     let capsLoopback: Bool
 
     init(_ config: ServerConfiguration) {
         let descriptors = ProcessLimits.openFiles ?? Int.max
-        maxConnections = max(1, min(config.maxConnections, descriptors - 64))
+        maxConnections = max(1, min(config.maxConnections, descriptors - min(64, descriptors / 4)))
         maxPerAddress = config.maxConnectionsPerAddress
         capsLoopback = config.capsLoopback
     }

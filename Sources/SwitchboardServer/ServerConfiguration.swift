@@ -50,7 +50,7 @@ public struct ServerConfiguration: Sendable {
     public var frameTimeoutMs: UInt64 = 10_000
     /// Connections served at once, over every port and loop; more are closed as soon as they are
     /// accepted (counted in `closes.overConnectionLimit`). Lowered at start to the descriptor limit
-    /// less 64, as Redis lowers `maxclients`.
+    /// less 64 (a quarter of a smaller limit), as Redis lowers `maxclients`.
     public var maxConnections = 10_000
     /// Connections served at once from one remote address (counted in `closes.overAddressLimit`);
     /// loopback addresses are exempt unless ``capsLoopback`` is set.

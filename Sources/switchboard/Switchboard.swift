@@ -84,7 +84,7 @@ struct Serve: ParsableCommand {
     var firstFrameTimeout: UInt64 = 10_000
     @Option(help: "Milliseconds a frame, line, HTTP head, TLS record or WebSocket frame may stay unfinished, unless 64 KiB more of it arrive (0 = no limit).")
     var frameTimeout: UInt64 = 10_000
-    @Option(help: "Connections served at once; more are closed when accepted (lowered to the descriptor limit less 64).")
+    @Option(help: "Connections served at once; more are closed when accepted (lowered to the descriptor limit less 64, or a quarter of a smaller one).")
     var maxConnections = 10_000
     @Option(help: "Connections served at once from one remote address (loopback is exempt unless --cap-loopback).")
     var maxConnectionsPerAddress = 256
