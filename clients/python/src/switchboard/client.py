@@ -147,6 +147,13 @@ class Client:
         """Sends PING and returns the PONG's payload (a round trip: everything sent before has been read)."""
         return (await self.request(FrameType.PING, "", payload)).payload
 
+    async def send(self, channel: str, payload: Optional[bytes]) -> None:
+        """Sends a MESSAGE that wants no answer (id 0): an event, when this client holds `channel` as an event
+        channel (``payload`` an envelope of the channel's method codec, None for the end of the stream)."""
+        self._check_open()
+        self._write(Frame(FrameType.MESSAGE, 0, channel, payload))
+        await self._drain()
+
     async def demand(self, channel: str, credit: int) -> None:
         """Grants `credit` more events on `channel`'s stream (DEMAND); 0xFFFFFFFF returns it to push mode."""
         if not 0 < credit <= 0xFFFFFFFF:

@@ -94,7 +94,7 @@ class MethodCall:
 
 def _typecode(kind: str, size: int) -> str:
     """The array type code of `size`-byte items of `kind` ('i' signed, 'f' float) on this platform."""
-    for code in ("i", "l", "q") if kind == "i" else ("f", "d"):
+    for code in ("i", "q", "l") if kind == "i" else ("f", "d"):
         if array.array(code).itemsize == size:
             return code
     raise ImportError(f"no array type code for {size}-byte items of kind {kind}")
@@ -289,10 +289,11 @@ class MethodCodec:
 _NULL, _TRUE, _FALSE, _INT32, _INT64, _LARGE_INT, _FLOAT64, _STRING, _UINT8_LIST = range(9)
 _INT32_LIST, _INT64_LIST, _FLOAT64_LIST, _LIST, _MAP, _FLOAT32_LIST = range(9, 15)
 
-#: array type code → (type byte, alignment)
+#: array type code → (type byte, alignment): every signed int code of 4 or 8 bytes, and both float codes
 _TYPED_LISTS = {
-    INT32_TYPECODE: (_INT32_LIST, 4), INT64_TYPECODE: (_INT64_LIST, 8),
-    FLOAT64_TYPECODE: (_FLOAT64_LIST, 8), FLOAT32_TYPECODE: (_FLOAT32_LIST, 4),
+    code: {(True, 4): (_INT32_LIST, 4), (True, 8): (_INT64_LIST, 8),
+           (False, 4): (_FLOAT32_LIST, 4), (False, 8): (_FLOAT64_LIST, 8)}[(code in "ilq", array.array(code).itemsize)]
+    for code in "ilqfd" if array.array(code).itemsize in (4, 8)
 }
 #: type byte → (array type code, alignment)
 _TYPED_LIST_TYPES = {
