@@ -100,3 +100,11 @@ def test_the_readme_example_is_the_example_file_and_passes(pytester):
     assert f"```python\n{example}```" in readme
     pytester.makepyfile(test_readme_example=example)
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=example.count("\nasync def test_"))
+
+
+def test_the_main_readme_snippet_passes(pytester):
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme.split("## A client in Python, for tests\n", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    pytester.makepyfile(test_main_readme="import pytest\nimport switchboard\n\n" + snippet)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
