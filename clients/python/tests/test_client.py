@@ -72,6 +72,22 @@ async def test_an_undecodable_payload_is_a_server_error(switchboard_client):
     assert raised.value.code == "bad_payload"
 
 
+async def test_a_frame_over_the_servers_max_frame_is_refused_before_it_is_sent(switchboard_server_factory):
+    server = switchboard_server_factory("--max-frame", "1024")
+    async with await server.connect() as client:
+        echo = MethodChannel("switchboard/echo", client)
+        with pytest.raises(switchboard.FormatError):
+            await echo.invoke_method("echo", b"x" * 1024)
+        assert await echo.invoke_method("echo", b"x" * 100) == b"x" * 100  # the connection goes on
+
+
+@pytest.mark.switchboard("--heartbeat", "50")
+async def test_the_client_answers_the_servers_heartbeat(switchboard_client):
+    # Real time must pass here: the server closes a connection silent for two intervals (100 ms).
+    await asyncio.sleep(0.4)
+    assert await MethodChannel("switchboard/echo", switchboard_client).invoke_method("echo", 1) == 1
+
+
 async def test_calls_answered_out_of_order_each_get_their_own_answer(switchboard_client):
     echo = MethodChannel("switchboard/echo", switchboard_client)
     assert await asyncio.gather(*(echo.invoke_method("echo", i) for i in range(200))) == list(range(200))
@@ -125,9 +141,10 @@ async def test_a_refused_listen_raises_platform_exception(switchboard_client):
     assert raised.value.code == "bad_arguments"
 
 
-async def test_error_events_raise_and_the_stream_goes_on(switchboard_server):
+@pytest.mark.parametrize("codec_name", ["standard", "json"])
+async def test_error_events_raise_and_the_stream_goes_on(switchboard_server, codec_name):
     """A client holds an event channel (REGISTER) and sends an event, an error event and the end."""
-    codec = StandardMethodCodec()
+    codec = StandardMethodCodec() if codec_name == "standard" else JSONMethodCodec()
     async with await switchboard_server.connect() as holder, await switchboard_server.connect() as listener:
         listened = asyncio.Event()
 
@@ -136,8 +153,8 @@ async def test_error_events_raise_and_the_stream_goes_on(switchboard_server):
                 listened.set()
             return codec.encode_success_envelope(None)
 
-        await holder.register("test/events", handle, {"kind": "event", "codec": "standard"})
-        stream = EventChannel("test/events", listener).receive_broadcast_stream()
+        await holder.register("test/events", handle, {"kind": "event", "codec": codec_name})
+        stream = EventChannel("test/events", listener, codec).receive_broadcast_stream()
         await stream.listen()
         await listened.wait()
         await holder.send("test/events", codec.encode_success_envelope("first"))
@@ -145,12 +162,16 @@ async def test_error_events_raise_and_the_stream_goes_on(switchboard_server):
         await holder.send("test/events", codec.encode_success_envelope("second"))
         await holder.send("test/events", None)
         received = []
-        with pytest.raises(switchboard.PlatformException) as raised:
+
+        async def read_all():
             async for event in stream:
                 received.append(event)
+
+        with pytest.raises(switchboard.PlatformException) as raised:
+            await asyncio.wait_for(read_all(), 30)  # guards against a hang, never reached when it works
         assert (raised.value.code, raised.value.message, raised.value.details) == (
             "sensor_down", "no signal", {"retry": True})
-        received += [event async for event in stream]
+        await asyncio.wait_for(read_all(), 30)
         assert received == ["first", "second"]
 
 
@@ -227,7 +248,9 @@ async def test_a_registered_method_handler_answers_other_clients(switchboard_ser
 async def test_a_registered_message_handler(switchboard_server):
     async with await switchboard_server.connect() as holder, await switchboard_server.connect() as sender:
         await BasicMessageChannel("test/upper", StringCodec(), holder).set_message_handler(lambda text: text.upper())
-        assert await BasicMessageChannel("test/upper", StringCodec(), sender).send("abc") == "ABC"
+        upper = BasicMessageChannel("test/upper", StringCodec(), sender)
+        assert await upper.send("abc") == "ABC"
+        assert await upper.send(None) is None  # the handler fails on None: the answer is a null reply
 
 
 async def test_cancelling_a_call_sends_cancel_and_the_handler_is_cancelled(switchboard_server):

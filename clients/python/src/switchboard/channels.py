@@ -7,12 +7,12 @@ import inspect
 from collections import deque
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Union
 
-from .client import Client
+from .client import Client, _ignore_outcome
 from .codec import (
     BinaryCodec, JSONMessageCodec, JSONMethodCodec, MessageCodec, MethodCall, MethodCodec, StandardMessageCodec,
     StandardMethodCodec, StringCodec,
 )
-from .errors import ConnectionClosedError, MissingPluginException, PlatformException
+from .errors import ConnectionClosedError, FormatError, MissingPluginException, PlatformException
 from .wire import FrameType
 
 __all__ = ["MethodChannel", "EventChannel", "BasicMessageChannel", "EventStream"]
@@ -211,7 +211,9 @@ class EventStream:
 
         def on_answer(frame: Any) -> None:
             # Runs as the REPLY is read: events of an earlier stream on the channel came before it.
-            if frame.payload is None or frame.payload[:1] != b"\x00":
+            try:
+                codec.decode_envelope(frame.payload)
+            except (PlatformException, FormatError):
                 return  # refused (or not implemented): the earlier stream, if any, goes on
             previous = client._streams.get(name)
             if previous is not None:
@@ -221,7 +223,7 @@ class EventStream:
         reply = await client.request(FrameType.MESSAGE, name, payload, on_answer)
         if reply.payload is None:
             raise MissingPluginException(f"No implementation found for method listen on channel {name}")
-        codec.decode_envelope(reply.payload)
+        codec.decode_envelope(reply.payload)  # raises the refusal
         self._state = state
 
     def __aiter__(self) -> AsyncIterator[Any]:
@@ -277,6 +279,8 @@ class EventStream:
         await self.aclose()
 
     def __del__(self) -> None:
+        if getattr(self, "_state", None) is None:
+            return  # never listened (or only partly made)
         state = self._active_state()
         client = self._client
         if state is None or not client.is_open or client._loop is None or client._loop.is_closed():
@@ -316,16 +320,11 @@ class EventStream:
         if state is not self._active_state() or not self._client.is_open:
             return
         state.cancelling = True
-        future = self._client._send_request(FrameType.MESSAGE, self.channel.name, self._cancel_payload(),
-                                            self._on_cancel_answer(state))
-        future.add_done_callback(_ignore)
+        _, future = self._client._send_request(FrameType.MESSAGE, self.channel.name, self._cancel_payload(),
+                                               self._on_cancel_answer(state))
+        future.add_done_callback(_ignore_outcome)
 
     def _forget(self) -> None:
         streams = self._client._streams
         if streams.get(self.channel.name) is self._state:
             del streams[self.channel.name]
-
-
-def _ignore(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()

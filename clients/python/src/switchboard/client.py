@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import ssl as _ssl
 import struct
 from collections.abc import Awaitable
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from . import __version__
 from .errors import ConnectionClosedError, FormatError, ServerError
 from .wire import HEADER_SIZE, NULL_PAYLOAD, Frame, FrameType, encode_frame, parse_header
 
 __all__ = ["Client", "connect"]
+
+_log = logging.getLogger("switchboard")
 
 #: Largest frame the client reads: the most a server can be configured to send.
 MAX_INCOMING_FRAME = 1 << 30
@@ -131,8 +134,7 @@ class Client:
         An ERROR answer raises its :class:`ServerError`. Cancelling the awaiting task sends CANCEL for a
         MESSAGE; the answer that still comes is then dropped.
         """
-        future = self._send_request(frame_type, channel, payload, on_answer)
-        frame_id = future.request_id  # type: ignore[attr-defined]
+        frame_id, future = self._send_request(frame_type, channel, payload, on_answer)
         try:
             await self._drain()
             return await asyncio.shield(future)
@@ -196,16 +198,19 @@ class Client:
         raise RuntimeError("no free request id")  # unreachable: fewer than 2^32 requests can be pending
 
     def _send_request(self, frame_type: int, channel: str, payload: Optional[bytes],
-                      on_answer: Optional[Callable[[Frame], None]] = None) -> asyncio.Future:
-        """Writes the request at once (so requests go out in call order) and returns its answer's future."""
+                      on_answer: Optional[Callable[[Frame], None]] = None) -> Tuple[int, asyncio.Future]:
+        """Writes the request at once (so requests go out in call order); returns its id and its answer's future.
+        A frame larger than the server's maxFrame raises FormatError (the server would close the connection)."""
         self._check_open()
         frame_id = self._next_id()
         data = encode_frame(Frame(frame_type, frame_id, channel, payload))
+        max_frame = self.welcome.get("maxFrame")
+        if isinstance(max_frame, int) and len(data) - 4 > max_frame:
+            raise FormatError(f"a frame of {len(data) - 4} bytes exceeds the server's maxFrame of {max_frame}")
         future = self._loop.create_future()
-        future.request_id = frame_id  # type: ignore[attr-defined]
         self._pending[frame_id] = _Pending(future, on_answer)
         self._writer.write(data)
-        return future
+        return frame_id, future
 
     def _write(self, frame: Frame) -> None:
         if self._writer is not None and not self._writer.is_closing():
@@ -292,11 +297,14 @@ class Client:
             return
 
         async def answer() -> None:
+            payload = None  # a handler that fails still answers: with a null reply
             try:
                 payload = await handler(frame.payload)
+            except Exception:
+                _log.exception("the handler of %s failed; answering with a null reply", frame.channel)
             finally:
                 self._serving.pop(frame.id, None)
-            self._write(Frame(FrameType.REPLY, frame.id, "", payload))
+                self._write(Frame(FrameType.REPLY, frame.id, "", payload))
 
         self._serving[frame.id] = self._loop.create_task(answer())
 

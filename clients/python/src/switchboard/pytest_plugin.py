@@ -9,7 +9,7 @@ The binary is ``$SWITCHBOARD`` or ``switchboard`` on the PATH. Each server is st
 exit with status 0 (a graceful drain), or the test fails at teardown with the server's log.
 
 The plugin also runs ``async def`` tests, each in a fresh event loop (``asyncio.run``), unless
-pytest-asyncio or anyio has marked them as theirs.
+pytest-asyncio, anyio or pytest-trio has marked them as theirs.
 """
 
 from __future__ import annotations
@@ -218,8 +218,8 @@ def pytest_pyfunc_call(pyfuncitem):
     """Runs an ``async def`` test in a fresh event loop, connecting its ``switchboard_client`` there first."""
     if not inspect.iscoroutinefunction(pyfuncitem.obj):
         return None
-    if pyfuncitem.get_closest_marker("asyncio") or pyfuncitem.get_closest_marker("anyio"):
-        return None  # pytest-asyncio or anyio runs it
+    if any(pyfuncitem.get_closest_marker(name) for name in ("asyncio", "anyio", "trio")):
+        return None  # pytest-asyncio, anyio or pytest-trio runs it
     arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
     asyncio.run(_run_async_test(pyfuncitem.obj, arguments))
     return True
