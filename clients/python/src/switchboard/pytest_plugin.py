@@ -50,6 +50,7 @@ class SwitchboardServer:
     args: List[str]
     process: subprocess.Popen = field(repr=False)
     _log: List[str] = field(repr=False, default_factory=list)
+    _log_reader: Optional[threading.Thread] = field(repr=False, default=None)
 
     @property
     def pid(self) -> int:
@@ -74,6 +75,8 @@ class SwitchboardServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._log_reader is not None:
+            self._log_reader.join()  # the output is complete: the log holds the server's last words
         return self.process.returncode
 
 
@@ -124,28 +127,31 @@ def start_server(args: List[str], timeout: float = 60.0, env: Optional[Dict[str,
 
     def read_log() -> None:
         # Drains the server's output for its whole life (a full pipe would block it), noting the ports.
-        for line in process.stdout:
-            log.append(line)
-            for key, pattern in (("plain", _LISTENING), ("tls", _LISTENING_TLS)):
-                match = pattern.search(line)
-                if match and key not in found:
-                    found[key] = (match.group(1), int(match.group(2)))
-            if "plain" in found and ("tls" in found or not wants_tls):
-                ready.set()
+        with process.stdout:
+            for line in process.stdout:
+                log.append(line)
+                for key, pattern in (("plain", _LISTENING), ("tls", _LISTENING_TLS)):
+                    match = pattern.search(line)
+                    if match and key not in found:
+                        found[key] = (match.group(1), int(match.group(2)))
+                if "plain" in found and ("tls" in found or not wants_tls):
+                    ready.set()
         ready.set()  # the output ended: the server exited
 
-    threading.Thread(target=read_log, name=f"switchboard-log-{process.pid}", daemon=True).start()
+    reader = threading.Thread(target=read_log, name=f"switchboard-log-{process.pid}", daemon=True)
+    reader.start()
     started = ready.wait(timeout)
     if "plain" not in found or (wants_tls and "tls" not in found):
         if process.poll() is None:
             process.kill()
         status = process.wait()
+        reader.join()
         reason = "did not say it was listening within {:g} s".format(timeout) if not started else \
             f"exited with status {status} before listening"
         raise ServerStartError(f"switchboard {reason}\ncommand: {' '.join(command)}\nlog:\n{''.join(log) or '(empty)'}")
     host, port = found["plain"]
     return SwitchboardServer(host=host, port=port, tls_port=found["tls"][1] if wants_tls else None,
-                             token=_option(args, "--token"), args=args, process=process, _log=log)
+                             token=_option(args, "--token"), args=args, process=process, _log=log, _log_reader=reader)
 
 
 class ServerFactory:
