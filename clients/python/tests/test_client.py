@@ -124,6 +124,17 @@ async def test_async_with_and_aclose_cancel_the_stream(switchboard_client):
     await stream.aclose()  # a second close does nothing
 
 
+async def test_a_second_listen_on_the_channel_ends_the_first_stream(switchboard_client):
+    ticker = EventChannel("switchboard/ticker", switchboard_client)
+    first = ticker.receive_broadcast_stream({"intervalMs": 1})
+    assert await first.__anext__() == 0
+    second = ticker.receive_broadcast_stream({"count": 2, "intervalMs": 0})
+    await second.listen()
+    assert [event async for event in second] == [0, 1]
+    remaining = [event async for event in first]  # what came before the second listen's answer, then the end
+    assert remaining == list(range(1, len(remaining) + 1))
+
+
 async def test_credit_paces_a_stream(switchboard_client):
     ticker = EventChannel("switchboard/ticker", switchboard_client)
     stream = ticker.receive_broadcast_stream({"count": 5, "intervalMs": 0}, credit=2)
