@@ -21,21 +21,30 @@ public final class NATSBus: ClusterBus {
             self.port = port
         }
 
-        /// `nats://host:port`, `host:port` or `host` (port 4222).
+        /// `nats://host:port`, `host:port` or `host` (port 4222); the host is a name, an IPv4 address or
+        /// an IPv6 address in brackets (`nats://[::1]:4222`).
         public init?(url: String) {
             var rest = Substring(url)
             if rest.hasPrefix("nats://") { rest = rest.dropFirst("nats://".count) }
-            let parts = rest.split(separator: ":", omittingEmptySubsequences: false)
-            guard parts.count <= 2, let host = parts.first, !host.isEmpty else { return nil }
-            if parts.count == 2 {
-                guard let port = Int(parts[1]), (1...65_535).contains(port) else { return nil }
-                self.init(host: String(host), port: port)
+            let host: Substring, port: Substring?
+            if rest.hasPrefix("["), let close = rest.firstIndex(of: "]") {
+                host = rest[rest.index(after: rest.startIndex)..<close]
+                let after = rest[rest.index(after: close)...]
+                guard after.isEmpty || after.hasPrefix(":") else { return nil }
+                port = after.isEmpty ? nil : after.dropFirst()
             } else {
-                self.init(host: String(host), port: 4222)
+                let parts = rest.split(separator: ":", omittingEmptySubsequences: false)
+                guard parts.count <= 2 else { return nil }
+                host = parts[0]
+                port = parts.count == 2 ? parts[1] : nil
             }
+            guard !host.isEmpty else { return nil }
+            guard let port else { self.init(host: String(host), port: 4222); return }
+            guard let number = Int(port), (1...65_535).contains(number) else { return nil }
+            self.init(host: String(host), port: number)
         }
 
-        public var description: String { "nats://\(host):\(port)" }
+        public var description: String { host.contains(":") ? "nats://[\(host)]:\(port)" : "nats://\(host):\(port)" }
     }
 
     public struct Options: Sendable {

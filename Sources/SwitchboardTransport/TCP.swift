@@ -33,16 +33,9 @@ public final class TCPListener: LoopResource {
         adopt()
         self.onConnection = onConnection
         do throws(UVError) {
-            var storage = sockaddr_storage()
-            try withUnsafeMutableBytes(of: &storage) { (bytes) throws(UVError) in
-                let v4 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
-                if uv_ip4_addr(host, Int32(port), v4) != 0 {
-                    let v6 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
-                    try UVError.check(uv_ip6_addr(host, Int32(port), v6), "uv_ip6_addr(\(host))")
-                }
-                try UVError.check(
-                    uv_tcp_bind(tcp, bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self), 0), "uv_tcp_bind")
-            }
+            // A name binds its first address (`localhost`: 127.0.0.1 where the system lists it first).
+            let address = try AddressResolver.resolveNow(loop: loop, host: host, port: port)[0]
+            try UVError.check(address.withSockaddr { uv_tcp_bind(tcp, $0, 0) }, "listen on \(address)")
             try UVError.check(uv_listen(stream, backlog) { server, status in
                 guard let listener = LoopResource.owner(UnsafeMutableRawPointer(server), as: TCPListener.self) else { return }
                 guard status == 0 else {
@@ -50,7 +43,7 @@ public final class TCPListener: LoopResource {
                     return
                 }
                 listener.acceptOne()
-            }, "uv_listen")
+            }, "listen on \(address)")
         } catch {
             close()
             throw error
@@ -127,36 +120,50 @@ public final class TCPConnection: LoopResource, Transport {
 
     var stream: UnsafeMutablePointer<uv_stream_t> { raw.assumingMemoryBound(to: uv_stream_t.self) }
 
-    /// Opens a connection to an IPv4 `host:port`; `completion` runs on the loop.
+    /// Opens a connection to `host:port`: a host name (resolved by ``AddressResolver``, each address
+    /// tried in turn until one answers) or an IPv4 or IPv6 literal; `completion` runs on the loop.
     public static func connect(
         loop: EventLoop, host: String, port: Int, _ completion: @escaping (Result<TCPConnection, UVError>) -> Void
     ) {
+        AddressResolver.resolve(loop: loop, host: host, port: port) { resolved in
+            switch resolved {
+            case .failure(let error): completion(.failure(error))
+            case .success(let addresses): connect(loop: loop, to: addresses[...], completion)
+            }
+        }
+    }
+
+    /// Tries `addresses` in turn; the last one's failure is the one reported.
+    private static func connect(
+        loop: EventLoop, to addresses: ArraySlice<SocketAddress>, _ completion: @escaping (Result<TCPConnection, UVError>) -> Void
+    ) {
+        guard let address = addresses.first else { return }
+        let next: (UVError) -> Void = { error in
+            addresses.count > 1 ? connect(loop: loop, to: addresses.dropFirst(), completion) : completion(.failure(error))
+        }
         let connection: TCPConnection
         do { connection = try TCPConnection(loop: loop) } catch { return completion(.failure(error)) }
-        var address = sockaddr_in()
-        let parsed = uv_ip4_addr(host, Int32(port), &address)
-        guard parsed == 0 else {
-            connection.close()
-            return completion(.failure(UVError(code: parsed, operation: "uv_ip4_addr(\(host))")))
+        connection.connectCompletion = { result in
+            switch result {
+            case .success: completion(result)
+            case .failure(let error): next(UVError(code: error.code, operation: "connect to \(address)"))
+            }
         }
-        connection.connectCompletion = completion
         let request = UnsafeMutablePointer<uv_connect_t>.allocate(capacity: 1)
         request.initialize(to: uv_connect_t())
-        let rc = withUnsafePointer(to: &address) { address in
-            address.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
-                uv_tcp_connect(request, connection.raw.assumingMemoryBound(to: uv_tcp_t.self), address) { request, status in
-                    guard let request else { return }
-                    let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
-                    request.deallocate()
-                    guard let connection, let completion = connection.connectCompletion else { return }
-                    connection.connectCompletion = nil
-                    if status < 0 {
-                        connection.close()
-                        completion(.failure(UVError(code: status, operation: "uv_tcp_connect")))
-                    } else {
-                        connection.didConnect()
-                        completion(.success(connection))
-                    }
+        let rc = address.withSockaddr { address in
+            uv_tcp_connect(request, connection.raw.assumingMemoryBound(to: uv_tcp_t.self), address) { request, status in
+                guard let request else { return }
+                let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
+                request.deallocate()
+                guard let connection, let completion = connection.connectCompletion else { return }
+                connection.connectCompletion = nil
+                if status < 0 {
+                    connection.close()
+                    completion(.failure(UVError(code: status, operation: "uv_tcp_connect")))
+                } else {
+                    connection.didConnect()
+                    completion(.success(connection))
                 }
             }
         }
@@ -164,7 +171,7 @@ public final class TCPConnection: LoopResource, Transport {
             request.deallocate()
             connection.connectCompletion = nil
             connection.close()
-            completion(.failure(UVError(code: rc, operation: "uv_tcp_connect")))
+            next(UVError(code: rc, operation: "connect to \(address)"))
         }
     }
 

@@ -49,7 +49,7 @@ struct Serve: ParsableCommand {
             """
     )
 
-    @Option(help: "Address to listen on.") var host = "127.0.0.1"
+    @Option(help: "Address or host name to listen on (0.0.0.0 or :: for every interface).") var host = "127.0.0.1"
     @Option(help: "Port to listen on (0 = any free port).") var port = 7420
     @Option(help: "Largest frame or text line in bytes (at most 1 GiB).") var maxFrame: UInt32 = 16 << 20
     @Option(help: "Bytes queued per connection before events wait, reading pauses and the slow-consumer clock starts.")

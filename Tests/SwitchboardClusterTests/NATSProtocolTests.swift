@@ -77,5 +77,10 @@ struct NATSProtocolTests {
         #expect(NATSBus.Server(url: "nats://127.0.0.1:4333") == NATSBus.Server(host: "127.0.0.1", port: 4333))
         #expect(NATSBus.Server(url: "localhost") == NATSBus.Server(host: "localhost", port: 4222))
         #expect(NATSBus.Server(url: "nats://h:0") == nil && NATSBus.Server(url: "nats://:4222") == nil)
+        #expect(NATSBus.Server(url: "nats://localhost:4222") == NATSBus.Server(host: "localhost", port: 4222))
+        #expect(NATSBus.Server(url: "nats://[::1]:4333") == NATSBus.Server(host: "::1", port: 4333))
+        #expect(NATSBus.Server(url: "[::1]") == NATSBus.Server(host: "::1", port: 4222))
+        #expect(NATSBus.Server(url: "nats://[::1]x") == nil && NATSBus.Server(url: "nats://[]:1") == nil)
+        #expect(NATSBus.Server(host: "::1", port: 4222).description == "nats://[::1]:4222")
     }
 }
