@@ -455,7 +455,7 @@ final class Connection {
             if isKnownUniquelyReferenced(&request) { spareRequest = request }
             return
         }
-        if isClosing { return request.abandon() }
+        if isClosing { return request.abandonCancelling() }
         request.isRegistered = true
         switch request.origin {
         case .binary(let id): withBinaryRequests { $0[id] = request }
@@ -888,7 +888,7 @@ final class Connection {
         transport.closeNow()
     }
 
-    /// Ends streams (handlers told), fails server-initiated requests, forgets open requests.
+    /// Ends streams (handlers told), fails server-initiated requests, cancels open requests (their answers go nowhere).
     private func releaseState(_ reason: CloseReason) {
         pluginContext?.dropStates()
         core.holderLeft(self)
@@ -904,8 +904,10 @@ final class Connection {
             defer { table = [:] }
             return table
         }
-        for request in open.values { request.abandon() }
-        for request in textRequests.values { request.abandon() }
+        // Whatever the close (a reset, an error, a slow consumer), the requests' answers can go nowhere:
+        // each is cancelled, so that its handler, holder, loop or node stops working on it.
+        for request in open.values { request.abandonCancelling() }
+        for request in textRequests.values { request.abandonCancelling() }
         core.stats.repliesPending -= open.count + textRequests.count
         textRequests = [:]
         core.requestFinished()  // the shutdown drain may have been waiting for these
