@@ -44,6 +44,8 @@ final class ClusterLink {
     /// connection as a slow consumer).
     private var lastTick: UInt64 = 0
     private(set) var stalls = 0
+    /// Whether the last beacon ran late and left the leases to this one.
+    private var judgingDeferred = false
 
     // MARK: State: broadcasts
 
@@ -614,6 +616,7 @@ final class ClusterLink {
         try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
 
         let now = loop.now
+        let late = now - lastTick > 2 * Self.beaconIntervalMs
         if now - lastTick > Self.leaseMs {
             // The other nodes took this one for gone and forgot its listeners: it does the same with
             // theirs, whatever beacons it reads next, so that both sides agree.
@@ -626,6 +629,14 @@ final class ClusterLink {
             peers = [:]
         }
         lastTick = now
+        // A loop that ran late (stopped, starved) has not read yet what came on the bus meanwhile: the
+        // answers and beacons that end or renew its calls, and other nodes' beacons. Its timer runs before
+        // it reads its sockets, so the leases are judged at the next beacon, once it has.
+        if late, !judgingDeferred {
+            judgingDeferred = true
+            return
+        }
+        judgingDeferred = false
         let lapsedCalls = outgoing.filter { now - ($0.value.cancelledAt ?? $0.value.renewedAt) > Self.leaseMs }.keys.sorted()
         for id in lapsedCalls {
             guard let call = outgoing.removeValue(forKey: id) else { continue }

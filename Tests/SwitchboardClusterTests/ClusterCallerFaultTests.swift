@@ -86,3 +86,41 @@ extension Array {
         return results
     }
 }
+
+extension ClusterCallerFaultTests {
+    @Test("the caller's node is stopped (SIGSTOP) past the lease while its 50 calls are answered: once resumed, every call gets the holder's answer, once (one loop, and two)",
+          arguments: [1, 2])
+    func stalledCallerNode(loops: Int) async throws {
+        let cluster = try await JobsCluster(nodes: 1)
+        let callerNode = try NodeProcess(nats: cluster.nats, node: "stalled", loops: loops)
+        var callers: [RawConnection] = []
+        for _ in 0..<5 {  // dealt round the node's loops
+            let caller = try RawConnection(port: callerNode.port, receiveTimeout: 15)
+            #expect(try await reachesJobs(caller))
+            for id in 2...11 { try caller.send(.call(UInt32(id), "jobs/resize", "wait")) }
+            callers.append(caller)
+        }
+        #expect(try await eventually { cluster.parked.count == 50 })
+        callerNode.signal(SIGSTOP)
+        cluster.parked.releaseAll()
+        #expect(try await eventually { try await clusterStats(cluster.holder)["callsServing"] == 0 }, "the 50 answers went out")
+        // The holder's node takes the stopped node for gone: it has been stopped for longer than the lease.
+        #expect(try await eventually { try await clusterStats(cluster.holder)["nodesLost"]?.intValue ?? 0 >= 1 })
+        try await Task.sleep(for: .milliseconds(500))
+        callerNode.signal(SIGCONT)
+        let resumedAt = ContinuousClock.now
+        // Bound: each call's one answer, the holder's, within 15 s of SIGCONT (the callers' read time-out).
+        for caller in callers {
+            var answered: [UInt32: ChannelValue] = [:]
+            while answered.count < 10 {
+                let frame = try await caller.nextNonPing()
+                #expect(answered[frame.id] == nil, "one answer per call")
+                answered[frame.id] = (try? frame.envelope().get()) ?? .string(frame.errorCode ?? "\(frame)")
+            }
+            #expect(answered == Dictionary(uniqueKeysWithValues: (2...11).map { (UInt32($0), ChannelValue.string("waited")) }))
+            #expect(try await caller.barrier().isEmpty, "no second answer")
+        }
+        #expect(ContinuousClock.now - resumedAt < .seconds(15))
+        await cluster.stop()
+    }
+}

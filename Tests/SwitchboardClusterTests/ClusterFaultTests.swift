@@ -12,11 +12,13 @@ final class NodeProcess {
     let process: ChildProcess
     let port: Int
 
-    init(nats: NATSServerProcess, node: String) throws {
+    /// A node of `loops` loops on `nats`, or (`cluster`) on the servers that `--cluster` value lists.
+    init(nats: NATSServerProcess?, node: String, loops: Int = 1, cluster: String? = nil, options: [String] = []) throws {
         let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
             .deletingLastPathComponent().appendingPathComponent("switchboard").path
-        process = try ChildProcess(executable, ["serve", "--port", "0", "--log-level", "notice", "--loops", "1", "--cluster",
-                                                "nats://127.0.0.1:\(nats.port)", "--node", node], capturingStandardError: true)
+        let servers = cluster ?? nats.map { "nats://127.0.0.1:\($0.port)" } ?? ""
+        process = try ChildProcess(executable, ["serve", "--port", "0", "--log-level", "notice", "--loops", "\(loops)", "--cluster",
+                                                servers, "--node", node] + options, capturingStandardError: true)
         guard let log = process.standardError else { throw TestFailure("no log") }
         var text = ""
         var port: Int?
