@@ -67,6 +67,8 @@ public struct BusCounters: Sendable, Equatable {
     public var dropped = 0
     /// Connections made after the first.
     public var reconnects = 0
+    /// Connection attempts that failed: refused, ended, or not confirmed within the connect timeout.
+    public var connectFailures = 0
     /// `-ERR` lines from the server (slow consumer, permissions, …), and how many said slow consumer.
     public var serverErrors = 0, slowConsumer = 0
 

@@ -10,6 +10,11 @@ public struct ClusterSettings: Sendable {
     public var servers: [NATSBus.Server]
     /// This node's name, as NATS and the stats show it.
     public var node: String
+    /// How long a connection attempt may take before the next server is tried: a server that accepts
+    /// but never answers (a stopped process) must not hold the node.
+    public var connectTimeoutMs: UInt64 = 2000
+    /// How often the node pings its NATS server: two pings unanswered in a row mark the connection dead.
+    public var pingIntervalMs: UInt64 = 1000
 
     public init(servers: [NATSBus.Server], node: String) {
         self.servers = servers
@@ -214,6 +219,8 @@ final class ClusterLink {
     convenience init(settings: ClusterSettings, loop index: Int?, eventLoop loop: EventLoop, logger: Logger) throws(UVError) {
         var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)" + (index.map { " loop \($0)" } ?? ""))
         options.echo = false  // a node's own broadcasts have reached its listeners already
+        options.connectTimeoutMs = settings.connectTimeoutMs
+        options.pingIntervalMs = settings.pingIntervalMs
         var logger = logger
         logger[metadataKey: "node"] = "\(settings.node)"
         let bus = try NATSBus(loop: loop, options: options, logger: logger)
@@ -691,6 +698,7 @@ final class ClusterLink {
             ("nodes_lost", peersLost), ("stalls", stalls),
             ("bus_messages_out", bus.messagesOut), ("bus_messages_in", bus.messagesIn), ("bus_bytes_out", bus.bytesOut),
             ("bus_bytes_in", bus.bytesIn), ("bus_dropped", bus.dropped), ("bus_reconnects", bus.reconnects),
+            ("bus_connect_failures", bus.connectFailures),
             ("bus_server_errors", bus.serverErrors), ("bus_slow_consumer", bus.slowConsumer),
         ]
         let gauges = [
@@ -732,6 +740,7 @@ final class ClusterLink {
             "busMessagesOut": .int(bus.messagesOut), "busMessagesIn": .int(bus.messagesIn),
             "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
             "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),
+            "busConnectFailures": .int(bus.connectFailures),
             "busServerErrors": .int(bus.serverErrors), "busSlowConsumer": .int(bus.slowConsumer),
             "stalls": .int(stalls),
         ])

@@ -124,3 +124,40 @@ extension ClusterCallerFaultTests {
         await cluster.stop()
     }
 }
+
+@Suite("Hung NATS servers", .serialized, .needsNATSServer)
+struct HungNATSServerTests {
+    @Test("--cluster S1,S2 with S1 stopped (it accepts, never answers): the node connects to S2 within the 2 s connect timeout, and counts the failed attempt")
+    func hungFirstServer() async throws {
+        let hung = try NATSServerProcess(), fine = try NATSServerProcess()
+        hung.signal(SIGSTOP)
+        let startedAt = ContinuousClock.now
+        let node = try NodeProcess(nats: nil, node: "failover", cluster: "nats://127.0.0.1:\(hung.port),nats://127.0.0.1:\(fine.port)")
+        let elapsed = ContinuousClock.now - startedAt
+        // Bound: the connect timeout (2 s by default), a 50 ms backoff and a process start, on a loaded machine.
+        #expect(elapsed < .seconds(8), "connected after \(elapsed)")
+        let stats = try await clusterStats(try RawConnection(port: node.port))
+        #expect(stats["connected"] == true && stats["busConnectFailures"]?.intValue ?? 0 >= 1, "\(stats)")
+        #expect(node.log.contains("warning"), "a failed attempt is a warning: \(node.log)")
+    }
+
+    @Test("a node whose only server hangs retries, counting each failed attempt, warns once, and connects once the server resumes")
+    func onlyServerHangs() async throws {
+        let hung = try NATSServerProcess()
+        hung.signal(SIGSTOP)
+        let node = try NodeProcess(nats: hung, node: "patient", options: ["--cluster-connect-timeout", "300"], waitForBus: false)
+        let stats = try RawConnection(port: node.port)
+        var cluster: ChannelValue = .null
+        #expect(try await eventually(20) {
+            cluster = try await clusterStats(stats)
+            return cluster["busConnectFailures"]?.intValue ?? 0 >= 3
+        }, "\(cluster)")
+        #expect(cluster["connected"] == false)
+        let warnings = node.log.split(separator: "\n").filter { $0.contains("warning") && $0.contains("cannot connect") }
+        #expect(warnings.count == 1, "once per state change, not once per retry: \(node.log)")
+        hung.signal(SIGCONT)
+        // Bound: the backoff reaches 2 s at most, then one attempt.
+        #expect(try await eventually(10) { try await clusterStats(stats)["connected"] == true })
+        #expect(node.log.contains("cluster bus connected"))
+    }
+}

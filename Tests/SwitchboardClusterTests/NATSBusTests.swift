@@ -36,9 +36,13 @@ final class NATSServerProcess {
     }
 
     func stop() {
+        process?.signal(SIGCONT)  // a stopped server would never hear the SIGTERM
         process?.stop()
         process = nil
     }
+
+    /// Sends `signal` to the server (SIGSTOP: it still accepts connections, but answers nothing).
+    func signal(_ signal: Int32) { process?.signal(signal) }
 
     deinit { stop() }
 
