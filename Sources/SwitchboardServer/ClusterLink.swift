@@ -87,6 +87,10 @@ final class ClusterLink {
         /// When its caller cancelled it: from then on beacons renew it no more, so that a cancel the
         /// holder's node never heard still ends it within a lease.
         var cancelledAt: UInt64?
+        /// The method codec of the channel it reached, as the beacons naming it tell (nil: not a method
+        /// channel, or not named yet): the form of the `cancelled` answer this node gives if the holder's
+        /// node does not answer the cancel.
+        var methodCodec: (any MethodCodec)?
     }
     private var outgoing: [UInt64: OutgoingCall] = [:]
     private var nextCall: UInt64 = 0
@@ -114,8 +118,9 @@ final class ClusterLink {
         case noHolder
         /// The node working on it stopped naming it in its beacons, or went silent.
         case expired
-        /// Its caller cancelled it, and no answer came within a lease of the cancel.
-        case cancelled
+        /// Its caller cancelled it, and no answer came within a lease of the cancel: the `cancelled`
+        /// answer is in the error envelope of the channel's method codec, when one is known.
+        case cancelled(methodCodec: (any MethodCodec)?)
     }
 
     // MARK: State: batches
@@ -607,12 +612,12 @@ final class ClusterLink {
             beacon += "L \(listening.holderNode) \(digest(listening.channel)) \(listening.count)\n".utf8
         }
         beacon += "L\n".utf8
-        var byCaller: [String: [UInt64]] = [:]
-        for key in served.keys { byCaller[key.caller, default: []].append(key.id) }
+        var byCaller: [String: [(id: UInt64, codec: String)]] = [:]
+        for (key, request) in served { byCaller[key.caller, default: []].append((key.id, Self.codecMark(request.methodCodec?.codec))) }
         for (caller, ids) in byCaller.sorted(by: { $0.key < $1.key }) {
-            let ids = ids.sorted()
+            let ids = ids.sorted { $0.id < $1.id }
             for chunk in stride(from: 0, to: ids.count, by: 2048) {
-                let line = Array((caller + ids[chunk..<min(chunk + 2048, ids.count)].map { " \($0)" }.joined() + "\n").utf8)
+                let line = Array((caller + ids[chunk..<min(chunk + 2048, ids.count)].map { " \($0.id)\($0.codec)" }.joined() + "\n").utf8)
                 if beacon.count + line.count > 64 << 10 {
                     try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
                     beacon = first
@@ -648,13 +653,31 @@ final class ClusterLink {
         for id in lapsedCalls {
             guard let call = outgoing.removeValue(forKey: id) else { continue }
             callsExpired += 1
-            call.completion(call.cancelledAt == nil ? .expired : .cancelled)
+            call.completion(call.cancelledAt == nil ? .expired : .cancelled(methodCodec: call.methodCodec))
         }
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {
             peers.removeValue(forKey: node)
             peersLost += 1
             onPeerLost?(node)
+        }
+    }
+
+    /// How a beacon marks a call to a method channel, after its id: `s` for the standard method codec,
+    /// `j` for the JSON one; nothing for any other channel.
+    private static func codecMark(_ codec: (any MethodCodec)?) -> String {
+        switch codec {
+        case is StandardMethodCodec: "s"
+        case is JSONMethodCodec: "j"
+        default: ""
+        }
+    }
+
+    private static func methodCodec(marked mark: Character) -> (any MethodCodec)? {
+        switch mark {
+        case "s": StandardMethodCodec()
+        case "j": JSONMethodCodec()
+        default: nil
         }
     }
 
@@ -679,7 +702,10 @@ final class ClusterLink {
             }
             guard words.first.map(String.init) == instance else { continue }
             for word in words.dropFirst() {
-                if let id = UInt64(word), outgoing[id] != nil { outgoing[id]?.renewedAt = now }
+                let mark = word.last.flatMap { $0.isLetter ? $0 : nil }
+                guard let id = UInt64(mark == nil ? word : word.dropLast()), outgoing[id] != nil else { continue }
+                outgoing[id]?.renewedAt = now
+                if let mark { outgoing[id]?.methodCodec = Self.methodCodec(marked: mark) }
             }
         }
         if let listeners { onListenerReport?(node, listeners) }

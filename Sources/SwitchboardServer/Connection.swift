@@ -510,8 +510,14 @@ final class Connection {
 
     private func cancelRequest(_ id: UInt32) {
         guard let request = withBinaryRequests({ $0[id] }) else { core.stats.ignoredFrames += 1; return }
+        cancel(request)
+    }
+
+    /// Cancels `request` as a CANCEL does: whoever works on it is told, and it is answered, by the loop
+    /// or node it was relayed to if it was (in the form the channel's own node gives), else here.
+    private func cancel(_ request: PendingRequest) {
         request.notifyCancel()
-        if case .relayed = request.onCancel { return }  // the holder's node answers it
+        if case .relayed = request.onCancel { return }
         request.answer(request.cancelAnswer)
     }
 
@@ -580,10 +586,7 @@ final class Connection {
     func abandonOpenRequests() {
         closeReasonOncePeerIsDone = .peerGone
         let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
-        for request in open {
-            request.notifyCancel()
-            request.answer(request.cancelAnswer)
-        }
+        for request in open { cancel(request) }
     }
 
     func closeIfPeerIsDone() {

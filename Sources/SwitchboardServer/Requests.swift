@@ -131,9 +131,12 @@ final class PendingRequest {
     func notifyCancel() { onCancel.run() }
 
     /// What a CANCEL answers when the handler has produced nothing.
-    var cancelAnswer: Answer {
+    var cancelAnswer: Answer { Self.cancelAnswer(methodCodec: methodCodec?.codec) }
+
+    /// What a CANCEL answers on a channel with `methodCodec` (nil: not a method channel).
+    static func cancelAnswer(methodCodec: (any MethodCodec)?) -> Answer {
         guard let methodCodec else { return .error(.cancelled) }
-        return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec.codec)
+        return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec)
     }
 
     /// Answers a method call with a success envelope in its channel's codec.

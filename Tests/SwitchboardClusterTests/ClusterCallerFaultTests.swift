@@ -161,3 +161,80 @@ struct HungNATSServerTests {
         #expect(node.log.contains("cluster bus connected"))
     }
 }
+
+@Suite("Cancel answers across nodes", .serialized, .needsNATSServer)
+struct ClusterCancelFormTests {
+    /// Node 1 (a process of its own, to be stopped) with a client holding the jobs channels, and node 2
+    /// (in this process) with a raw caller that reaches them.
+    private struct StoppableHolder {
+        let nats: NATSServerProcess
+        let holderNode: NodeProcess
+        let callerNode: ClusterNodes
+        let holder: Client
+        let parked = Parked()
+
+        init() async throws {
+            nats = try NATSServerProcess()
+            holderNode = try NodeProcess(nats: nats, node: "holder")
+            var config = ClientConfiguration(port: holderNode.port)
+            config.reconnect = nil
+            holder = try await Client.connect(config)
+            try await holdJobs(holder, parked: parked)
+            callerNode = try ClusterNodes(1, nats: nats)
+        }
+
+        /// Waits until the caller's node has read beacons the holder's node sent after its holder got
+        /// the calls: they name the calls it works on, and how a cancel of each is answered.
+        func beaconsRead() async throws {
+            let watcher = try RawConnection(port: callerNode.servers[0].port)
+            let before = try await clusterStats(watcher)["busMessagesIn"]?.intValue ?? 0
+            #expect(try await eventually { try await clusterStats(watcher)["busMessagesIn"]?.intValue ?? 0 >= before + 3 })
+        }
+
+        func stop() async {
+            holderNode.signal(SIGCONT)
+            parked.releaseAll()
+            await holder.close()
+            await callerNode.stop()
+        }
+    }
+
+    @Test("a CANCEL whose holder's node is stopped gets, after the lease, the answer a live node gives: a REPLY with the method channel's error envelope")
+    func cancelWithHolderNodeStopped() async throws {
+        let cluster = try await StoppableHolder()
+        let caller = try RawConnection(port: cluster.callerNode.servers[0].port, receiveTimeout: 10)
+        #expect(try await reachesJobs(caller))
+        // Through the live node: the holder's node answers the cancel.
+        try caller.send(.call(2, "jobs/resize", "wait"))
+        #expect(try await eventually { cluster.parked.count == 1 })
+        try caller.send(Frame(.cancel, id: 2, payload: nil))
+        let live = try await caller.nextNonPing()
+        #expect(live.kind == .reply && live.id == 2, "\(live)")
+
+        try caller.send(.call(3, "jobs/resize", "wait"))
+        #expect(try await eventually { cluster.parked.count == 2 })
+        try await cluster.beaconsRead()
+        cluster.holderNode.signal(SIGSTOP)
+        try caller.send(Frame(.cancel, id: 3, payload: nil))
+        let cancelledAt = ContinuousClock.now
+        let fallback = try await caller.nextNonPing()
+        // Bound: the lease (1.5 s) after the CANCEL, and the next beacon tick: under 5 s on a loaded machine.
+        #expect(ContinuousClock.now - cancelledAt < .seconds(5))
+        #expect(fallback.kind == .reply && fallback.id == 3 && fallback.payload == live.payload, "\(fallback) vs \(live)")
+        #expect(try await caller.barrier().isEmpty, "one answer")
+        await cluster.stop()
+    }
+
+    @Test("a remote caller that half-closes and outlives the drain timeout gets the cancel answer a caller on the holder's node gets")
+    func drainTimeoutCancelOfRemoteCaller() async throws {
+        let cluster = try await JobsCluster(nodes: 2)
+        let local = try RawConnection(port: cluster.nodes.servers[0].port), remote = try await cluster.rawOnNode2()
+        for connection in [local, remote] { try connection.send(.call(2, "jobs/resize", "wait")) }
+        #expect(try await eventually { cluster.parked.count == 2 })
+        for connection in [local, remote] { connection.finishSending() }
+        // Bound: the drain timeout of the test nodes (300 ms) and a round trip, within the 5 s read time-out.
+        let mine = try await local.nextNonPing(), theirs = try await remote.nextNonPing()
+        #expect(mine.kind == .reply && theirs.bytes == mine.bytes, "\(mine) \(theirs)")
+        await cluster.stop()
+    }
+}
