@@ -9,7 +9,8 @@ import SwitchboardTransport
 /// sends `CONNECT`, every subscription's `SUB`, then `PING`: the `PONG` marks it connected. An attempt
 /// not connected within `connectTimeoutMs` (a server that accepts but never answers) fails, and the
 /// next server is tried. A `PING` every `pingIntervalMs` that goes unanswered `maxPingsOut` times in a
-/// row marks the connection dead.
+/// row marks the connection dead; what was published after the last answered `PING` is counted as
+/// possibly lost.
 /// Requests use one wildcard inbox subscription; a request open when the connection goes completes
 /// with `.disconnected`.
 public final class NATSBus: ClusterBus {
@@ -86,6 +87,11 @@ public final class NATSBus: ClusterBus {
     private let connectTimer: Timer
     private let pingTimer: Timer
     private var pingsOut = 0
+    /// `messagesOut` when each PING still unanswered was sent, oldest first: its PONG confirms that the
+    /// server read every message before it.
+    private var pingMarks: [Int] = []
+    /// `messagesOut` as the last PONG confirmed it.
+    private var confirmedOut = 0
     private var serverIndex = 0
     private var failedAttempts = 0
     private var hasConnected = false
@@ -282,11 +288,12 @@ public final class NATSBus: ClusterBus {
             for (sid, subscription) in subscriptions.sorted(by: { $0.key < $1.key }) {
                 outbound += NATSCommand.subscribe(subscription.subject, queue: subscription.queue, sid: sid)
             }
-            outbound += NATSCommand.ping
+            sendPing()
             phase = .confirming
             flush()
         case .pong:
             pingsOut = 0
+            if !pingMarks.isEmpty { confirmedOut = pingMarks.removeFirst() }
             if phase == .confirming { didConnect() }
         case .ping:
             outbound += NATSCommand.pong
@@ -323,12 +330,18 @@ public final class NATSBus: ClusterBus {
             return lost()
         }
         pingsOut += 1
+        sendPing()
+    }
+
+    private func sendPing() {
+        pingMarks.append(counters.messagesOut)
         outbound += NATSCommand.ping
     }
 
     /// The connection failed or ended: requests fail, and the next server is tried after a delay.
     private func lost() {
         guard phase == .connected else { return attemptFailed("the connection ended") }
+        counters.possiblyLost += counters.messagesOut - confirmedOut
         dropConnection()
         failRequests()
         warnedOfFailure = true  // the owner hears, and says so once
@@ -361,6 +374,8 @@ public final class NATSBus: ClusterBus {
         connectTimer.stop()
         pingTimer.stop()
         pingsOut = 0
+        pingMarks.removeAll()
+        confirmedOut = counters.messagesOut
         outbound.removeAll()
         transport?.closeNow()
         transport = nil

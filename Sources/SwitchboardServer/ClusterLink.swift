@@ -724,7 +724,7 @@ final class ClusterLink {
             ("nodes_lost", peersLost), ("stalls", stalls),
             ("bus_messages_out", bus.messagesOut), ("bus_messages_in", bus.messagesIn), ("bus_bytes_out", bus.bytesOut),
             ("bus_bytes_in", bus.bytesIn), ("bus_dropped", bus.dropped), ("bus_reconnects", bus.reconnects),
-            ("bus_connect_failures", bus.connectFailures),
+            ("bus_connect_failures", bus.connectFailures), ("bus_possibly_lost", bus.possiblyLost),
             ("bus_server_errors", bus.serverErrors), ("bus_slow_consumer", bus.slowConsumer),
         ]
         let gauges = [
@@ -766,7 +766,7 @@ final class ClusterLink {
             "busMessagesOut": .int(bus.messagesOut), "busMessagesIn": .int(bus.messagesIn),
             "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
             "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),
-            "busConnectFailures": .int(bus.connectFailures),
+            "busConnectFailures": .int(bus.connectFailures), "busPossiblyLost": .int(bus.possiblyLost),
             "busServerErrors": .int(bus.serverErrors), "busSlowConsumer": .int(bus.slowConsumer),
             "stalls": .int(stalls),
         ])

@@ -238,3 +238,30 @@ struct ClusterCancelFormTests {
         await cluster.stop()
     }
 }
+
+@Suite("A stopped nats-server", .serialized, .needsNATSServer)
+struct StoppedNATSServerTests {
+    @Test("broadcasts published into a dead connection are counted as possibly lost, and the node notices the dead connection within 3 s by default")
+    func broadcastsIntoADeadConnection() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)
+        let members = try await [RoomMember(nodes.servers[0]), RoomMember(nodes.servers[1])]
+        for member in members { #expect(try await eventually { try await member.cluster()["connected"] == true }) }
+        members[1].listen()
+        #expect(try await eventually { try await members[0].post(0); return !members[1].events.isEmpty })
+        let delivered = members[1].events.count
+        nats.signal(SIGSTOP)
+        let stoppedAt = ContinuousClock.now
+        for _ in 0..<50 { try await members[0].post(1) }
+        #expect(try await eventually { try await members[0].cluster()["connected"] == false })
+        // Bound: pings every second, two unanswered, and the next ping's tick: 3 s, 5 s on a loaded machine.
+        let noticed = ContinuousClock.now - stoppedAt
+        #expect(noticed < .seconds(5), "noticed after \(noticed)")
+        let stats = try await members[0].cluster()
+        #expect(stats["busPossiblyLost"]?.intValue ?? 0 >= 50, "the 50 posts (and beacons) since the last PONG: \(stats)")
+        nats.signal(SIGCONT)
+        #expect(members[1].events.count == delivered, "none of them arrived")
+        for member in members { await member.client.close() }
+        await nodes.stop()
+    }
+}
