@@ -298,6 +298,9 @@ final class ClusterLink {
 
     // MARK: Broadcasts
 
+    /// Whether the bus is connected: what is published now can reach the other nodes.
+    var isConnected: Bool { bus.isConnected }
+
     /// Sends a local event to the other nodes: a broadcast, or (`fromHolder`) an event of a channel a
     /// client holds here, for the listeners other nodes have through this node.
     func publish(_ event: OutboundEvent, fromHolder: Bool = false) {
@@ -358,17 +361,26 @@ final class ClusterLink {
     private func received(_ message: BusMessage, on channel: String) {
         let bytes = message.payload
         let holderNode = message.header("Sb-Node")
-        var buffer = InboundBuffer()
-        buffer.append(bytes)
-        var decoder = FrameDecoder(maxFrame: UInt32(clamping: bytes.count))
-        guard case .frame(let frame)? = try? decoder.next(from: &buffer), buffer.readableBytes == 0,
-              frame.kind == .message, frame.id == 0, frame.channel == channel, frame.payload != nil || holderNode != nil else {
+        guard let frame = Self.eventFrame(bytes), frame.channel == channel, frame.payload != nil || holderNode != nil else {
             eventsMalformed += 1
             return
         }
         eventsIn += 1
         onEvent?(channel, frame.payload, bytes, holderNode)
     }
+
+    /// `bytes` as one whole MESSAGE frame with id 0, or nil.
+    private static func eventFrame(_ bytes: [UInt8]) -> Frame? {
+        var buffer = InboundBuffer()
+        buffer.append(bytes)
+        var decoder = FrameDecoder(maxFrame: UInt32(clamping: bytes.count))
+        guard case .frame(let frame)? = try? decoder.next(from: &buffer), buffer.readableBytes == 0,
+              frame.kind == .message, frame.id == 0 else { return nil }
+        return frame
+    }
+
+    /// The envelope a broadcast's frame carries (a broadcast always has one).
+    static func eventEnvelope(in frame: [UInt8]) -> [UInt8]? { eventFrame(frame)?.payload }
 
     // MARK: Calls to other nodes
 

@@ -74,3 +74,41 @@ struct ClusterLoopTests {
         await nodes.stop()
     }
 }
+
+extension ClusterLoopTests {
+    @Test("a node's broadcasts reach its listeners on every loop while its bus is down")
+    func ownListenersDuringOutage() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, loops: 2, nats: nats)
+        // The nth connection is on loop (n - 1) % 2: listeners on loops 0 and 1, the poster on loop 0.
+        let listeners = [try RawConnection(port: nodes.servers[0].port), try RawConnection(port: nodes.servers[0].port)]
+        let poster = try RawConnection(port: nodes.servers[0].port)
+        func cluster() async throws -> ChannelValue {
+            try poster.send(.call(1, "switchboard/stats", "get"))
+            return try await poster.frame().envelope().get()["cluster"] ?? .null
+        }
+        #expect(try await eventually { try await cluster()["connected"] == true })
+        for listener in listeners {
+            try listener.send(.call(2, "switchboard/room", "listen"))
+            #expect(try await listener.frame().kind == .reply)
+        }
+        nats.stop()
+        // Both loops' buses are down: each has failed to reconnect at least once (the sum, at least twice each).
+        #expect(try await eventually {
+            let stats = try await cluster()
+            return stats["connected"] == false && stats["busConnectFailures"]?.intValue ?? 0 >= 4
+        })
+        for id in 1...100 { try poster.send(Frame(.message, id: UInt32(10 + id), channel: "switchboard/room.post", payload: [7])) }
+        let event = Frame(.message, id: 0, channel: "switchboard/room", payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([7])))
+        var heard = [0, 0]
+        // Bound: all 100 on both loops within 10 s (at once, in fact); not one more.
+        #expect(try await eventually {
+            for (index, listener) in listeners.enumerated() {
+                heard[index] += try await listener.barrier().filter { $0 == event }.count
+            }
+            return heard == [100, 100]
+        }, "\(heard)")
+        #expect(heard == [100, 100])
+        await nodes.stop()
+    }
+}
