@@ -7,21 +7,31 @@ import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
-/// A holder of `slow` whose "wait" calls sleep until cancelled (counted) and whose "probe" answers at once.
+/// A holder of `slow` whose "wait" calls sleep until cancelled (counted) and whose "probe" answers at
+/// once (counted).
 final class SlowHolder: Sendable {
     let client: Client
     private let counts = Counts()
     private final class Counts: Sendable {
-        let started = Mutex(0), cancelled = Mutex(0)
+        let started = Mutex(0), cancelled = Mutex(0), probes = Mutex(0)
     }
     var started: Int { counts.started.withLock { $0 } }
     var cancelled: Int { counts.cancelled.withLock { $0 } }
+    var probes: Int { counts.probes.withLock { $0 } }
 
-    init(_ server: Server) async throws {
-        client = try await connect(server)
+    convenience init(_ server: Server) async throws { try await self.init(port: server.port) }
+
+    init(port: Int) async throws {
+        var config = ClientConfiguration(port: port)
+        config.reconnect = nil
+        config.requestTimeout = .seconds(10)
+        client = try await Client.connect(config)
         let counts = self.counts
         try await SwitchboardClient.MethodChannel(name: "slow", client: client).setMethodCallHandler { call in
-            guard call.method == "wait" else { return "probed" }
+            guard call.method == "wait" else {
+                counts.probes.withLock { $0 += 1 }
+                return "probed"
+            }
             counts.started.withLock { $0 += 1 }
             do {
                 try await Task.sleep(for: .seconds(120))
@@ -262,6 +272,53 @@ struct StoppedNATSServerTests {
         nats.signal(SIGCONT)
         #expect(members[1].events.count == delivered, "none of them arrived")
         for member in members { await member.client.close() }
+        await nodes.stop()
+    }
+}
+
+@Suite("A stopped member of a queue group", .serialized, .needsNATSServer)
+struct StoppedQueueMemberTests {
+    @Test("calls a stopped holder's node was given get handler_gone after the lease, never a second answer, and may still run once it resumes; the live holder answers the rest")
+    func stoppedMember() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(2, nats: nats)  // the live holder's node, and the caller's
+        let stoppedNode = try NodeProcess(nats: nats, node: "stopped")
+        let live = try await SlowHolder(nodes.servers[0]), stopped = try await SlowHolder(port: stoppedNode.port)
+        let caller = try RawConnection(port: nodes.servers[1].port, receiveTimeout: 10)
+        var id: UInt32 = 0
+        #expect(try await eventually {  // both holders' subscriptions have reached nats-server
+            id += 1
+            try caller.send(.call(id, "slow", "probe"))
+            _ = try await caller.nextNonPing()
+            return live.probes > 0 && stopped.probes > 0
+        })
+        stoppedNode.signal(SIGSTOP)
+        let before = stopped.probes
+        var sentAt: [UInt32: ContinuousClock.Instant] = [:]
+        for _ in 0..<20 {  // in separate loop turns, so in separate batches, each to either holder
+            id += 1
+            try caller.send(.call(id, "slow", "probe"))
+            sentAt[id] = .now
+            try await Task.sleep(for: .milliseconds(30))
+        }
+        var answers: [UInt32: String] = [:]
+        while answers.count < 20 {
+            let frame = try await caller.nextNonPing()
+            guard let sent = sentAt[frame.id] else { continue }  // a late answer to a warm-up probe
+            #expect(answers[frame.id] == nil, "one answer per call")
+            answers[frame.id] = frame.errorCode ?? ((try? frame.envelope().get())?.stringValue ?? "\(frame)")
+            // Bound: the lease (1.5 s) and a beacon tick, under 5 s on a loaded machine.
+            #expect(ContinuousClock.now - sent < .seconds(5))
+        }
+        let gone = answers.values.filter { $0 == "handler_gone" }.count
+        #expect(answers.values.allSatisfy { $0 == "probed" || $0 == "handler_gone" }, "\(answers)")
+        #expect(gone > 0 && gone < 20, "NATS gives the stopped member its share: \(answers)")
+        stoppedNode.signal(SIGCONT)
+        // The stopped holder's node reads the calls it was given and serves them: handler_gone does not
+        // say the work did not run. Their answers go nowhere.
+        #expect(try await eventually { stopped.probes - before == gone })
+        #expect(try await caller.barrier().isEmpty, "no second answer")
+        for holder in [live, stopped] { await holder.client.close() }
         await nodes.stop()
     }
 }
