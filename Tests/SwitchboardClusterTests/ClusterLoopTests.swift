@@ -4,6 +4,14 @@ import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
+/// The next frame on `wire` that is not an event (a room post of the warm-up may still be on its way).
+private func nextNonEvent(_ wire: RawConnection) async throws -> Frame {
+    while true {
+        let frame = try await wire.frame()
+        if frame.kind != .message || frame.id != 0 { return frame }
+    }
+}
+
 /// Nodes of several loops: each loop is a node of the cluster, and the server still behaves as one.
 @Suite("A cluster of nodes with several loops", .serialized, .needsNATSServer)
 struct ClusterLoopTests {
@@ -38,7 +46,7 @@ struct ClusterLoopTests {
 
         // A channel held on node b's loop 1, called from both loops of node a.
         try b1.send(Frame(.register, id: 4, channel: "held/m", payload: Array(#"{"kind":"method"}"#.utf8)))
-        #expect(try await b1.frame().kind == .reply)
+        #expect(try await nextNonEvent(b1).kind == .reply)
         try b0.send(Frame(.register, id: 5, channel: "held/m", payload: nil))
         #expect(try await b0.frame().errorCode == "channel_taken")
         // Callers that listen to nothing: node a's third and fourth connections, on its loops 0 and 1.
@@ -58,14 +66,14 @@ struct ClusterLoopTests {
         _ = try await callers[0].barrier()
         for caller in callers {
             try caller.send(.call(7, "held/m", "x"))
-            let forwarded = try await b1.frame()
+            let forwarded = try await nextNonEvent(b1)
             #expect(forwarded.kind == .message && forwarded.channel == "held/m")
             try b1.send(Frame(.reply, id: forwarded.id, payload: [1, 2]))
             #expect(try await caller.frame() == Frame(.reply, id: 7, payload: [1, 2]))
         }
         // Node b's loop 0 calls the channel its loop 1 holds: the node keeps its own clients' calls.
         try b0.send(.call(8, "held/m", "y"))
-        let forwarded = try await b1.frame()
+        let forwarded = try await nextNonEvent(b1)
         try b1.send(Frame(.reply, id: forwarded.id, payload: [3]))
         #expect(try await b0.frame() == Frame(.reply, id: 8, payload: [3]))
         try b0.send(.call(9, "switchboard/stats", "get"))
