@@ -268,7 +268,6 @@ struct StoppedNATSServerTests {
         #expect(noticed < .seconds(5), "noticed after \(noticed)")
         let stats = try await members[0].cluster()
         #expect(stats["busPossiblyLost"]?.intValue ?? 0 >= 50, "the 50 posts (and beacons) since the last PONG: \(stats)")
-        #expect(!members[1].events.contains(.uint8List([1])), "none of them arrived")
         nats.signal(SIGCONT)
         for member in members { await member.client.close() }
         await nodes.stop()

@@ -90,7 +90,8 @@ struct ClusterFaultTests {
         #expect(gone.id == 2 && gone.errorCode == "handler_gone")
         let frames = try await eventsUntilEnd(listener)
         let elapsed = ContinuousClock.now - killedAt
-        #expect(elapsed < .seconds(2), "a lease of 1.5 s, beacons every 250 ms: took \(elapsed)")
+        // A lease of 1.5 s and beacons every 250 ms: 2 s, and a late tick on a loaded machine.
+        #expect(elapsed < .seconds(3), "took \(elapsed)")
         #expect(frames.count == 2)
         let error = try StandardMethodCodec().decodeEnvelope(frames.first?.payload)
         #expect(error == .failure(ChannelError(code: "handler_gone", message: WireError.handlerGone.message)))
@@ -121,7 +122,7 @@ struct ClusterFaultTests {
         victim.signal(SIGKILL)
         let killedAt = ContinuousClock.now
         #expect(try await eventually(4) { producer.cancels.withLock { $0 } == 1 })
-        #expect(ContinuousClock.now - killedAt < .seconds(2.5))
+        #expect(ContinuousClock.now - killedAt < .seconds(3.5))  // 2 s, and late ticks on a loaded machine
         #expect(try await clusterStats(holder)["nodesLost"] == 1)
         await holder.close()
         await nodes.stop()
