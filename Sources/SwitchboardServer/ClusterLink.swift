@@ -300,6 +300,9 @@ final class ClusterLink {
 
     /// Whether the bus is connected: what is published now can reach the other nodes.
     var isConnected: Bool { bus.isConnected }
+    /// Broadcasts made while the bus was down that a sibling loop had no room for (its listeners
+    /// missed them).
+    var loopEventsDropped = 0
 
     /// Sends a local event to the other nodes: a broadcast, or (`fromHolder`) an event of a channel a
     /// client holds here, for the listeners other nodes have through this node.
@@ -737,6 +740,7 @@ final class ClusterLink {
             ("bus_messages_out", bus.messagesOut), ("bus_messages_in", bus.messagesIn), ("bus_bytes_out", bus.bytesOut),
             ("bus_bytes_in", bus.bytesIn), ("bus_dropped", bus.dropped), ("bus_reconnects", bus.reconnects),
             ("bus_connect_failures", bus.connectFailures), ("bus_possibly_lost", bus.possiblyLost),
+            ("loop_events_dropped", loopEventsDropped),
             ("bus_server_errors", bus.serverErrors), ("bus_slow_consumer", bus.slowConsumer),
         ]
         let gauges = [
@@ -779,6 +783,7 @@ final class ClusterLink {
             "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
             "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),
             "busConnectFailures": .int(bus.connectFailures), "busPossiblyLost": .int(bus.possiblyLost),
+            "loopEventsDropped": .int(loopEventsDropped),
             "busServerErrors": .int(bus.serverErrors), "busSlowConsumer": .int(bus.slowConsumer),
             "stalls": .int(stalls),
         ])
