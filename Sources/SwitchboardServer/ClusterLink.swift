@@ -651,6 +651,7 @@ final class ClusterLink {
             logger.warning("this node stalled for \(now - lastTick) ms: the other nodes took it for gone, and NATS may have dropped it as a slow consumer")
             for node in peers.keys.sorted() {
                 peersLost += 1
+                endServedCalls(of: node)
                 onPeerLost?(node)
             }
             peers = [:]
@@ -674,7 +675,19 @@ final class ClusterLink {
         for node in lost {
             peers.removeValue(forKey: node)
             peersLost += 1
+            endServedCalls(of: node)
             onPeerLost?(node)
+        }
+    }
+
+    /// `node` went silent: nobody waits there for the calls it made here any more (its calls lapsed
+    /// there too, if it is only stalled). Each is answered `handler_gone`, which a stalled node reads
+    /// when it wakes, and cancelled: its holder hears CANCEL, as for a caller that went away.
+    private func endServedCalls(of node: String) {
+        for request in served.filter({ $0.key.caller == node }).sorted(by: { $0.key.id < $1.key.id }).map(\.value) {
+            let hook = request.onCancel
+            request.answer(.error(.handlerGone))
+            hook.run()
         }
     }
 

@@ -44,8 +44,11 @@ final class SlowHolder: Sendable {
     }
 
     /// A raw connection to `server`, once calls from there reach this holder.
-    func reachedFrom(_ server: Server) async throws -> RawConnection {
-        let raw = try RawConnection(port: server.port)
+    func reachedFrom(_ server: Server) async throws -> RawConnection { try await reachedFrom(port: server.port) }
+    func reachedFrom(_ node: NodeProcess) async throws -> RawConnection { try await reachedFrom(port: node.port) }
+
+    private func reachedFrom(port: Int) async throws -> RawConnection {
+        let raw = try RawConnection(port: port)
         #expect(try await eventually {
             try raw.send(.call(1, "slow", "probe"))
             return try await raw.nextNonPing().payload != nil
@@ -84,6 +87,27 @@ struct ClusterCallerFaultTests {
             return stats[0]["callsServing"] == 0 && stats[1]["callsPending"] == 0
         }, "\(stats)")
         #expect(holder.cancelled == 5)
+        await holder.client.close()
+        await nodes.stop()
+    }
+}
+
+extension ClusterCallerFaultTests {
+    @Test("kill -9 of the caller's node mid-call: the holder hears a cancel for each of its open calls once the node is gone, and callsServing goes back to 0")
+    func killedCallerNode() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, nats: nats)
+        let holder = try await SlowHolder(nodes.servers[0])
+        let callerNode = try NodeProcess(nats: nats, node: "doomed")
+        let caller = try await holder.reachedFrom(callerNode)
+        for id in 2...6 { try caller.send(.call(UInt32(id), "slow", "wait")) }
+        #expect(try await eventually { holder.started == 5 })
+        callerNode.signal(SIGKILL)
+        let killedAt = ContinuousClock.now
+        #expect(try await eventually { holder.cancelled == 5 })
+        // Bound: the caller's node is gone after a lease (1.5 s) and a beacon tick; 5 s on a loaded machine.
+        #expect(ContinuousClock.now - killedAt < .seconds(5))
+        #expect(try await eventually { try await clusterStats(holder.client)["callsServing"] == 0 })
         await holder.client.close()
         await nodes.stop()
     }
