@@ -67,6 +67,11 @@ public struct BusCounters: Sendable, Equatable {
     public var dropped = 0
     /// Connections made after the first.
     public var reconnects = 0
+    /// Connection attempts that failed: refused, ended, or not confirmed within the connect timeout.
+    public var connectFailures = 0
+    /// Messages published on a connection that was then lost, after the last `PONG` that confirmed
+    /// the server had read what came before it: they may never have reached it.
+    public var possiblyLost = 0
     /// `-ERR` lines from the server (slow consumer, permissions, …), and how many said slow consumer.
     public var serverErrors = 0, slowConsumer = 0
 

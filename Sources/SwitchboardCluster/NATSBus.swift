@@ -6,8 +6,11 @@ import SwitchboardTransport
 ///
 /// It connects to the listed servers in turn, with a backoff that doubles from `reconnectDelayMs` up to
 /// `maxReconnectDelayMs` and starts again after a good connection. Each (re)connection reads `INFO`,
-/// sends `CONNECT`, every subscription's `SUB`, then `PING`: the `PONG` marks it connected. A `PING`
-/// every `pingIntervalMs` that goes unanswered `maxPingsOut` times in a row marks the connection dead.
+/// sends `CONNECT`, every subscription's `SUB`, then `PING`: the `PONG` marks it connected. An attempt
+/// not connected within `connectTimeoutMs` (a server that accepts but never answers) fails, and the
+/// next server is tried. A `PING` every `pingIntervalMs` that goes unanswered `maxPingsOut` times in a
+/// row marks the connection dead; what was published after the last answered `PING` is counted as
+/// possibly lost.
 /// Requests use one wildcard inbox subscription; a request open when the connection goes completes
 /// with `.disconnected`.
 public final class NATSBus: ClusterBus {
@@ -53,6 +56,9 @@ public final class NATSBus: ClusterBus {
         public var name: String
         public var reconnectDelayMs: UInt64 = 50
         public var maxReconnectDelayMs: UInt64 = 2000
+        /// How long an attempt may take, from the TCP connect to the `PONG` that confirms it (nats.go's
+        /// default is 2 s).
+        public var connectTimeoutMs: UInt64 = 2000
         public var pingIntervalMs: UInt64 = 2000
         public var maxPingsOut = 2
         /// Bytes waiting to be written past which a publish is dropped (and counted).
@@ -87,11 +93,20 @@ public final class NATSBus: ClusterBus {
     private var outbound: [UInt8] = []
     private var flusher: BeforeSleep?
     private let retryTimer: Timer
+    private let connectTimer: Timer
     private let pingTimer: Timer
     private var pingsOut = 0
+    /// `messagesOut` when each PING still unanswered was sent, oldest first: its PONG confirms that the
+    /// server read every message before it.
+    private var pingMarks: [Int] = []
+    /// `messagesOut` as the last PONG confirmed it.
+    private var confirmedOut = 0
     private var serverIndex = 0
     private var failedAttempts = 0
     private var hasConnected = false
+    /// Whether the bus's failing to connect was logged as a warning since it last connected: the first
+    /// failure after a connection (or at start) is, the retries after it are not.
+    private var warnedOfFailure = false
 
     private struct Subscription {
         let subject: String
@@ -119,6 +134,7 @@ public final class NATSBus: ClusterBus {
         logger[metadataKey: "bus"] = "nats"
         self.logger = logger
         retryTimer = try Timer(loop: loop)
+        connectTimer = try Timer(loop: loop)
         pingTimer = try Timer(loop: loop)
         inbox = "_INBOX.\(UInt64.random(in: 1...UInt64.max)).\(EventLoop.nanoseconds())"
     }
@@ -135,6 +151,7 @@ public final class NATSBus: ClusterBus {
     public func close() {
         phase = .closed
         retryTimer.cancel()
+        connectTimer.cancel()
         pingTimer.cancel()
         flusher?.cancel()
         flusher = nil
@@ -223,6 +240,10 @@ public final class NATSBus: ClusterBus {
         generation += 1
         let attempt = generation
         let server = options.servers[serverIndex % options.servers.count]
+        connectTimer.start(after: options.connectTimeoutMs) { [weak self] in
+            guard let self, attempt == self.generation else { return }
+            self.attemptFailed("no answer within \(self.options.connectTimeoutMs) ms")
+        }
         TCPConnection.connect(loop: loop, host: server.host, port: server.port) { [weak self] result in
             guard let self, attempt == self.generation, self.phase == .connecting else {
                 if case .success(let connection) = result { connection.closeNow() }
@@ -230,9 +251,7 @@ public final class NATSBus: ClusterBus {
             }
             switch result {
             case .failure(let error):
-                self.logger.debug("cannot connect to \(server): \(error)")
-                self.serverIndex += 1
-                self.scheduleReconnect()
+                self.attemptFailed("\(error)")
             case .success(let connection):
                 self.phase = .handshaking
                 self.transport = connection
@@ -278,11 +297,12 @@ public final class NATSBus: ClusterBus {
             for (sid, subscription) in subscriptions.sorted(by: { $0.key < $1.key }) {
                 outbound += NATSCommand.subscribe(subscription.subject, queue: subscription.queue, sid: sid)
             }
-            outbound += NATSCommand.ping
+            sendPing()
             phase = .confirming
             flush()
         case .pong:
             pingsOut = 0
+            if !pingMarks.isEmpty { confirmedOut = pingMarks.removeFirst() }
             if phase == .confirming { didConnect() }
         case .ping:
             outbound += NATSCommand.pong
@@ -302,7 +322,9 @@ public final class NATSBus: ClusterBus {
 
     private func didConnect() {
         phase = .connected
+        connectTimer.stop()
         failedAttempts = 0
+        warnedOfFailure = false
         if hasConnected { counters.reconnects += 1 }
         hasConnected = true
         logger.info("connected to \(options.servers[serverIndex % options.servers.count])")
@@ -313,28 +335,56 @@ public final class NATSBus: ClusterBus {
     private func ping() {
         guard phase == .connected else { return }
         guard pingsOut < options.maxPingsOut else {
-            logger.warning("NATS server did not answer \(pingsOut) pings: reconnecting")
+            logger.info("NATS server did not answer \(pingsOut) pings: reconnecting")
             return lost()
         }
         pingsOut += 1
+        sendPing()
+    }
+
+    private func sendPing() {
+        pingMarks.append(counters.messagesOut)
         outbound += NATSCommand.ping
     }
 
     /// The connection failed or ended: requests fail, and the next server is tried after a delay.
     private func lost() {
-        let wasConnected = phase == .connected
+        guard phase == .connected else { return attemptFailed("the connection ended") }
+        counters.possiblyLost += counters.messagesOut - confirmedOut
         dropConnection()
         failRequests()
-        if wasConnected { onConnectionChange?(false) }
+        warnedOfFailure = true  // the owner hears, and says so once
+        onConnectionChange?(false)
         guard phase != .closed else { return }
+        serverIndex += 1
+        scheduleReconnect()
+    }
+
+    /// An attempt that did not get as far as connected (refused, ended, or timed out): counted and
+    /// logged, and the next server is tried after a delay. Only the first failure since the bus was
+    /// last connected is a warning.
+    private func attemptFailed(_ reason: String) {
+        guard phase != .closed else { return }
+        let server = options.servers[serverIndex % options.servers.count]
+        counters.connectFailures += 1
+        if warnedOfFailure {
+            logger.info("cannot connect to \(server): \(reason)")
+        } else {
+            warnedOfFailure = true
+            logger.warning("the cluster bus cannot connect to \(server): \(reason); trying the listed servers in turn")
+        }
+        dropConnection()
         serverIndex += 1
         scheduleReconnect()
     }
 
     private func dropConnection() {
         generation += 1
+        connectTimer.stop()
         pingTimer.stop()
         pingsOut = 0
+        pingMarks.removeAll()
+        confirmedOut = counters.messagesOut
         outbound.removeAll()
         transport?.closeNow()
         transport = nil

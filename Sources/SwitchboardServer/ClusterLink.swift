@@ -10,6 +10,11 @@ public struct ClusterSettings: Sendable {
     public var servers: [NATSBus.Server]
     /// This node's name, as NATS and the stats show it.
     public var node: String
+    /// How long a connection attempt may take before the next server is tried: a server that accepts
+    /// but never answers (a stopped process) must not hold the node.
+    public var connectTimeoutMs: UInt64 = 2000
+    /// How often the node pings its NATS server: two pings unanswered in a row mark the connection dead.
+    public var pingIntervalMs: UInt64 = 1000
 
     public init(servers: [NATSBus.Server], node: String) {
         self.servers = servers
@@ -44,6 +49,8 @@ final class ClusterLink {
     /// connection as a slow consumer).
     private var lastTick: UInt64 = 0
     private(set) var stalls = 0
+    /// Whether the last beacon ran late and left the leases to this one.
+    private var judgingDeferred = false
 
     // MARK: State: broadcasts
 
@@ -80,6 +87,10 @@ final class ClusterLink {
         /// When its caller cancelled it: from then on beacons renew it no more, so that a cancel the
         /// holder's node never heard still ends it within a lease.
         var cancelledAt: UInt64?
+        /// The method codec of the channel it reached, as the beacons naming it tell (nil: not a method
+        /// channel, or not named yet): the form of the `cancelled` answer this node gives if the holder's
+        /// node does not answer the cancel.
+        var methodCodec: (any MethodCodec)?
     }
     private var outgoing: [UInt64: OutgoingCall] = [:]
     private var nextCall: UInt64 = 0
@@ -113,8 +124,9 @@ final class ClusterLink {
         case noHolder
         /// The node working on it stopped naming it in its beacons, or went silent.
         case expired
-        /// Its caller cancelled it, and no answer came within a lease of the cancel.
-        case cancelled
+        /// Its caller cancelled it, and no answer came within a lease of the cancel: the `cancelled`
+        /// answer is in the error envelope of the channel's method codec, when one is known.
+        case cancelled(methodCodec: (any MethodCodec)?)
     }
 
     // MARK: State: batches
@@ -220,6 +232,8 @@ final class ClusterLink {
     convenience init(settings: ClusterSettings, loop index: Int?, eventLoop loop: EventLoop, logger: Logger) throws(UVError) {
         var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)" + (index.map { " loop \($0)" } ?? ""))
         options.echo = false  // a node's own broadcasts have reached its listeners already
+        options.connectTimeoutMs = settings.connectTimeoutMs
+        options.pingIntervalMs = settings.pingIntervalMs
         var logger = logger
         logger[metadataKey: "node"] = "\(settings.node)"
         let bus = try NATSBus(loop: loop, options: options, logger: logger)
@@ -292,6 +306,12 @@ final class ClusterLink {
 
     // MARK: Broadcasts
 
+    /// Whether the bus is connected: what is published now can reach the other nodes.
+    var isConnected: Bool { bus.isConnected }
+    /// Broadcasts made while the bus was down that a sibling loop had no room for (its listeners
+    /// missed them).
+    var loopEventsDropped = 0
+
     /// Sends a local event to the other nodes: a broadcast, or (`fromHolder`) an event of a channel a
     /// client holds here, for the listeners other nodes have through this node.
     func publish(_ event: OutboundEvent, fromHolder: Bool = false) {
@@ -352,17 +372,26 @@ final class ClusterLink {
     private func received(_ message: BusMessage, on channel: String) {
         let bytes = message.payload
         let holderNode = message.header("Sb-Node")
-        var buffer = InboundBuffer()
-        buffer.append(bytes)
-        var decoder = FrameDecoder(maxFrame: UInt32(clamping: bytes.count))
-        guard case .frame(let frame)? = try? decoder.next(from: &buffer), buffer.readableBytes == 0,
-              frame.kind == .message, frame.id == 0, frame.channel == channel, frame.payload != nil || holderNode != nil else {
+        guard let frame = Self.eventFrame(bytes), frame.channel == channel, frame.payload != nil || holderNode != nil else {
             eventsMalformed += 1
             return
         }
         eventsIn += 1
         onEvent?(channel, frame.payload, bytes, holderNode)
     }
+
+    /// `bytes` as one whole MESSAGE frame with id 0, or nil.
+    private static func eventFrame(_ bytes: [UInt8]) -> Frame? {
+        var buffer = InboundBuffer()
+        buffer.append(bytes)
+        var decoder = FrameDecoder(maxFrame: UInt32(clamping: bytes.count))
+        guard case .frame(let frame)? = try? decoder.next(from: &buffer), buffer.readableBytes == 0,
+              frame.kind == .message, frame.id == 0 else { return nil }
+        return frame
+    }
+
+    /// The envelope a broadcast's frame carries (a broadcast always has one).
+    static func eventEnvelope(in frame: [UInt8]) -> [UInt8]? { eventFrame(frame)?.payload }
 
     // MARK: Calls to other nodes
 
@@ -607,12 +636,12 @@ final class ClusterLink {
             beacon += "L \(listening.holderNode) \(digest(listening.channel)) \(listening.count)\n".utf8
         }
         beacon += "L\n".utf8
-        var byCaller: [String: [UInt64]] = [:]
-        for key in served.keys { byCaller[key.caller, default: []].append(key.id) }
+        var byCaller: [String: [(id: UInt64, codec: String)]] = [:]
+        for (key, request) in served { byCaller[key.caller, default: []].append((key.id, Self.codecMark(request.methodCodec?.codec))) }
         for (caller, ids) in byCaller.sorted(by: { $0.key < $1.key }) {
-            let ids = ids.sorted()
+            let ids = ids.sorted { $0.id < $1.id }
             for chunk in stride(from: 0, to: ids.count, by: 2048) {
-                let line = Array((caller + ids[chunk..<min(chunk + 2048, ids.count)].map { " \($0)" }.joined() + "\n").utf8)
+                let line = Array((caller + ids[chunk..<min(chunk + 2048, ids.count)].map { " \($0.id)\($0.codec)" }.joined() + "\n").utf8)
                 if beacon.count + line.count > 64 << 10 {
                     try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
                     beacon = first
@@ -623,6 +652,7 @@ final class ClusterLink {
         try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
 
         let now = loop.now
+        let late = now - lastTick > 2 * Self.beaconIntervalMs
         if now - lastTick > Self.leaseMs {
             // The other nodes took this one for gone and forgot its listeners: it does the same with
             // theirs, whatever beacons it reads next, so that both sides agree.
@@ -630,22 +660,61 @@ final class ClusterLink {
             logger.warning("this node stalled for \(now - lastTick) ms: the other nodes took it for gone, and NATS may have dropped it as a slow consumer")
             for node in peers.keys.sorted() {
                 peersLost += 1
+                endServedCalls(of: node)
                 onPeerLost?(node)
             }
             peers = [:]
         }
         lastTick = now
+        // A loop that ran late (stopped, starved) has not read yet what came on the bus meanwhile: the
+        // answers and beacons that end or renew its calls, and other nodes' beacons. Its timer runs before
+        // it reads its sockets, so the leases are judged at the next beacon, once it has.
+        if late, !judgingDeferred {
+            judgingDeferred = true
+            return
+        }
+        judgingDeferred = false
         let lapsedCalls = outgoing.filter { now - ($0.value.cancelledAt ?? $0.value.renewedAt) > Self.leaseMs }.keys.sorted()
         for id in lapsedCalls {
             guard let call = outgoing.removeValue(forKey: id) else { continue }
             callsExpired += 1
-            call.completion(call.cancelledAt == nil ? .expired : .cancelled)
+            call.completion(call.cancelledAt == nil ? .expired : .cancelled(methodCodec: call.methodCodec))
         }
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {
             peers.removeValue(forKey: node)
             peersLost += 1
+            endServedCalls(of: node)
             onPeerLost?(node)
+        }
+    }
+
+    /// `node` went silent: nobody waits there for the calls it made here any more (its calls lapsed
+    /// there too, if it is only stalled). Each is answered `handler_gone`, which a stalled node reads
+    /// when it wakes, and cancelled: its holder hears CANCEL, as for a caller that went away.
+    private func endServedCalls(of node: String) {
+        for request in served.filter({ $0.key.caller == node }).sorted(by: { $0.key.id < $1.key.id }).map(\.value) {
+            let hook = request.onCancel
+            request.answer(.error(.handlerGone))
+            hook.run()
+        }
+    }
+
+    /// How a beacon marks a call to a method channel, after its id: `s` for the standard method codec,
+    /// `j` for the JSON one; nothing for any other channel.
+    private static func codecMark(_ codec: (any MethodCodec)?) -> String {
+        switch codec {
+        case is StandardMethodCodec: "s"
+        case is JSONMethodCodec: "j"
+        default: ""
+        }
+    }
+
+    private static func methodCodec(marked mark: Character) -> (any MethodCodec)? {
+        switch mark {
+        case "s": StandardMethodCodec()
+        case "j": JSONMethodCodec()
+        default: nil
         }
     }
 
@@ -670,7 +739,10 @@ final class ClusterLink {
             }
             guard words.first.map(String.init) == instance else { continue }
             for word in words.dropFirst() {
-                if let id = UInt64(word), outgoing[id] != nil { outgoing[id]?.renewedAt = now }
+                let mark = word.last.flatMap { $0.isLetter ? $0 : nil }
+                guard let id = UInt64(mark == nil ? word : word.dropLast()), outgoing[id] != nil else { continue }
+                outgoing[id]?.renewedAt = now
+                if let mark { outgoing[id]?.methodCodec = Self.methodCodec(marked: mark) }
             }
         }
         if let listeners { onListenerReport?(node, listeners) }
@@ -690,6 +762,8 @@ final class ClusterLink {
             ("nodes_lost", peersLost), ("stalls", stalls),
             ("bus_messages_out", bus.messagesOut), ("bus_messages_in", bus.messagesIn), ("bus_bytes_out", bus.bytesOut),
             ("bus_bytes_in", bus.bytesIn), ("bus_dropped", bus.dropped), ("bus_reconnects", bus.reconnects),
+            ("bus_connect_failures", bus.connectFailures), ("bus_possibly_lost", bus.possiblyLost),
+            ("loop_events_dropped", loopEventsDropped),
             ("bus_server_errors", bus.serverErrors), ("bus_slow_consumer", bus.slowConsumer),
         ]
         let gauges = [
@@ -732,6 +806,8 @@ final class ClusterLink {
             "busMessagesOut": .int(bus.messagesOut), "busMessagesIn": .int(bus.messagesIn),
             "busBytesOut": .int(bus.bytesOut), "busBytesIn": .int(bus.bytesIn),
             "busDropped": .int(bus.dropped), "busReconnects": .int(bus.reconnects),
+            "busConnectFailures": .int(bus.connectFailures), "busPossiblyLost": .int(bus.possiblyLost),
+            "loopEventsDropped": .int(loopEventsDropped),
             "busServerErrors": .int(bus.serverErrors), "busSlowConsumer": .int(bus.slowConsumer),
             "stalls": .int(stalls),
         ])

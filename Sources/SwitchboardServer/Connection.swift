@@ -473,7 +473,7 @@ final class Connection {
             if isKnownUniquelyReferenced(&request) { spareRequest = request }
             return
         }
-        if isClosing { return request.abandon() }
+        if isClosing { return request.abandonCancelling() }
         request.isRegistered = true
         switch request.origin {
         case .binary(let id): withBinaryRequests { $0[id] = request }
@@ -528,8 +528,14 @@ final class Connection {
 
     private func cancelRequest(_ id: UInt32) {
         guard let request = withBinaryRequests({ $0[id] }) else { core.stats.ignoredFrames += 1; return }
+        cancel(request)
+    }
+
+    /// Cancels `request` as a CANCEL does: whoever works on it is told, and it is answered, by the loop
+    /// or node it was relayed to if it was (in the form the channel's own node gives), else here.
+    private func cancel(_ request: PendingRequest) {
         request.notifyCancel()
-        if case .relayed = request.onCancel { return }  // the holder's node answers it
+        if case .relayed = request.onCancel { return }
         request.answer(request.cancelAnswer)
     }
 
@@ -598,10 +604,7 @@ final class Connection {
     func abandonOpenRequests() {
         closeReasonOncePeerIsDone = .peerGone
         let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
-        for request in open {
-            request.notifyCancel()
-            request.answer(request.cancelAnswer)
-        }
+        for request in open { cancel(request) }
     }
 
     func closeIfPeerIsDone() {
@@ -950,7 +953,7 @@ final class Connection {
         transport.closeNow()
     }
 
-    /// Ends streams (handlers told), fails server-initiated requests, forgets open requests.
+    /// Ends streams (handlers told), fails server-initiated requests, cancels open requests (their answers go nowhere).
     private func releaseState(_ reason: CloseReason) {
         pluginContext?.dropStates()
         core.holderLeft(self)
@@ -966,8 +969,10 @@ final class Connection {
             defer { table = [:] }
             return table
         }
-        for request in open.values { request.abandon() }
-        for request in textRequests.values { request.abandon() }
+        // Whatever the close (a reset, an error, a slow consumer), the requests' answers can go nowhere:
+        // each is cancelled, so that its handler, holder, loop or node stops working on it.
+        for request in open.values { request.abandonCancelling() }
+        for request in textRequests.values { request.abandonCancelling() }
         core.stats.repliesPending -= open.count + textRequests.count
         textRequests = [:]
         core.requestFinished()  // the shutdown drain may have been waiting for these

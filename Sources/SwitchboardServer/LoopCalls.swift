@@ -97,6 +97,28 @@ extension ServerCore {
         request.answer(request.cancelAnswer)
     }
 
+    /// A broadcast this loop made while its bus is down, for the listeners on the node's other loops:
+    /// each loop of a cluster node is a node of its own on the bus, which cannot carry it to them now
+    /// (protocol/cluster.md). Handed to each sibling loop as a broadcast from another node; one more
+    /// than a sibling has room for is dropped and counted in `loopEventsDropped`.
+    func shareWithSiblingLoops(_ event: OutboundEvent) {
+        guard let group, group.count > 1, let frame = event.binaryFrame, let envelope = ClusterLink.eventEnvelope(in: frame) else { return }
+        let channel = event.channel
+        for (loop, core) in group.cores.enumerated() where loop != index {
+            let waiting = group.siblingBroadcastsWaiting[loop]
+            guard waiting.value.add(1, ordering: .relaxed).newValue <= LoopGroup.siblingBroadcastLimit else {
+                waiting.value.subtract(1, ordering: .relaxed)
+                cluster?.loopEventsDropped += 1
+                continue
+            }
+            let queued = core.loop.execute {
+                waiting.value.subtract(1, ordering: .relaxed)
+                core.value.deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: nil)
+            }
+            if !queued { waiting.value.subtract(1, ordering: .relaxed) }  // that loop has stopped
+        }
+    }
+
     /// The server is stopping: calls from other loops still open here get `going_away`.
     func stopServingLoopCalls() {
         for request in Array(loopCallsServed.values) { request.answer(.error(.goingAway)) }

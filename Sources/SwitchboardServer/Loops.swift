@@ -32,6 +32,15 @@ final class LoopGroup: Sendable {
     private let metricsReporter: Mutex<Reporting>
     /// The bus between the loops (with more than one).
     let hub: LoopBusHub?
+    /// For each loop of a cluster node, the broadcasts its siblings made while their bus was down that
+    /// wait to run there: at most ``siblingBroadcastLimit``, as the loop bus's inboxes hold.
+    let siblingBroadcastsWaiting: [WaitingCount]
+    static let siblingBroadcastLimit = 65_536
+
+    /// A count that loops share.
+    final class WaitingCount: Sendable {
+        let value = Atomic<Int>(0)
+    }
 
     /// With `joinedByNATS` (a node of a cluster), each loop is a node of the cluster and the loops
     /// reach each other through NATS, as they reach other nodes; otherwise by a ``LoopBusHub``.
@@ -39,6 +48,7 @@ final class LoopGroup: Sendable {
         self.cores = cores.map { LoopBound($0, loop: $0.handle) }
         metricsReporter = Mutex(Reporting(reporter: MetricsReporter(settings: metrics)))
         hub = cores.count > 1 && !joinedByNATS ? LoopBusHub(loops: cores.map(\.handle), mayDrop: ClusterLink.mayDrop) : nil
+        siblingBroadcastsWaiting = cores.map { _ in WaitingCount() }
     }
 
     var count: Int { cores.count }

@@ -209,7 +209,7 @@ extension ServerCore {
         case .reply(let reply): request.answer(RemoteAnswer.decode(reply))
         case .noHolder: request.answer(.notImplemented)
         case .expired: request.answer(.error(.handlerGone))
-        case .cancelled: request.answer(request.cancelAnswer)
+        case .cancelled(let methodCodec): request.answer(PendingRequest.cancelAnswer(methodCodec: methodCodec))
         }
     }
 

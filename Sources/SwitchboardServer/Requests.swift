@@ -49,6 +49,15 @@ final class PendingRequest {
         /// Sent to another node: the CANCEL is relayed there (by `body`), and the answer to it comes
         /// from there, as that node answers its own clients' CANCELs.
         case relayed(() -> Void)
+
+        /// Tells whoever works on the request that it is cancelled.
+        func run() {
+            switch self {
+            case .nothing: break
+            case .handler(let body), .relayed(let body): body()
+            case .forwarded(let holder, let id): holder.sendCancel(id)
+            }
+        }
     }
     private(set) var isAnswered = false
     /// Where the answer goes for a request from another node; nil for this node's clients.
@@ -105,23 +114,29 @@ final class PendingRequest {
         onCancel = .nothing
     }
 
+    /// Forgets the requester, which went away, and tells whoever works on the request, as its CANCEL
+    /// would (wire.md: the requests of a peer that goes away are cancelled): whatever answer follows
+    /// goes nowhere.
+    func abandonCancelling() {
+        let hook = onCancel
+        abandon()
+        hook.run()
+    }
+
     var isText: Bool { origin.isText }
     /// Whether nobody waits for the answer (a MESSAGE with id 0).
     var isDetached: Bool { serial == 0 }
 
     /// Tells whoever works on the request that the requester cancelled it.
-    func notifyCancel() {
-        switch onCancel {
-        case .nothing: break
-        case .handler(let body), .relayed(let body): body()
-        case .forwarded(let holder, let id): holder.sendCancel(id)
-        }
-    }
+    func notifyCancel() { onCancel.run() }
 
     /// What a CANCEL answers when the handler has produced nothing.
-    var cancelAnswer: Answer {
+    var cancelAnswer: Answer { Self.cancelAnswer(methodCodec: methodCodec?.codec) }
+
+    /// What a CANCEL answers on a channel with `methodCodec` (nil: not a method channel).
+    static func cancelAnswer(methodCodec: (any MethodCodec)?) -> Answer {
         guard let methodCodec else { return .error(.cancelled) }
-        return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec.codec)
+        return .failure(ChannelError(code: "cancelled", message: "the caller cancelled"), methodCodec)
     }
 
     /// Answers a method call with a success envelope in its channel's codec.

@@ -496,6 +496,7 @@ final class ServerCore {
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
         cluster?.publish(event)
+        if let cluster, !linksLoops, !cluster.isConnected { shareWithSiblingLoops(event) }
     }
 
     /// Whether `entry` gets events from other nodes: a server-side channel's broadcasts, or the events
@@ -507,7 +508,7 @@ final class ServerCore {
 
     /// An event from another node for this node's listeners: a broadcast, or (`holderNode` set) an
     /// event of the channel held there that this node's listeners follow.
-    private func deliverRemote(on name: String, envelope: [UInt8]?, frame: [UInt8], holderNode: String?) {
+    func deliverRemote(on name: String, envelope: [UInt8]?, frame: [UInt8], holderNode: String?) {
         let entry: EventEntry
         if let holderNode {
             guard let remote = remoteStreams[name], remote.holderNode == holderNode else { return }

@@ -66,6 +66,18 @@ public final class RawConnection {
     /// Half-closes the sending side.
     public func finishSending() { shutdown(fd, Int32(SHUT_WR)) }
 
+    /// Closes abruptly: the server gets a reset (RST, `SO_LINGER` 0), not an end of stream. The
+    /// descriptor stays this object's (a fresh socket takes its number) until it goes.
+    public func reset() {
+        var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+        let spare = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard spare >= 0 else { return }
+        dup2(spare, fd)  // closes the connected socket: with a linger of 0, that sends the RST
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        close(spare)
+    }
+
     /// Reads at least `count` buffered bytes; nil on EOF.
     private func fill(_ count: Int) async throws -> Bool {
         var chunk = [UInt8](repeating: 0, count: 65536)

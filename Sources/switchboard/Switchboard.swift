@@ -79,6 +79,10 @@ struct Serve: ParsableCommand {
     @Option(help: "NATS servers (nats://HOST:PORT, comma-separated): share broadcasts with the other nodes on them.")
     var cluster: String?
     @Option(help: "This node's name in the cluster (default: the host name and process id).") var node: String?
+    @Option(help: "Milliseconds a node has to connect to a NATS server, handshake included, before it tries the next.")
+    var clusterConnectTimeout: UInt64 = 2000
+    @Option(help: "Milliseconds between a node's pings to its NATS server; two unanswered in a row mark the connection dead.")
+    var clusterPingInterval: UInt64 = 1000
     @Option(help: "Event loops, one thread each: 1 … 256 (default: one per core).") var loops: Int?
     @Option(help: "Milliseconds a new connection has to complete its first frame, line or HTTP head (0 = no limit).")
     var firstFrameTimeout: UInt64 = 10_000
@@ -110,6 +114,9 @@ struct Serve: ParsableCommand {
             throw ValidationError("--cluster takes nats://HOST:PORT addresses, comma-separated")
         }
         guard node == nil || cluster != nil else { throw ValidationError("--node needs --cluster") }
+        guard clusterConnectTimeout > 0, clusterPingInterval > 0 else {
+            throw ValidationError("--cluster-connect-timeout and --cluster-ping-interval must be positive")
+        }
         if let loops { guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") } }
     }
 
@@ -140,7 +147,10 @@ struct Serve: ParsableCommand {
         config.metrics = .prometheus(channelLimit: metricsChannels)
         config.loops = loops ?? min(256, max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
         if let servers = clusterServers {
-            config.cluster = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")
+            var settings = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")
+            settings.connectTimeoutMs = clusterConnectTimeout
+            settings.pingIntervalMs = clusterPingInterval
+            config.cluster = settings
         }
         if let tlsCert, let tlsKey {
             do {

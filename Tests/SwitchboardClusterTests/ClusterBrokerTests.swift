@@ -84,9 +84,9 @@ struct JobsCluster {
     let holder: Client
     let parked = Parked()
 
-    init(nodes count: Int) async throws {
+    init(nodes count: Int, drainTimeoutMs: UInt64 = 300) async throws {
         nats = try NATSServerProcess()
-        nodes = try ClusterNodes(count, nats: nats)
+        nodes = try ClusterNodes(count, drainTimeoutMs: drainTimeoutMs, nats: nats)
         holder = try await connect(nodes.servers[0])
         try await holdJobs(holder, parked: parked)
     }
@@ -406,8 +406,13 @@ extension ClusterInputTests {
         let notes = BasicMessageChannel(name: "jobs/notes", codec: StringCodec(), client: caller)
         #expect(try await eventually { (try? await notes.send("x")) == "got x" })
         let before = try await clusterStats(holder)
-        let bus = try #require(RawSocket(port: nats.port))
+        let bus = try #require(RawSocket(port: nats.port, timeout: 0.2))
         bus.send("CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\nSUB switchboard.answers.fa4e 1\r\n")
+        // The fake node's beacon, so that the holder's node does not take it for gone (and end its calls)
+        // while a loaded machine keeps the holder from answering.
+        let beacon = "fa4e 0 fake\nL\n"
+        func beat() { bus.send("PUB switchboard.beacon \(beacon.utf8.count)\r\n\(beacon)\r\n") }
+        beat()
         let subject = "switchboard.call." + Digest.sha256Hex(Array("jobs/notes".utf8))
         func hpub(caller: String, _ batch: [UInt8]) -> [UInt8] {
             let headers = Array("NATS/1.0\r\nSb-Caller: \(caller)\r\n\r\n".utf8)
@@ -421,10 +426,10 @@ extension ClusterInputTests {
         bus.send(hpub(caller: "fa4e", Array(whole.prefix(10))) + hpub(caller: "fa4e", Array(whole.dropLast()))
                  + hpub(caller: "not-hex", whole) + hpub(caller: "fa4e", whole + unknown))
         var received = ""
-        while !(received.contains("got hi") && received.contains("bad_request")) {
-            let more = bus.read()
-            if more.isEmpty { break }  // the wait ran out
-            received += String(decoding: more, as: UTF8.self)
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !(received.contains("got hi") && received.contains("bad_request")), ContinuousClock.now < deadline {
+            beat()
+            received += String(decoding: bus.read(), as: UTF8.self)  // nothing within 0.2 s: read again
         }
         #expect(received.contains("HMSG switchboard.answers.fa4e 1 ") && received.contains("got hi") && received.contains("bad_request"),
                 "\(received)")
@@ -574,11 +579,11 @@ struct ClusterBrokerEdgeTests {
 struct ClusterBrokerCancelTests {
     @Test("a CANCEL while the holder's node drains still reaches the holder and gets the cancel's answer, not going_away")
     func cancelWhileDraining() async throws {
-        let cluster = try await JobsCluster(nodes: 2)
+        let cluster = try await JobsCluster(nodes: 2, drainTimeoutMs: 5000)  // long enough for the CANCEL on a loaded machine
         let remote = try await cluster.rawOnNode2()
         try remote.send(.call(2, "jobs/resize", "wait"))
         #expect(try await eventually { cluster.parked.count == 1 })
-        cluster.nodes.servers[0].shutdown()  // drains for 300 ms: the call is still being served
+        cluster.nodes.servers[0].shutdown()  // drains: the call is still being served
         try await Task.sleep(for: .milliseconds(50))
         try remote.send(Frame(.cancel, id: 2, payload: nil))
         let answer = try await remote.nextNonPing()

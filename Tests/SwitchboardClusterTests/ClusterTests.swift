@@ -10,14 +10,15 @@ import SwitchboardServer
 final class ClusterNodes {
     let servers: [Server]
 
-    /// `count` nodes of `loops` loops each, node i attached to `nats[i % nats.count]`; `setUp` runs on
-    /// each before it starts (to load plugins, say).
-    init(_ count: Int, loops: Int = 1, nats: NATSServerProcess..., setUp: (Server) -> Void = { _ in }) throws {
+    /// `count` nodes of `loops` loops each, node i attached to `nats[i % nats.count]`, draining for
+    /// `drainTimeoutMs` when stopped; `setUp` runs on each before it starts (to load plugins, say).
+    init(_ count: Int, loops: Int = 1, drainTimeoutMs: UInt64 = 300, nats: NATSServerProcess...,
+         setUp: (Server) -> Void = { _ in }) throws {
         servers = try (1...count).map { index in
             var config = ServerConfiguration()
             config.port = 0
             config.loops = loops
-            config.drainTimeoutMs = 300
+            config.drainTimeoutMs = drainTimeoutMs
             let port = nats[(index - 1) % nats.count].port
             config.cluster = ClusterSettings(servers: [NATSBus.Server(host: "127.0.0.1", port: port)], node: "node\(index)")
             var logger = Logger(label: "node\(index)")

@@ -36,9 +36,13 @@ final class NATSServerProcess {
     }
 
     func stop() {
+        process?.signal(SIGCONT)  // a stopped server would never hear the SIGTERM
         process?.stop()
         process = nil
     }
+
+    /// Sends `signal` to the server (SIGSTOP: it still accepts connections, but answers nothing).
+    func signal(_ signal: Int32) { process?.signal(signal) }
 
     deinit { stop() }
 
@@ -233,6 +237,22 @@ struct NATSBusTests {
         #expect(harness.run { seen == ["after"] })
         #expect(a.counters.reconnects == 1 && b.counters.reconnects == 1)
         #expect(changes == [true, false, true])
+    }
+
+    @Test("a stopped nats-server: the bus notices within two unanswered pings and counts what it published since the last PONG as possibly lost")
+    func possiblyLost() throws {
+        let server = try NATSServerProcess()
+        let harness = try BusHarness()
+        let bus = try harness.bus("a", servers: [NATSBus.Server(host: "127.0.0.1", port: server.port)])
+        #expect(harness.run { bus.isConnected })
+        server.signal(SIGSTOP)
+        defer { server.signal(SIGCONT) }
+        for _ in 0..<10 { try bus.publish("news", headers: [], payload: Array("into the void".utf8)) }
+        let stoppedAt = Date()
+        // Bound: pings every 200 ms here, two unanswered: under a second, two on a loaded machine.
+        #expect(harness.run(until: { !bus.isConnected }, timeoutMs: 5000))
+        #expect(Date().timeIntervalSince(stoppedAt) < 2)
+        #expect(bus.counters.possiblyLost == 10 && bus.counters.messagesOut == 10 && bus.counters.dropped == 0)
     }
 
     @Test("several servers: a bus whose first server is down connects to the next")

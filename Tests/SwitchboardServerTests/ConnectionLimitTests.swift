@@ -120,9 +120,10 @@ struct DeadlineTests {
             let wire = try RawConnection(port: port)
             try wire.send(hello)
             #expect(try await wire.frame().kind == .welcome)
-            let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 2_400_000))).bytes
-            for start in stride(from: 0, to: bytes.count, by: 80_000) {  // 80 KB every 100 ms: 3 deadlines in all
-                try wire.send(Array(bytes[start..<min(start + 80_000, bytes.count)]))
+            // 200 KB every 100 ms, 2.5 deadlines in all: ample progress even if a loaded machine delays the sleeps.
+            let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 5_000_000))).bytes
+            for start in stride(from: 0, to: bytes.count, by: 200_000) {
+                try wire.send(Array(bytes[start..<min(start + 200_000, bytes.count)]))
                 try await Task.sleep(for: .milliseconds(100))
             }
             let reply = try await wire.frame()
