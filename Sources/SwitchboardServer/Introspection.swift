@@ -19,7 +19,7 @@ extension Server {
                     return result.error(Introspection.badArguments("list takes null or {\"offset\": n ≥ 0, \"limit\": 1…1000}"))
                 }
                 // Each loop gives the first rows it has up to the page's end; the page is cut from them all.
-                let upTo = Introspection.Page(offset: 0, limit: page.offset + page.limit)
+                let upTo = Introspection.Page(offset: 0, limit: page.end)
                 group.gather(from: group.cores.currentIndex, { ($0.connections.count, $0.connectionRows(upTo)) }) { parts in
                     let rows = parts.compactMap { $0?.1 }.joined().sorted { $0.id < $1.id }.dropFirst(page.offset).prefix(page.limit)
                     result.success(.stringMap([
@@ -53,6 +53,12 @@ enum Introspection {
         init(offset: Int, limit: Int) {
             self.offset = offset
             self.limit = limit
+        }
+
+        /// Where the page ends: past every row there can be when `offset + limit` is beyond `Int.max`.
+        var end: Int {
+            let (sum, overflow) = offset.addingReportingOverflow(limit)
+            return overflow ? .max : sum
         }
 
         init?(_ arguments: ChannelValue) {
