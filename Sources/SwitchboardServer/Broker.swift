@@ -123,12 +123,16 @@ extension ServerCore {
         if let existing = registrations[frame.channel] {
             guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
             release(existing, reason: "re-registered", keepingClaim: true)
+        } else if connection.held.count >= config.maxRegistrationsPerConnection {
+            stats.registrationsRefused += 1
+            return connection.writeError(.tooManyRegistrations, id: frame.id)
         }
         if loopCount > 1, let group, !group.claim(frame.channel, for: index, isEvent: kind == .event) {  // held on another loop
             return connection.writeError(.channelTaken, id: frame.id)
         }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
                                                     queueLimit: config.eventQueueLimit)
+        connection.held.insert(frame.channel)
         cluster?.hold(frame.channel)
         routesVersion &+= 1
         if frame.id != 0 { connection.writeFrame(.reply, id: frame.id, payload: nil) }  // id 0: no answer wanted
@@ -145,14 +149,15 @@ extension ServerCore {
     /// A connection closes: every channel it held goes.
     func holderLeft(_ connection: Connection) {
         connection.failForwarded(on: nil, .disconnected)  // one pass over its table, not one per channel
-        for registration in registrations.values where registration.holder === connection {
-            release(registration, reason: "disconnected", failingForwarded: false)
+        for name in connection.held {
+            if let registration = registrations[name] { release(registration, reason: "disconnected", failingForwarded: false) }
         }
     }
 
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
         registrations.removeValue(forKey: registration.name)
+        registration.holder.held.remove(registration.name)
         if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)
         channelGone(registration.counts)

@@ -32,6 +32,8 @@ struct Counters {
     var forwardedRequests = 0
     /// Connections that could not be accepted (such as EMFILE: out of file descriptors).
     var acceptErrors = 0
+    /// REGISTERs refused because their connection held ``ServerConfiguration/maxRegistrationsPerConnection``.
+    var registrationsRefused = 0
     /// The requests and events of channels that are gone (their ``ChannelCounts`` went with them), so
     /// that the totals in stats never go down.
     var goneChannelRequests = 0, goneChannelEvents = 0
@@ -704,7 +706,7 @@ final class ServerCore {
             "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
             "connectionsTotal": .int(stats.connectionsTotal),
             "ignoredFrames": .int(stats.ignoredFrames),
-            "registrations": .int(registrations.count),
+            "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
             "forwardedRequests": .int(stats.forwardedRequests),
             "acceptErrors": .int(stats.acceptErrors),
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),

@@ -76,6 +76,7 @@ struct Serve: ParsableCommand {
     var wsOrigin: [String] = []
     @Option(help: "Channels with a label of their own in /metrics; the rest are summed as \"other\".")
     var metricsChannels = 100
+    @Option(help: "Channels one connection may hold by REGISTER at once (0 = none).") var maxRegistrations = 1000
     @Option(help: "NATS servers (nats://HOST:PORT, comma-separated): share broadcasts with the other nodes on them.")
     var cluster: String?
     @Option(help: "This node's name in the cluster (default: the host name and process id).") var node: String?
@@ -97,6 +98,7 @@ struct Serve: ParsableCommand {
             throw ValidationError("--cluster takes nats://HOST:PORT addresses, comma-separated")
         }
         guard node == nil || cluster != nil else { throw ValidationError("--node needs --cluster") }
+        guard maxRegistrations >= 0 else { throw ValidationError("--max-registrations must be 0 or more") }
         if let loops { guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") } }
     }
 
@@ -120,6 +122,7 @@ struct Serve: ParsableCommand {
         config.httpEndpoints = http == .on
         config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
         config.metrics = .prometheus(channelLimit: metricsChannels)
+        config.maxRegistrationsPerConnection = maxRegistrations
         config.loops = loops ?? min(256, max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
         if let servers = clusterServers {
             config.cluster = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")
