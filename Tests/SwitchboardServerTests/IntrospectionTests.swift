@@ -28,7 +28,7 @@ import SwitchboardWire
             try holder.send(Frame(.register, id: 1, channel: "app/held", payload: Array(#"{"kind":"event","codec":"json"}"#.utf8)))
             _ = try await holder.frame()
 
-            let rows = try #require(try await call(wire, 5, "switchboard/channels", "list").get().listValue)
+            let rows = try #require(try await call(wire, 5, "switchboard/channels", "list").get()["channels"]?.listValue)
             let names = rows.compactMap { $0["name"]?.stringValue }
             #expect(names == names.sorted() && names.contains("switchboard/message.binary"))
             let byName = Dictionary(uniqueKeysWithValues: rows.map { ($0["name"]?.stringValue ?? "", $0) })
