@@ -63,10 +63,16 @@ final class Registration {
     var listenerShortfalls: [String: Int] = [:]
     var upstream = Upstream.idle
     let counts = ChannelCounts()
+    /// Where its counts are added up too: the loop's sums over every channel clients held, and, for a
+    /// channel without a metrics label of its own, over those (``ServerCore/HeldCounts``).
+    private let sums: ServerCore.HeldCounts, isLabeled: Bool
     /// Events the holder sent before its answer to the first `listen` arrived (it may emit from onListen).
     var early: [OutboundEvent] = []
 
-    init(name: String, holder: Connection, kind: Kind?, codec: DeclaredCodec?, queueLimit: Int) {
+    init(name: String, holder: Connection, kind: Kind?, codec: DeclaredCodec?, queueLimit: Int,
+         sums: ServerCore.HeldCounts, isLabeled: Bool) {
+        self.sums = sums
+        self.isLabeled = isLabeled
         self.name = name
         self.holder = holder
         self.kind = kind
@@ -76,6 +82,20 @@ final class Registration {
                          overflow: .dropOldest, queueLimit: queueLimit)
             : nil
         sharedMethodCodec = codec?.methodCodec.map(SharedMethodCodec.init)
+    }
+
+    /// A request routed to the channel.
+    func countRequest() {
+        counts.requests += 1
+        sums.all.requests += 1
+        if !isLabeled { sums.unlabeled.requests += 1 }
+    }
+
+    /// An event published on the channel.
+    func countEvent() {
+        counts.events += 1
+        sums.all.events += 1
+        if !isLabeled { sums.unlabeled.events += 1 }
     }
 
     /// The declared method codec, made once and shared by the requests forwarded to the holder.
@@ -130,8 +150,10 @@ extension ServerCore {
         if loopCount > 1, let group, !group.claim(frame.channel, for: index, isEvent: kind == .event) {  // held on another loop
             return connection.writeError(.channelTaken, id: frame.id)
         }
+        let isLabeled = labeledHeld.count < config.metrics.channelLimit
+        if isLabeled { labeledHeld.insert(frame.channel) }
         registrations[frame.channel] = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
-                                                    queueLimit: config.eventQueueLimit)
+                                                    queueLimit: config.eventQueueLimit, sums: heldCounts, isLabeled: isLabeled)
         connection.held.insert(frame.channel)
         cluster?.hold(frame.channel)
         routesVersion &+= 1
@@ -158,9 +180,9 @@ extension ServerCore {
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
         registrations.removeValue(forKey: registration.name)
         registration.holder.held.remove(registration.name)
+        labeledHeld.remove(registration.name)
         if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)
-        channelGone(registration.counts)
         routesVersion &+= 1
         if failingForwarded { registration.holder.failForwarded(on: registration, .disconnected) }
         if case .starting(let waiting) = registration.upstream {
@@ -401,7 +423,7 @@ extension ServerCore {
     /// An event from the holder goes to every listener, encoded once per wire encoding.
     private func fanOut(_ registration: Registration, payload: [UInt8]?) {
         guard let events = registration.events else { return }
-        registration.counts.events += 1
+        registration.countEvent()
         let event = OutboundEvent(channel: registration.name, content: payload.map(EventContent.encoded) ?? .end,
                                   codec: registration.methodCodec)
         if case .starting = registration.upstream, registration.early.count < events.queueLimit || payload == nil {

@@ -109,14 +109,23 @@ enum Introspection {
 }
 
 extension ServerCore {
-    /// Requests and events of every channel there has been.
+    /// Requests and events of every channel there has been: read from the channels the server serves
+    /// and from the sums over the held ones, so that the work does not grow with what clients hold.
     var totals: (requests: Int, events: Int) {
-        channelCounts().reduce((stats.goneChannelRequests, stats.goneChannelEvents)) {
+        channels.values.reduce((stats.goneChannelRequests + heldCounts.all.requests, stats.goneChannelEvents + heldCounts.all.events)) {
             ($0.0 + $1.counts.requests, $0.1 + $1.counts.events)
         }
     }
 
-    /// Keeps the counts of a channel that goes in the totals.
+    /// The counts of this loop's held channels added up, kept as they are counted (gone ones too).
+    final class HeldCounts {
+        /// Every held channel's.
+        let all = ChannelCounts()
+        /// Those of the held channels without a metrics label of their own (``ServerCore/labeledHeld``).
+        let unlabeled = ChannelCounts()
+    }
+
+    /// Keeps the counts of a served channel that goes in the totals.
     func channelGone(_ counts: ChannelCounts) {
         stats.goneChannelRequests += counts.requests
         stats.goneChannelEvents += counts.events

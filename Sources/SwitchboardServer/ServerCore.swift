@@ -81,6 +81,9 @@ final class ServerCore {
     var routesVersion = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
+    /// The held channels with a metrics label of their own: at most `--metrics-channels` on each loop.
+    var labeledHeld: Set<String> = []
+    let heldCounts = HeldCounts()
     /// This node's listeners of event channels held on other nodes, and the last stream's id.
     var remoteStreams: [String: RemoteStream] = [:]
     var nextRemoteStreamID: UInt64 = 0
@@ -327,7 +330,7 @@ final class ServerCore {
         switch route(named: name, for: connection) {
         case .local(let local)?: entry = local
         case .held(let registration)?:
-            if registration.holder !== connection || origin != nil { registration.counts.requests += 1 }  // not its own events
+            if registration.holder !== connection || origin != nil { registration.countRequest() }  // not its own events
             let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
             routeToHolder(registration, input: input, request: request, from: .local(connection))
             return request
