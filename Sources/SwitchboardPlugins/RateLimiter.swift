@@ -75,7 +75,8 @@ final class TokenBucket {
     func wait(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
         refill(limit, now: now)
         // A hair below one: a retry exactly `retryAfterMs` later must not fall short by a rounding error.
-        return tokens >= 1 - 1e-9 ? 0 : max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
+        // At most a year: a tiny rate would make the wait too large for an Int (or infinite), and trap.
+        return tokens >= 1 - 1e-9 ? 0 : max(1, Int(min(((1 - tokens) / limit.rate * 1000).rounded(.up), 31_536_000_000)))
     }
 
     /// Takes a token if there is one; else returns the milliseconds until there will be.

@@ -1,0 +1,29 @@
+import Testing
+import SwitchboardCodec
+import SwitchboardPlugins
+import SwitchboardServer
+import SwitchboardTesting
+import SwitchboardWire
+
+/// Numbers at the edges of their types, where a conversion once trapped (issue 27, "no trap on client
+/// input"). The other places that take a number from a client are listed in the issue's note.
+@Suite struct NoTrapTests {
+    @Test("a rate limit with the smallest rate refuses with a retryAfterMs that fits an Int, in binary and text mode")
+    func retryAfterOfATinyRate() throws {
+        let rules = [RateLimitRule(channels: ["switchboard/echo"], perConnection: .init(rate: 5e-324, burst: 1))]
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(rateLimits: rules))))
+        let peer = embedded.connect()
+        for id in UInt32(1)...2 { peer.send(try .call(id, "switchboard/echo", "echo")) }
+        embedded.run()
+        let answers = try peer.frames()
+        #expect(answers.map(\.kind) == [.reply, .error] && answers[1].errorCode == "rate_limited")
+        let retry = try JSONText.parse(try #require(answers[1].payload))["details"]?["retryAfterMs"]?.intValue
+        #expect((retry ?? 0) > 0)
+
+        let text = embedded.connect()
+        text.send(line: #"{"id":1,"call":"switchboard/echo","method":"echo"}"#)
+        text.send(line: #"{"id":2,"call":"switchboard/echo","method":"echo"}"#)
+        embedded.run()
+        #expect(try text.lines().map { $0["error"]?["code"] } == [nil, "rate_limited"])
+    }
+}
