@@ -181,7 +181,6 @@ extension ServerCore {
         registrations.removeValue(forKey: registration.name)
         registration.holder.held.remove(registration.name)
         labeledHeld.remove(registration.name)
-        releasedSinceTrim += 2048 + registration.name.utf8.count  // about what a registration holds (scripts/attacks 10)
         if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)
         routesVersion &+= 1

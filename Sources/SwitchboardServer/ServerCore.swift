@@ -98,7 +98,7 @@ final class ServerCore {
     /// The last accept error logged, so a storm of them logs once a second, not once per attempt.
     private var lastAcceptErrorLog: UInt64 = 0
     /// Output bytes that closed connections held, since free memory was last given back to the kernel.
-    var releasedSinceTrim = 0
+    private var releasedSinceTrim = 0
     private var lastTrim: UInt64 = 0
     private var shutdownTimer: Timer?
     /// Whether this loop told the others that its drain is over.
@@ -524,8 +524,7 @@ final class ServerCore {
 
     private func keepHouse() {
         let now = eventLoop.now
-        // Many connections closing with full buffers (slow consumers), or holders letting go of many
-        // channels, free a lot at once, scattered
+        // Many connections closing with full buffers (slow consumers) free a lot at once, scattered
         // through the loop thread's malloc arena: give it back, at most once a second. Checked before
         // this pass closes anything, so that the buffers of earlier closes (freed by the close
         // callbacks after the pass that closed them) are already free.
