@@ -26,4 +26,16 @@ import SwitchboardWire
         embedded.run()
         #expect(try text.lines().map { $0["error"]?["code"] } == [nil, "rate_limited"])
     }
+
+    @Test("a request log whose slowMs is beyond Int64's microseconds logs requests instead of trapping on them")
+    func requestLogWithAHugeSlowMs() throws {
+        for slowMs in [1e300, -1e300] {
+            let settings = LiveSettings(PluginConfiguration(requestLog: RequestLogSettings(slowMs: slowMs)))
+            let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: settings))
+            let peer = embedded.connect()
+            peer.send(try .call(1, "switchboard/echo", "echo", 7))
+            embedded.run()
+            #expect(try peer.frames().map(\.kind) == [.reply])
+        }
+    }
 }
