@@ -38,4 +38,19 @@ import SwitchboardWire
             #expect(try peer.frames().map(\.kind) == [.reply])
         }
     }
+
+    @Test("a ticker at intervalMs 0 emits a batch per loop turn, not the whole outbound limit at once, and goes on")
+    func tickerAtIntervalZeroGivesTheLoopBack() throws {
+        let embedded = try EmbeddedServer()
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/ticker", "listen", .stringMap(["intervalMs": 0])))
+        embedded.run(turns: 3)
+        let first = try peer.frames().filter { $0.id == 0 }.count
+        #expect(first > 0 && first <= 3 * 1024, "\(first) events in three loop turns")
+        var more = 0
+        #expect(embedded.run(until: {
+            more += ((try? peer.frames()) ?? []).count
+            return more > 4096
+        }))
+    }
 }
