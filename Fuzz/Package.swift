@@ -48,6 +48,18 @@ let package = Package(
             path: "Sources/FuzzConnection"
         ),
         .executableTarget(
+            name: "fuzz-channels",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SwitchboardTesting", package: "main"),
+                .product(name: "SwitchboardServer", package: "main"),
+                .product(name: "SwitchboardWire", package: "main"),
+                .product(name: "SwitchboardCodec", package: "main"),
+                .product(name: "SwitchboardPlugins", package: "main"),
+            ],
+            path: "Sources/FuzzChannels"
+        ),
+        .executableTarget(
             name: "fuzz-web",
             dependencies: [
                 "FuzzSupport",

@@ -26,10 +26,16 @@ settled, at most SETTLE_MAX s).
               and stop (closed at the frame timeout, closes.frameTimeout, with an error line `timeout`).
   8 reconnect  RECONNECT_WORKERS anonymous clients reconnect as fast as they can for RECONNECT_SECONDS: half
               the connections send HELLO and a PING and wait for the PONG, half close without a byte.
+  9 reg-flood REG_CONNS anonymous connections each send REG_TRIES REGISTERs of REG_NAME-byte names at once
+              (more than the server's per-connection cap, REG_CAP by default): each must hold exactly
+              REG_CAP and get too_many_registrations for the rest.
+ 10 metrics   SCRAPE_CONNS connections hold REG_CAP channels each (40,000 in all), then a client GETs
+              /metrics back to back for SCRAPE_SECONDS: scrapes under SCRAPE_LIMIT_MS at p99 and
+              SCRAPE_MAX_BYTES, however many channels are held.
 
 Thresholds (an attack FAILs when any is broken):
   * echo latency during the attack: p99 < 100 ms, and every probe call answered;
-  * RSS during: peak - baseline <= the attack's budget: 4 KiB per idle connection (the README measures
+  * RSS during: peak - baseline <= the attack's budget (9, 10: REG_BUDGET per channel held + 64 MiB): 4 KiB per idle connection (the README measures
     1.4 KiB); listeners x outbound limit x 1.25 + 64 MiB for never-readers (the outbound limit is what the
     server may hold per connection); 64 MiB for the trickle; outbound limit + 64 MiB for the flood (a
     connection over its limit should stop being read). A hard cap (HARD_CAP_MIB) ends an attack early;
@@ -49,8 +55,8 @@ import sys
 import time
 
 sys.dont_write_bytecode = True
-from sbwire import (HELLO, MESSAGE, PING, PONG, ROOM, ROOM_POST, REPLY, connect, frame, get_stats, method_call, mib,
-                    percentile, rss_kib, total_dropped)
+from sbwire import (ERROR, HELLO, MESSAGE, PING, PONG, REGISTER, ROOM, ROOM_POST, REPLY, connect, error_code, frame,
+                    get_stats, method_call, mib, percentile, rss_kib, total_dropped)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE_CALLS, PROBE_INTERVAL = 300, 0.03
@@ -63,6 +69,10 @@ FLOOD_SECONDS, PING_PAYLOAD = 20, 64
 SLOW_CONNS, SLOW_TLS_CONNS, SLOW_HOLD_MAX = 2_000, 500, 30  # the deadlines are 10 s by default
 RECONNECT_WORKERS, RECONNECT_SECONDS = 64, 15
 SETTLE_MAX = 15
+REG_CAP = 1000  # the server's default --max-registrations
+REG_CONNS, REG_TRIES, REG_NAME = 40, 1500, 200
+SCRAPE_CONNS, SCRAPE_SECONDS, SCRAPE_LIMIT_MS, SCRAPE_MAX_BYTES = 40, 10, 50.0, 1 << 20
+REG_BUDGET = 4  # KiB per channel held
 
 
 class Attack:
@@ -313,6 +323,75 @@ class Attack:
         s.close()
         return f"{sent} PINGs sent ({sent * len(batch) // 1000 / 2**20:.0f} MiB), flooder closed: {closed or 'no'}"
 
+    # ---- 9 and 10: channels held by REGISTER
+    async def register_all(self, conns, tries, name_length, prefix):
+        """Each of `conns` new connections sends `tries` REGISTERs at once; returns the connections (still
+        open: they hold what they got) and, per connection, how many were held and refused."""
+        peers = [await connect(self.port, name=f"{prefix}{c}") for c in range(conns)]
+
+        async def flood(c, peer):
+            futures = []
+            for n in range(tries):
+                name = f"{prefix}/{c}/{n}/".ljust(name_length, "x")
+                futures.append(peer.request(REGISTER, name, None)[1])
+            answers = await asyncio.gather(*futures)
+            held = sum(1 for kind, _ in answers if kind == REPLY)
+            refused = sum(1 for kind, payload in answers if kind == ERROR and error_code(payload) == "too_many_registrations")
+            return held, refused
+        counts = await asyncio.gather(*(flood(c, peer) for c, peer in enumerate(peers)))
+        return peers, counts
+
+    def check_cap(self, number, counts, tries):
+        wrong = [(c, held, refused) for c, (held, refused) in enumerate(counts) if held != REG_CAP or refused != tries - REG_CAP]
+        if wrong:
+            reason = f"attack {number}: {len(wrong)} connection(s) held other than {REG_CAP} (first: {wrong[0]})"
+            print(f"    FAIL: {reason}", flush=True)
+            self.failed.append(reason)
+
+    async def registration_flood(self, hold):
+        flooding = asyncio.create_task(self.register_all(REG_CONNS, REG_TRIES, REG_NAME, "flood"))
+
+        async def flooded():
+            return flooding.done()
+        await hold(0, flooded)
+        peers, counts = await flooding
+        held_now = (await get_stats(self.port)).get("registrations")
+        for peer in peers:
+            peer.close()
+        self.check_cap(9, counts, REG_TRIES)
+        return (f"{REG_CONNS} x {REG_TRIES} REGISTERs of {REG_NAME} B names: {sum(h for h, _ in counts)} held "
+                f"(stats {held_now}), {sum(r for _, r in counts)} too_many_registrations")
+
+    async def metrics_scrape(self, hold):
+        peers, counts = await self.register_all(SCRAPE_CONNS, REG_CAP, 24, "m")
+        scrapes, sizes = [], []
+        stop = asyncio.Event()
+
+        async def scrape_loop():
+            while not stop.is_set():
+                t = time.perf_counter()
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                body = await reader.read()
+                scrapes.append((time.perf_counter() - t) * 1000)
+                sizes.append(len(body))
+                writer.close()
+        task = asyncio.create_task(scrape_loop())
+        await hold(SCRAPE_SECONDS)
+        stop.set()
+        await task
+        for peer in peers:
+            peer.close()
+        self.check_cap(10, counts, REG_CAP)
+        slowest, largest = max(scrapes, default=0), max(sizes, default=0)
+        if not scrapes or percentile(scrapes, 99) >= SCRAPE_LIMIT_MS or largest > SCRAPE_MAX_BYTES:
+            reason = (f"attack 10: scrapes ({len(scrapes)}) took {percentile(scrapes, 99):.1f} ms at p99 (limit {SCRAPE_LIMIT_MS:.0f}) "
+                      f"and up to {largest} B (limit {SCRAPE_MAX_BYTES})")
+            print(f"    FAIL: {reason}", flush=True)
+            self.failed.append(reason)
+        return (f"{sum(h for h, _ in counts)} channels held; {len(scrapes)} scrapes of /metrics: p50 "
+                f"{percentile(scrapes, 50):.1f} ms, p99 {percentile(scrapes, 99):.1f} ms, max {slowest:.1f} ms, up to {largest} B")
+
 
     # ---- 5-7: slow starts, closed at their deadlines
     async def closes_by(self, reason):
@@ -466,6 +545,8 @@ async def main_async(args):
         (6, "slow-http", a.slow_http, SLOW_CONNS * 16 + 32 * 1024),
         (7, "slow-tls", a.slow_tls, SLOW_TLS_CONNS * 64 + 32 * 1024),
         (8, "reconnect", a.reconnect_flood, 64 * 1024),
+        (9, "reg-flood", a.registration_flood, REG_CONNS * REG_CAP * REG_BUDGET + 64 * 1024),
+        (10, "metrics", a.metrics_scrape, SCRAPE_CONNS * REG_CAP * REG_BUDGET + 64 * 1024),
     ]
     for number, name, body, budget in plan:
         if args.only and str(number) not in args.only.split(","):

@@ -76,7 +76,8 @@ final class TokenBucket {
     func wait(_ limit: RateLimitRule.Limit, now: UInt64) -> Int {
         refill(limit, now: now)
         // A hair below one: a retry exactly `retryAfterMs` later must not fall short by a rounding error.
-        return tokens >= 1 - 1e-9 ? 0 : max(1, Int(((1 - tokens) / limit.rate * 1000).rounded(.up)))
+        // At most a year: a tiny rate would make the wait too large for an Int (or infinite), and trap.
+        return tokens >= 1 - 1e-9 ? 0 : max(1, Int(min(((1 - tokens) / limit.rate * 1000).rounded(.up), 31_536_000_000)))
     }
 
     /// Whether it holds its whole burst (refilled up to `now`): then it is no different from a new one.

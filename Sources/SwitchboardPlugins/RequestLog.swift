@@ -55,7 +55,8 @@ public struct RequestLog: Plugin {
 
         init(_ settings: RequestLogSettings?) {
             sampleOneIn = max(1, settings?.sampleOneIn ?? 1)
-            slow = settings?.slowMs.map { .microseconds(Int64($0 * 1000)) }
+            // Clamped to ± a year: microseconds beyond Int64 would trap on the first request.
+            slow = settings?.slowMs.map { .microseconds($0.isNaN ? 0 : Int64(min(max($0 * 1000, -31_536_000_000_000), 31_536_000_000_000))) }
             level = settings?.level.flatMap(Logger.Level.init(rawValue:)) ?? .notice
         }
     }

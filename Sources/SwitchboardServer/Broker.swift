@@ -65,10 +65,16 @@ final class Registration {
     let counts = ChannelCounts()
     /// ``Pipeline/gateEpoch`` when the gates last allowed its holder to hold it (Revocation.swift).
     var judgedEpoch = 0
+    /// Where its counts are added up too: the loop's sums over every channel clients held, and, for a
+    /// channel without a metrics label of its own, over those (``ServerCore/HeldCounts``).
+    private let sums: ServerCore.HeldCounts, isLabeled: Bool
     /// Events the holder sent before its answer to the first `listen` arrived (it may emit from onListen).
     var early: [OutboundEvent] = []
 
-    init(name: String, holder: Connection, kind: Kind?, codec: DeclaredCodec?, queueLimit: Int) {
+    init(name: String, holder: Connection, kind: Kind?, codec: DeclaredCodec?, queueLimit: Int,
+         sums: ServerCore.HeldCounts, isLabeled: Bool) {
+        self.sums = sums
+        self.isLabeled = isLabeled
         self.name = name
         self.holder = holder
         self.kind = kind
@@ -91,6 +97,20 @@ final class Registration {
         case "cancel"?: return .cancel
         default: return .call
         }
+    }
+
+    /// A request routed to the channel.
+    func countRequest() {
+        counts.requests += 1
+        sums.all.requests += 1
+        if !isLabeled { sums.unlabeled.requests += 1 }
+    }
+
+    /// An event published on the channel.
+    func countEvent() {
+        counts.events += 1
+        sums.all.events += 1
+        if !isLabeled { sums.unlabeled.events += 1 }
     }
 
     /// The declared method codec, made once and shared by the requests forwarded to the holder.
@@ -138,14 +158,20 @@ extension ServerCore {
         if let existing = registrations[frame.channel] {
             guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
             release(existing, reason: "re-registered", keepingClaim: true)
+        } else if connection.held.count >= config.maxRegistrationsPerConnection {
+            stats.registrationsRefused += 1
+            return connection.writeError(.tooManyRegistrations, id: frame.id)
         }
         if loopCount > 1, let group, !group.claim(frame.channel, for: index, kind: kind, codec: codec) {  // held on another loop
             return connection.writeError(.channelTaken, id: frame.id)
         }
+        let isLabeled = labeledHeld.count < config.metrics.channelLimit
+        if isLabeled { labeledHeld.insert(frame.channel) }
         let registration = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
-                                        queueLimit: config.eventQueueLimit)
+                                        queueLimit: config.eventQueueLimit, sums: heldCounts, isLabeled: isLabeled)
         registration.judgedEpoch = pipeline.gateEpoch.value
         registrations[frame.channel] = registration
+        connection.held.insert(frame.channel)
         cluster?.hold(frame.channel)
         routesVersion &+= 1
         if frame.id != 0 { connection.writeFrame(.reply, id: frame.id, payload: nil) }  // id 0: no answer wanted
@@ -162,8 +188,8 @@ extension ServerCore {
     /// A connection closes: every channel it held goes.
     func holderLeft(_ connection: Connection) {
         connection.failForwarded(on: nil, .disconnected)  // one pass over its table, not one per channel
-        for registration in registrations.values where registration.holder === connection {
-            release(registration, reason: "disconnected", failingForwarded: false)
+        for name in connection.held {
+            if let registration = registrations[name] { release(registration, reason: "disconnected", failingForwarded: false) }
         }
     }
 
@@ -173,9 +199,10 @@ extension ServerCore {
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
         registrations.removeValue(forKey: registration.name)
+        registration.holder.held.remove(registration.name)
+        labeledHeld.remove(registration.name)
         if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)
-        channelGone(registration.counts)
         routesVersion &+= 1
         if failingForwarded { registration.holder.failForwarded(on: registration, .disconnected) }
         if case .starting(let waiting) = registration.upstream {
@@ -418,7 +445,7 @@ extension ServerCore {
     /// An event from the holder goes to every listener, encoded once per wire encoding.
     private func fanOut(_ registration: Registration, payload: [UInt8]?) {
         guard let events = registration.events else { return }
-        registration.counts.events += 1
+        registration.countEvent()
         let event = OutboundEvent(channel: registration.name, content: payload.map(EventContent.encoded) ?? .end,
                                   codec: registration.methodCodec)
         if case .starting = registration.upstream, registration.early.count < events.queueLimit || payload == nil {

@@ -723,7 +723,9 @@ final class ClusterLink {
         let lines = String(decoding: message.payload, as: UTF8.self).split(separator: "\n")
         guard let first = lines.first else { return }
         let fields = first.split(separator: " ", maxSplits: 2)
-        guard fields.count >= 2, Self.isInstance(fields[0]), let heldCount = Int(fields[1]) else { return }
+        // Counts from another node are checked before any arithmetic: a sum or difference of them must not trap.
+        guard fields.count >= 2, Self.isInstance(fields[0]), let heldCount = Int(fields[1]),
+              (0...Int(UInt32.max)).contains(heldCount) else { return }
         let now = loop.now
         let node = String(fields[0])
         peers[node] = Peer(lastSeen: now, name: fields.count > 2 ? String(fields[2]) : "", held: heldCount)
@@ -732,8 +734,8 @@ final class ClusterLink {
             let words = line.split(separator: " ")
             if words.first == "L" {
                 if listeners == nil { listeners = [:] }
-                guard words.count == 4, words[1] == instance, let channel = heldByDigest[String(words[2])],
-                      let count = Int(words[3]) else { continue }
+                guard words.count == 4, words[1] == instance, let channel = heldByDigest[String(words[2])] else { continue }
+                guard let count = Int(words[3]), count >= 0 else { return }  // a malformed beacon reports nothing
                 listeners?[channel] = count
                 continue
             }

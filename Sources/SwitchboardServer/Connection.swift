@@ -98,6 +98,8 @@ final class Connection {
     private var nextOutgoingID: UInt32 = 0
     /// Active event streams by channel.
     var streams: [String: EventStream] = [:]
+    /// The channels this connection holds by REGISTER (``ServerCore/registrations`` has them by name).
+    var held: Set<String> = []
     /// Some stream has queued events or a producer waiting to be told it may send: set by the streams,
     /// checked after each write, so that connections with nothing waiting skip the pump.
     var hasWaitingStreams = false

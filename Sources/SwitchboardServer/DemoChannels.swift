@@ -77,7 +77,7 @@ struct Ticker: StreamHandler {
         private func tick() {
             guard sink.isActive else { return stop() }
             var emitted = 0
-            while !isFinished, sink.isReady, intervalMs > 0 ? emitted < 1 : emitted < 256 {
+            while !isFinished, sink.isReady, intervalMs > 0 ? emitted < 1 : emitted < 1024 {
                 sink.success(.int(next))
                 next += 1
                 emitted += 1
@@ -87,7 +87,9 @@ struct Ticker: StreamHandler {
                 return stop()
             }
             if sink.isReady {
-                schedule(after: intervalMs)
+                // At least 1 ms: libuv runs a timer re-armed at 0 from its own callback again in the same
+                // loop turn, so an interval of 0 would hold the loop until the outbound limit was full.
+                schedule(after: max(intervalMs, 1))
             } else {
                 sink.onReady { [weak self] in self?.tick() }
             }

@@ -9,8 +9,16 @@ extension Server {
         MethodChannel(name: "switchboard/channels", server: self).setMethodCallHandler { [group] call, result in
             guard Introspection.mayUse("switchboard/channels", result, group) else { return }
             guard call.method == "list" else { return result.notImplemented() }
-            group.gather(from: group.cores.currentIndex, { $0.channelRows }) { parts in
-                result.success(.list(Introspection.merge(parts.compactMap { $0 })))
+            guard let page = Introspection.Page(call.arguments) else {
+                return result.error(Introspection.badArguments("list takes null or {\"offset\": n ≥ 0, \"limit\": 1…1000}"))
+            }
+            // Each loop gives its first rows by name up to the page's end; the page is cut from them all.
+            group.gather(from: group.cores.currentIndex, { ($0.channels.count, $0.registrations.count, $0.channelRows(upTo: page.end)) }) { parts in
+                let loops = parts.compactMap { $0 }
+                // Every loop serves the same channels; a held one is held on one loop.
+                let total = (loops.map(\.0).max() ?? 0) + loops.reduce(0) { $0 + $1.1 }
+                let rows = Introspection.merge(loops.map(\.2)).dropFirst(page.offset).prefix(page.limit)
+                result.success(.stringMap(["total": .int(total), "channels": .list(Array(rows))]))
             }
         }
         MethodChannel(name: "switchboard/connections", server: self).setMethodCallHandler { [group] call, result in
@@ -21,7 +29,7 @@ extension Server {
                     return result.error(Introspection.badArguments("list takes null or {\"offset\": n ≥ 0, \"limit\": 1…1000}"))
                 }
                 // Each loop gives the first rows it has up to the page's end; the page is cut from them all.
-                let upTo = Introspection.Page(offset: 0, limit: page.offset + page.limit)
+                let upTo = Introspection.Page(offset: 0, limit: page.end)
                 group.gather(from: group.cores.currentIndex, { ($0.connections.count, $0.connectionRows(upTo)) }) { parts in
                     let rows = parts.compactMap { $0?.1 }.joined().sorted { $0.id < $1.id }.dropFirst(page.offset).prefix(page.limit)
                     result.success(.stringMap([
@@ -60,13 +68,19 @@ enum Introspection {
         return false
     }
 
-    /// Which connections `list` returns: by id, from `offset`, at most `limit`.
+    /// Which rows a `list` returns: by id (connections) or name (channels), from `offset`, at most `limit`.
     struct Page {
         var offset = 0, limit = 100
 
         init(offset: Int, limit: Int) {
             self.offset = offset
             self.limit = limit
+        }
+
+        /// Where the page ends: past every row there can be when `offset + limit` is beyond `Int.max`.
+        var end: Int {
+            let (sum, overflow) = offset.addingReportingOverflow(limit)
+            return overflow ? .max : sum
         }
 
         init?(_ arguments: ChannelValue) {
@@ -109,24 +123,34 @@ enum Introspection {
 }
 
 extension ServerCore {
-    /// Requests and events of every channel there has been.
+    /// Requests and events of every channel there has been: read from the channels the server serves
+    /// and from the sums over the held ones, so that the work does not grow with what clients hold.
     var totals: (requests: Int, events: Int) {
-        channelCounts().reduce((stats.goneChannelRequests, stats.goneChannelEvents)) {
+        channels.values.reduce((stats.goneChannelRequests + heldCounts.all.requests, stats.goneChannelEvents + heldCounts.all.events)) {
             ($0.0 + $1.counts.requests, $0.1 + $1.counts.events)
         }
     }
 
-    /// Keeps the counts of a channel that goes in the totals.
+    /// The counts of this loop's held channels added up, kept as they are counted (gone ones too).
+    final class HeldCounts {
+        /// Every held channel's.
+        let all = ChannelCounts()
+        /// Those of the held channels without a metrics label of their own (``ServerCore/labeledHeld``).
+        let unlabeled = ChannelCounts()
+    }
+
+    /// Keeps the counts of a served channel that goes in the totals.
     func channelGone(_ counts: ChannelCounts) {
         stats.goneChannelRequests += counts.requests
         stats.goneChannelEvents += counts.events
     }
 
-    /// This loop's rows of `switchboard/channels` `list`: every channel, served here or held by a
-    /// client of this loop (its listeners on every loop counted).
-    var channelRows: [(name: String, row: ChannelValue)] {
+    /// This loop's first `end` rows of `switchboard/channels` `list` by name: of the channels served
+    /// here or held by a client of this loop (its listeners on every loop counted).
+    func channelRows(upTo end: Int) -> [(name: String, row: ChannelValue)] {
+        let names = Set((Array(channels.keys) + Array(registrations.keys)).sorted().prefix(end))
         var rows: [(String, ChannelValue)] = []
-        for (name, entry) in channels {
+        for (name, entry) in channels where names.contains(name) {
             let (kind, codec, listeners): (String, String, Int) = switch entry {
             case .method(let method): ("method", Introspection.codecName(method.codec.codec), 0)
             case .event(let event): ("event", Introspection.codecName(event.codec), event.listeners.all.count)
@@ -135,7 +159,7 @@ extension ServerCore {
             rows.append((name, Self.channelRow(name, kind: kind, codec: .string(codec), held: false,
                                                listeners: listeners, counts: entry.counts)))
         }
-        for (name, registration) in registrations {
+        for (name, registration) in registrations where names.contains(name) {
             rows.append((name, Self.channelRow(
                 name, kind: registration.kind?.rawValue, codec: registration.codec.map { .string($0.rawValue) } ?? .null,
                 held: true, listeners: (registration.events?.listeners.all.count ?? 0) + registration.remoteListeners.values.reduce(0, +),

@@ -76,7 +76,7 @@ extension ServerCore {
             return
         }
         loopCallsIn += 1
-        registration.counts.requests += 1
+        registration.countRequest()
         let request = PendingRequest(remoteText: call.isText, wantsAnswer: call.id != nil,
                                      methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
             [unowned self] answer in

@@ -53,6 +53,8 @@ struct MetricsSnapshot: Sendable {
     var gauges: [String: Int] = [:]
     var totals: [Total: Int] = [:]
     var channels: [String: ChannelTotals] = [:]
+    /// The held channels not in ``channels``: those past each loop's `--metrics-channels`, gone ones too.
+    var unlabeledHeld = ChannelTotals()
 
     /// The sum of `parts` (the uptime is the longest).
     static func sum(_ parts: [MetricsSnapshot]) -> MetricsSnapshot {
@@ -72,6 +74,7 @@ struct MetricsSnapshot: Sendable {
             for (name, counts) in part.channels {
                 sum.channels[name, default: ChannelTotals()].add(counts)
             }
+            sum.unlabeledHeld.add(part.unlabeledHeld)
         }
         return sum
     }
@@ -98,6 +101,7 @@ extension ServerCore {
         total("switchboard_ignored_frames_total", stats.ignoredFrames)
         total("switchboard_forwarded_requests_total", stats.forwardedRequests)
         total("switchboard_accept_errors_total", stats.acceptErrors)
+        total("switchboard_registrations_refused_total", stats.registrationsRefused)
         for (reason, value) in tallies.eventsDropped { total("switchboard_events_dropped_total", value, ["reason": reason]) }
         for (reason, value) in tallies.closes { total("switchboard_closes_total", value, ["reason": reason]) }
         for (plugin, codes) in tallies.pluginRejections {
@@ -109,9 +113,18 @@ extension ServerCore {
             for (label, value) in metrics.totals { total(label, value) }
             for (label, value) in metrics.gauges { snapshot.gauges[label] = value }
         }
-        for (name, counts, isEvent) in channelCounts() {
-            snapshot.channels[name, default: .init()].add(.init(requests: counts.requests, events: counts.events, isEvent: isEvent))
+        // The served channels and the held ones with a label: the work is bounded by `--metrics-channels`
+        // per loop, however many channels clients hold; the others come summed.
+        for (name, entry) in channels {
+            let isEvent = if case .event = entry { true } else { false }
+            snapshot.channels[name, default: .init()].add(.init(requests: entry.counts.requests, events: entry.counts.events, isEvent: isEvent))
         }
+        for name in labeledHeld {
+            guard let registration = registrations[name] else { continue }
+            let counts = registration.counts
+            snapshot.channels[name, default: .init()].add(.init(requests: counts.requests, events: counts.events, isEvent: registration.kind == .event))
+        }
+        snapshot.unlabeledHeld = .init(requests: heldCounts.unlabeled.requests, events: heldCounts.unlabeled.events)
         return snapshot
     }
 
@@ -163,6 +176,13 @@ final class MetricsReporter {
             add("switchboard_channel_requests_total", ["channel": label], key: Self.channelKey + "requests " + name, total: counts.requests)
             if counts.isEvent { add("switchboard_channel_events_total", ["channel": label], key: Self.channelKey + "events " + name, total: counts.events) }
         }
+        // Kept under keys of their own: these totals never go down, so no filter above drops them.
+        if snapshot.unlabeledHeld.requests > 0 {
+            add("switchboard_channel_requests_total", ["channel": "other"], key: "unlabeled held requests", total: snapshot.unlabeledHeld.requests)
+        }
+        if snapshot.unlabeledHeld.events > 0 {
+            add("switchboard_channel_events_total", ["channel": "other"], key: "unlabeled held events", total: snapshot.unlabeledHeld.events)
+        }
     }
 
     /// Marks the keys of per-channel totals in `reported` (no counter's name starts with it).
@@ -198,18 +218,5 @@ final class MetricsReporter {
 
     private static func key(_ label: String, _ dimensions: [String: String]) -> String {
         dimensions.isEmpty ? label : label + "{" + dimensions.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",") + "}"
-    }
-}
-
-extension ServerCore {
-    /// Every channel's counts, served here or held by clients, and whether it is an event channel.
-    func channelCounts() -> [(name: String, counts: ChannelCounts, isEvent: Bool)] {
-        var out: [(String, ChannelCounts, Bool)] = []
-        for (name, entry) in channels {
-            let isEvent = if case .event = entry { true } else { false }
-            out.append((name, entry.counts, isEvent))
-        }
-        for (name, registration) in registrations { out.append((name, registration.counts, registration.kind == .event)) }
-        return out
     }
 }

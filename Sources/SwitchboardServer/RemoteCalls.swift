@@ -295,7 +295,7 @@ extension ServerCore {
         }
         let key = call.key
         guard !isDraining || linksLoops else { return cluster.answer(key, with: .error(.goingAway)) }
-        registration.counts.requests += 1
+        registration.countRequest()
         let input: RouteInput
         switch call.input {
         case .bytes: input = .bytes(call.payload)

@@ -24,6 +24,8 @@ public struct ServerConfiguration: Sendable {
     /// may have in flight to the loop per channel (``EventChannel/broadcast(_:)``) or per listener
     /// (``EventSink``).
     public var eventQueueLimit = 1024
+    /// Channels one connection may hold by REGISTER at once; past it, REGISTER gets `too_many_registrations`.
+    public var maxRegistrationsPerConnection = 1000
     /// TLS on a port of its own, beside the plain port; nil = none.
     public var tls: TLSSettings?
     /// Serve `GET /healthz` and `GET /metrics` on the ports (wire-v1 section 8); WebSocket upgrades are

@@ -32,6 +32,8 @@ struct Counters {
     var forwardedRequests = 0
     /// Connections that could not be accepted (such as EMFILE: out of file descriptors).
     var acceptErrors = 0
+    /// REGISTERs refused because their connection held ``ServerConfiguration/maxRegistrationsPerConnection``.
+    var registrationsRefused = 0
     /// The requests and events of channels that are gone (their ``ChannelCounts`` went with them), so
     /// that the totals in stats never go down.
     var goneChannelRequests = 0, goneChannelEvents = 0
@@ -81,6 +83,9 @@ final class ServerCore {
     var holdingsJudgedAt = 0
     /// Channels held by clients (broker routing).
     var registrations: [String: Registration] = [:]
+    /// The held channels with a metrics label of their own: at most `--metrics-channels` on each loop.
+    var labeledHeld: Set<String> = []
+    let heldCounts = HeldCounts()
     /// This node's listeners of event channels held on other nodes, and the last stream's id.
     var remoteStreams: [String: RemoteStream] = [:]
     var nextRemoteStreamID: UInt64 = 0
@@ -377,7 +382,7 @@ final class ServerCore {
         switch route(named: name, for: connection) {
         case .local(let local)?: entry = local
         case .held(let registration)?:
-            if registration.holder !== connection || origin != nil { registration.counts.requests += 1 }  // not its own events
+            if registration.holder !== connection || origin != nil { registration.countRequest() }  // not its own events
             let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
             routeToHolder(registration, input: input, request: request, from: .local(connection))
             return request
@@ -762,7 +767,7 @@ final class ServerCore {
             "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
             "connectionsTotal": .int(stats.connectionsTotal),
             "ignoredFrames": .int(stats.ignoredFrames),
-            "registrations": .int(registrations.count),
+            "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
             "forwardedRequests": .int(stats.forwardedRequests),
             "acceptErrors": .int(stats.acceptErrors),
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),

@@ -135,6 +135,8 @@ public enum WireError: Error, Equatable, Sendable {
     case handlerGone
     case channelTaken
     case notRegistered
+    /// A REGISTER past the connection's cap on the channels it holds.
+    case tooManyRegistrations
     /// A loaded plugin refused the request (access control).
     case forbidden(String)
     /// The request is over a plugin's rate limit; it may be sent again after `retryAfterMs`.
@@ -163,6 +165,7 @@ public enum WireError: Error, Equatable, Sendable {
         case .handlerGone: "handler_gone"
         case .channelTaken: "channel_taken"
         case .notRegistered: "not_registered"
+        case .tooManyRegistrations: "too_many_registrations"
         case .forbidden: "forbidden"
         case .rateLimited: "rate_limited"
         case .plugin(let code, _, _): code
@@ -185,6 +188,7 @@ public enum WireError: Error, Equatable, Sendable {
         case .handlerGone: "the channel's handler went away"
         case .channelTaken: "the channel already has a handler"
         case .notRegistered: "this connection does not hold the channel"
+        case .tooManyRegistrations: "this connection holds as many channels as it may"
         case .forbidden(let m), .plugin(_, let m, _): m
         case .rateLimited(let ms): "over the rate limit: retry after \(ms) ms"
         }

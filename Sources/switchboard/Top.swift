@@ -93,6 +93,7 @@ struct TopSample: Sendable {
     var at: ContinuousClock.Instant
     var stats: ChannelValue
     var channels: [ChannelValue]
+    var totalChannels: Int
     var connections: [ChannelValue]
     var totalConnections: Int
 }
@@ -103,10 +104,12 @@ struct TopSampler: Sendable {
 
     func sample() async throws -> TopSample {
         let stats = try await MethodChannel(name: "switchboard/stats", client: client).invokeMethod("get")
-        let channels = try await MethodChannel(name: "switchboard/channels", client: client).invokeMethod("list")
+        let channels = try await MethodChannel(name: "switchboard/channels", client: client)
+            .invokeMethod("list", arguments: .stringMap(["limit": 1000]))
         let page = try await MethodChannel(name: "switchboard/connections", client: client)
             .invokeMethod("list", arguments: .stringMap(["limit": 1000]))
-        return TopSample(at: .now, stats: stats, channels: channels.listValue ?? [],
+        return TopSample(at: .now, stats: stats, channels: channels["channels"]?.listValue ?? [],
+                         totalChannels: channels["total"]?.intValue ?? 0,
                          connections: page["connections"]?.listValue ?? [], totalConnections: page["total"]?.intValue ?? 0)
     }
 }
@@ -180,7 +183,7 @@ struct TopScreen {
         for row in rows.prefix(room) { out.append(columns(TopColumn.allCases.map { row[$0]!.shown }, widths)) }
 
         out.append("")
-        out.append("CHANNELS (\(now.channels.count))")
+        out.append("CHANNELS (\(now.totalChannels))")
         let oldChannels = Dictionary((previous?.channels ?? []).map { ($0["name"]?.stringValue ?? "", $0) }, uniquingKeysWith: { a, _ in a })
         let channelWidths = [34, 8, 9, 6, 10, 10, 10]
         out.append(columns(["NAME", "KIND", "CODEC", "HELD", "LISTENERS", "REQ/S", "EVENTS/S"], channelWidths))

@@ -28,7 +28,7 @@ import SwitchboardWire
             try holder.send(Frame(.register, id: 1, channel: "app/held", payload: Array(#"{"kind":"event","codec":"json"}"#.utf8)))
             _ = try await holder.frame()
 
-            let rows = try #require(try await call(wire, 5, "switchboard/channels", "list").get().listValue)
+            let rows = try #require(try await call(wire, 5, "switchboard/channels", "list").get()["channels"]?.listValue)
             let names = rows.compactMap { $0["name"]?.stringValue }
             #expect(names == names.sorted() && names.contains("switchboard/message.binary"))
             let byName = Dictionary(uniqueKeysWithValues: rows.map { ($0["name"]?.stringValue ?? "", $0) })
@@ -83,6 +83,27 @@ import SwitchboardWire
             #expect(second["connections"]?.listValue?.map { $0["id"] } == [rows[1]["id"]])
             let bad = try await call(wire, 5, "switchboard/connections", "list", .stringMap(["limit": 0]))
             #expect(bad.failure?.code == "bad_arguments")
+        }
+    }
+
+    @Test("connections list: an offset or limit at Int64's edge is a page, past the end an empty one, in binary and text mode")
+    func connectionsListAtIntEdges() async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            let page = try await call(wire, 1, "switchboard/connections", "list",
+                                      .stringMap(["offset": .int(Int.max), "limit": 1])).get()
+            #expect(page["total"]?.intValue == 1 && page["connections"] == .list([]))
+            let last = try await call(wire, 2, "switchboard/connections", "list",
+                                      .stringMap(["offset": .int(Int.max - 999), "limit": 1000])).get()
+            #expect(last["connections"] == .list([]))
+
+            let text = try RawConnection(port: port)
+            try text.send(line: #"{"id":1,"call":"switchboard/connections","method":"list","args":{"offset":9223372036854775807,"limit":1}}"#)
+            let answer = try await text.line()
+            #expect(answer["result"]?["connections"] == .list([]) && answer["result"]?["total"]?.intValue == 2)
+            try text.send(line: #"{"id":2,"call":"switchboard/connections","method":"list","args":{"offset":-9223372036854775808}}"#)
+            #expect(try await text.line()["error"]?["code"] == "bad_arguments")
+            #expect(try await call(wire, 3, "switchboard/echo", "echo", 7).get() == 7)  // still serving
         }
     }
 
