@@ -155,6 +155,10 @@ public struct StandardMethodCodec: MethodCodec {
         throws(CodecError) -> MethodCall
     {
         if let payload, let call = StandardFastPath.decodeMethodCall(payload, reusing: &reuse) { return call }
+        // A method name is a string (type 7), as Flutter writes it. A legacy large int (type 5) reads as
+        // text too, but is no method name: taking it for one would let a call name a method that
+        // ``methodName(in:reusing:)``, which access control asks, does not see.
+        guard payload?.first == StandardType.string else { throw CodecError(offset: 0, "method name is not a string") }
         var reader = try reader(payload, "method call")
         guard case .string(let method) = try reader.readValue() else {
             throw CodecError(offset: 0, "method name is not a string")

@@ -387,7 +387,10 @@ public struct JSONMethodCodec: MethodCodec {
     public func decodeMethodCall(_ payload: [UInt8]?) throws(CodecError) -> MethodCall {
         guard let payload else { throw CodecError(offset: 0, "null payload where a method call was expected") }
         let value = try JSONText.parse(payload)
-        guard case .map = value, case .string(let method)? = value["method"] else {
+        // One `method` and at most one `args`: decoders differ on which of two keys wins, so a call that
+        // names two methods could be judged by one and run as the other.
+        guard case .map(let entries) = value, case .string(let method)? = value["method"],
+              entries.count(where: { $0.key == "method" }) == 1, entries.count(where: { $0.key == "args" }) <= 1 else {
             throw CodecError(offset: 0, "invalid method call: \(value)")
         }
         return MethodCall(method: method, arguments: value["args"] ?? .null)

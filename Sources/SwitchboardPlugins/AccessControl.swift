@@ -233,8 +233,13 @@ public struct AccessControl: Plugin {
         let operatorMethods: [String]
 
         func permit(_ method: String?) -> Bool {
+            guard let method else {
+                // A call whose method could not be read may be any method: allowed only where none is
+                // denied, none is an operator's, and a pattern allows every method.
+                return operatorMethods.isEmpty && denied.isEmpty && (allowed?.contains(nil) ?? true)
+            }
             if denied.contains(where: { $0 == nil || $0 == method }) { return false }
-            let isOperatorMethod = method.map(operatorMethods.contains) ?? false
+            let isOperatorMethod = operatorMethods.contains(method)
             guard let allowed else { return !isOperatorMethod }
             return allowed.contains { $0 == nil ? !isOperatorMethod : $0 == method }
         }

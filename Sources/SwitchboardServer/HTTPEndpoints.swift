@@ -42,7 +42,7 @@ extension ServerCore {
     func refusal(ofMetricsTo request: HTTPRequestHead, from peer: String) -> HTTPResponse? {
         let isGuarded = pipeline.controlsAccess
         guard config.token != nil || isGuarded else {
-            return isLoopbackAddress(peer) ? nil
+            return isLoopbackAddress(peer) && request.isAddressedToThisMachine ? nil
                 : HTTPResponse(status: 403, text: "/metrics is served to loopback clients only when the server has no token and no access control\n")
         }
         let unauthorized = HTTPResponse(status: 401, text: "/metrics needs Authorization: Bearer with a known token\n",
@@ -56,9 +56,12 @@ extension ServerCore {
         case .identity(let identity): context.authenticated(as: identity)
         }
         let isRefused = pipeline.inbound.contains { stage in
-            guard let gate = stage.gate, stage.sees(Self.statsChannel, .call),
-                  case .refuse = gate.judge(context, channel: Self.statsChannel, kind: .call) else { return false }
-            return true
+            guard let gate = stage.gate, stage.sees(Self.statsChannel, .call) else { return false }
+            switch gate.judge(context, channel: Self.statsChannel, kind: .call) {
+            case .refuse: return true
+            case .byMethod(let judge): return judge("get") != nil  // /metrics is what `get` answers
+            case .admit, .meter: return false
+            }
         }
         return isRefused ? HTTPResponse(status: 403, text: "\(context.identity ?? "this user") may not read /metrics (switchboard/stats)\n") : nil
     }

@@ -205,9 +205,10 @@ extension ServerCore {
                 // Held on another loop: judged by what its holder declared it to be, as on its own loop.
                 return held(claim.kind, claim.codec, claim.codec?.methodCodec.map(SharedMethodCodec.init))
             }
-            // Held on another node, or nowhere: only the holder's node can tell what the request is.
+            // Held on another node, or nowhere: only the holder's node can tell what the request is. Its
+            // method is read as either codec would read it (a Standard call and a JSON one never look alike).
             if isSend { request.kind = .message; return }
-            request.knownMethod = method(nil)
+            request.knownMethod = method(nil) ?? method(SharedMethodCodec(JSONMethodCodec()))
             request.kind = eventKind(request.knownMethod)
             request.possibleKinds = InboundKind.call.bit | (request.isText ? 0 : InboundKind.message.bit) | request.kind.bit
         }
@@ -315,7 +316,8 @@ extension Connection {
     private func verdictOnEveryKind(of request: inout InboundRequest, by gate: any InboundGate) -> GateVerdict {
         var admitted: GateVerdict?, refused: GateVerdict?
         for kind in InboundKind.allCases where request.possibleKinds & kind.bit != 0 {
-            let verdict = gate.judge(request.connection, channel: request.channel, kind: kind)
+            var verdict = gate.judge(request.connection, channel: request.channel, kind: kind)
+            if case .byMethod(let judge) = verdict, let rejection = judge(request.method) { verdict = .refuse(rejection) }
             if case .refuse = verdict {
                 request.refusedKinds |= kind.bit
                 refused = refused ?? verdict

@@ -17,6 +17,17 @@ public struct HTTPRequestHead: Sendable {
         let name = name.lowercased()
         return headers.first { $0.name.lowercased() == name }?.value
     }
+
+    /// Whether the request was addressed to this machine by name: its `Host` is `localhost` or a
+    /// loopback address (or absent, as no browser sends it). A page whose own name was made to resolve
+    /// to 127.0.0.1 (DNS rebinding) reaches a loopback server with its own name here, so what the server
+    /// grants loopback peers is granted only to requests that pass this too.
+    public var isAddressedToThisMachine: Bool {
+        guard let host = header("Host") else { return true }
+        guard let authority = HTTPUpgradeTransport.Authority(host, defaultPort: nil) else { return false }
+        let name = authority.host.hasPrefix("[") ? authority.host.dropFirst().dropLast() : authority.host
+        return name == "localhost" || isLoopbackAddress(String(name))
+    }
 }
 
 /// An HTTP response the server writes, then closes the connection.

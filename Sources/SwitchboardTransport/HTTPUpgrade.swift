@@ -73,7 +73,9 @@ public final class HTTPUpgradeTransport: Transport {
     /// close (bounded by its sweep of closing connections).
     public var isOpen: Bool { inner.isOpen }
     public var remoteAddress: String { inner.remoteAddress }
-    public var isLoopbackPeer: Bool { inner.isLoopbackPeer }
+    /// A loopback peer whose upgrade was addressed to this machine (``HTTPRequestHead/isAddressedToThisMachine``).
+    public var isLoopbackPeer: Bool { inner.isLoopbackPeer && isAddressedToThisMachine }
+    private var isAddressedToThisMachine = true
     public var scheme: String { isWebSocket ? (inner.scheme == "tls" ? "wss" : "ws") : inner.scheme }
     public var peerIdentity: String? { inner.peerIdentity }
     /// Whether the connection became a WebSocket.
@@ -200,6 +202,7 @@ public final class HTTPUpgradeTransport: Transport {
               let key = head.header("Sec-WebSocket-Key"), !key.isEmpty else {
             return answer(HTTPResponse(status: 400, text: "a WebSocket upgrade needs GET, Sec-WebSocket-Version: 13 and a key\n"))
         }
+        isAddressedToThisMachine = head.isAddressedToThisMachine
         let session = WebSocketSession(maxMessage: options.maxFrame + 4)
         session.onData = { [unowned self] opcode, bytes in collect(opcode, bytes) }
         session.onMessageEnd = { [unowned self] opcode in

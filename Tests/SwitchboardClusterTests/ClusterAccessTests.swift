@@ -20,7 +20,7 @@ struct ClusterAccessTests {
     /// viewer may call `orders/*` but not `orders/admin`, and send nothing; ops may register `orders/*`.
     static let rules = AccessRules(users: [
         .init(name: "viewer", tokenSha256: Digest.sha256Hex(Array("viewer-token".utf8)),
-              allow: .init(call: ["orders/*"], send: []), deny: .init(call: ["orders/admin"])),
+              allow: .init(call: ["orders/*"], send: []), deny: .init(call: ["orders/admin", "orders/j#delete"])),
         .init(name: "ops", tokenSha256: Digest.sha256Hex(Array("ops-token".utf8)), allow: .init(register: ["orders/*"])),
     ])
 
@@ -49,6 +49,10 @@ struct ClusterAccessTests {
                 return .string(call.method)
             }
         }
+        try await SwitchboardClient.MethodChannel(name: "orders/j", codec: JSONMethodCodec(), client: ops).setMethodCallHandler { call in
+            reached.increment()
+            return .string(call.method)
+        }
         try await BasicMessageChannel(name: "orders/notes", codec: BinaryCodec(), client: ops).setMessageHandler { bytes in
             reached.increment()
             return bytes
@@ -66,6 +70,13 @@ struct ClusterAccessTests {
         #expect(answers.map(\.id) == [10, 11])
         #expect(answers.map(\.errorCode) == ["forbidden", "forbidden"])
         #expect(reached.value == 1)  // neither reached the holder
+        // A method right on a channel held in the JSON codec on another node: the method is read as the
+        // holder's node reads it.
+        try viewer.send(Frame(.message, id: 12, channel: "orders/j", payload: Array(#"{"method":"delete","args":null}"#.utf8)))
+        #expect(try await viewer.nextNonPing().errorCode == "forbidden")
+        try viewer.send(Frame(.message, id: 13, channel: "orders/j", payload: Array(#"{"method":"find","args":null}"#.utf8)))
+        #expect(try await viewer.nextNonPing().payload == Array(#"["find"]"#.utf8))
+        #expect(reached.value == 2)
         let stats = try await clusterStats(ops)
         #expect(stats["callsForbidden"] == 2)
         await ops.close()

@@ -152,7 +152,7 @@ struct ClusterBrokerTests {
         #expect(node3?["callsNoHolder"] == 1 && node3?["callsOut"] == 8, "\(String(describing: node3))")
         // The same counters on node 3's /metrics.
         let scrape = try #require(RawSocket(port: nodes.servers[2].port))
-        scrape.send("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        scrape.send("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         let metrics = String(decoding: try #require(scrape.readUntilClosed()).bytes, as: UTF8.self)
         #expect(metrics.contains("switchboard_cluster_calls_out_total 8") && metrics.contains("switchboard_cluster_calls_no_holder_total 1")
                     && metrics.contains("switchboard_cluster_connected 1"), "\(metrics.suffix(600))")

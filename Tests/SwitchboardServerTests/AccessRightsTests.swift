@@ -227,3 +227,53 @@ struct ReloadRevocationTests {
         }
     }
 }
+
+/// Ways around the rights that an attacker's review found: each must be refused as the plain request is.
+@Suite("Access rights: a method named in another form")
+struct MethodFormTests {
+    /// A Standard method call whose method name is written as a legacy large int (type 5), which reads
+    /// as text but is no method name.
+    static func largeIntMethodCall(_ method: String, _ argument: [UInt8]) -> [UInt8] {
+        [5, UInt8(method.utf8.count)] + Array(method.utf8) + argument
+    }
+
+    @Test("a method name written as type 5 is no method name: not a close, not a listen, however the gate reads it")
+    func largeIntMethodName() throws {
+        let rules = AccessRules(users: [
+            .init(name: "app", tokenSha256: sha("app-token"), allow: .init(call: ["switchboard/*"], listen: [])),
+        ])
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        let victim = embedded.connect()
+        embedded.run()
+        let app = embedded.connect()
+        app.send(hello(token: "app-token"))
+        app.send(Frame(.message, id: 2, channel: "switchboard/connections", payload: Self.largeIntMethodCall("close", [3, 1, 0, 0, 0])))
+        app.send(Frame(.message, id: 3, channel: "switchboard/ticker", payload: Self.largeIntMethodCall("listen", [0])))
+        embedded.run()
+        let answers = try app.frames().filter { $0.id != 1 }
+        #expect(answers.map(\.id) == [2, 3])
+        #expect(answers.allSatisfy { $0.kind == .error })  // refused, or not a call at all: never served
+        #expect(!victim.isClosed && !victim.isClosingGracefully)
+        #expect(try app.frames().isEmpty)  // no ticker event
+        #expect(throws: CodecError.self) { try StandardMethodCodec().decodeMethodCall(Self.largeIntMethodCall("close", [0])) }
+    }
+
+    @Test("a JSON call that names two methods is refused, not judged by one and run as the other")
+    func jsonCallWithTwoMethods() throws {
+        let rules = AccessRules(users: [
+            .init(name: "viewer", tokenSha256: sha("viewer-token"), allow: .init(call: ["orders/*"]), deny: .init(call: ["orders/j#delete"])),
+            .init(name: "ops", tokenSha256: sha("ops-token"), allow: .init(register: ["orders/*"])),
+        ])
+        let embedded = try EmbeddedServer(plugins: PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules))))
+        let ops = embedded.connect(), viewer = embedded.connect()
+        ops.send(hello(token: "ops-token"))
+        ops.send(Frame(.register, id: 2, channel: "orders/j", payload: Array(#"{"kind":"method","codec":"json"}"#.utf8)))
+        viewer.send(hello(token: "viewer-token"))
+        viewer.send(Frame(.message, id: 2, channel: "orders/j", payload: Array(#"{"method":"find","args":null,"method":"delete"}"#.utf8)))
+        viewer.send(Frame(.message, id: 3, channel: "orders/j", payload: Array(#"{"method":"delete","args":null}"#.utf8)))
+        embedded.run()
+        #expect(try viewer.frames().filter { $0.id != 1 }.map(\.errorCode) == ["forbidden", "forbidden"])
+        #expect(try ops.frames().allSatisfy { $0.kind != .message })  // nothing reached the holder
+        #expect(throws: CodecError.self) { try JSONMethodCodec().decodeMethodCall(Array(#"{"method":"a","method":"b"}"#.utf8)) }
+    }
+}

@@ -176,6 +176,38 @@ struct WebTests {
         }
     }
 
+    @Test("a page that made its own name resolve to 127.0.0.1 (DNS rebinding) is not a loopback client: no /metrics, no introspection")
+    func dnsRebinding() async throws {
+        try await withServer { _, port in
+            let rebound = try #require(RawSocket(port: port))
+            rebound.send("GET /metrics HTTP/1.1\r\nHost: attacker.example:\(port)\r\n\r\n")
+            let answer = String(decoding: rebound.readUntilClosed()?.bytes ?? [], as: UTF8.self)
+            #expect(answer.hasPrefix("HTTP/1.1 403 "))
+            let socket = try #require(RawWebSocket(port: port, origin: "http://attacker.example:\(port)", host: "attacker.example:\(port)"))
+            socket.send(opcode: 1, Array(#"{"id":1,"call":"switchboard/connections","method":"list"}"#.utf8))
+            let line = try #require(socket.receive())
+            #expect(try JSONText.parse(line.payload)["error"]?["code"] == "forbidden")
+            let local = try #require(RawWebSocket(port: port, origin: "http://localhost:\(port)", host: "localhost:\(port)"))
+            local.send(opcode: 1, Array(#"{"id":1,"call":"switchboard/connections","method":"list"}"#.utf8))
+            #expect(try JSONText.parse(try #require(local.receive()).payload)["result"]?["total"] != nil)
+        }
+    }
+
+    @Test("/metrics honours rights that name methods: a user denied switchboard/stats#get is refused")
+    func metricsAndMethodRights() async throws {
+        let rules = AccessRules(users: [
+            .init(name: "lister", tokenSha256: sha("list-token"), allow: .init(call: ["switchboard/*#list"])),
+            .init(name: "nostats", tokenSha256: sha("nostats-token"), deny: .init(call: ["switchboard/stats#get"])),
+            .init(name: "reader", tokenSha256: sha("reader-token"), allow: .init(call: ["switchboard/stats#get"])),
+        ])
+        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: rules)))
+        try await withServer(setUp: { server in for plugin in plugins { server.load(plugin) } }) { _, port in
+            for (token, status) in [("list-token", 403), ("nostats-token", 403), ("reader-token", 200)] {
+                #expect(httpGet("/metrics", port: port, headers: ["Authorization: Bearer \(token)"])?.status == status, "\(token)")
+            }
+        }
+    }
+
     @Test("loopback peers, as /metrics tells them apart; bearer tokens")
     func loopbackAndBearer() {
         for address in ["127.0.0.1:5000", "127.9.8.7:1", "[::1]:5000", "[::FFFF:127.0.0.1]:80"] {
