@@ -40,6 +40,13 @@ public struct SocketAddress: Sendable, CustomStringConvertible {
         guard parsed else { return nil }
     }
 
+    /// The address `read` writes (as `getpeername` does, given room and its size); nil if it fails.
+    init?(reading read: (UnsafeMutablePointer<sockaddr>, UnsafeMutablePointer<Int32>) -> Int32) {
+        var length = Int32(MemoryLayout<sockaddr_storage>.size)
+        let rc = withUnsafeMutableBytes(of: &storage) { read($0.baseAddress!.assumingMemoryBound(to: sockaddr.self), &length) }
+        guard rc == 0 else { return nil }
+    }
+
     fileprivate init(_ address: UnsafePointer<sockaddr>, length: Int) {
         withUnsafeMutableBytes(of: &storage) { bytes in
             bytes.copyMemory(from: UnsafeRawBufferPointer(start: address, count: min(length, bytes.count)))

@@ -207,23 +207,9 @@ public final class TCPConnection: LoopResource, Transport {
 
     /// The peer's `host:port` (`[host]:port` for IPv6); `unknown` once the socket has gone.
     public private(set) lazy var remoteAddress: String = {
-        var storage = sockaddr_storage()
-        var length = Int32(MemoryLayout<sockaddr_storage>.size)
-        return withUnsafeMutableBytes(of: &storage) { bytes -> String in
-            let address = bytes.baseAddress!.assumingMemoryBound(to: sockaddr.self)
-            guard !isClosing, uv_tcp_getpeername(raw.assumingMemoryBound(to: uv_tcp_t.self), address, &length) == 0 else {
-                return "unknown"
-            }
-            var name = [CChar](repeating: 0, count: 64)
-            if address.pointee.sa_family == sa_family_t(AF_INET6) {
-                let v6 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in6.self)
-                uv_ip6_name(v6, &name, name.count)
-                return "[\(String(decoding: name.prefix { $0 != 0 }.map(UInt8.init(bitPattern:)), as: UTF8.self))]:\(UInt16(bigEndian: v6.pointee.sin6_port))"
-            }
-            let v4 = bytes.baseAddress!.assumingMemoryBound(to: sockaddr_in.self)
-            uv_ip4_name(v4, &name, name.count)
-            return "\(String(decoding: name.prefix { $0 != 0 }.map(UInt8.init(bitPattern:)), as: UTF8.self)):\(UInt16(bigEndian: v4.pointee.sin_port))"
-        }
+        guard !isClosing else { return "unknown" }
+        let address = SocketAddress { uv_tcp_getpeername(raw.assumingMemoryBound(to: uv_tcp_t.self), $0, $1) }
+        return address?.description ?? "unknown"
     }()
 
     /// Whether the connection can still be written to.

@@ -9,11 +9,7 @@ extension ClusterInputTests {
     @Test("beacons whose counts are at Int's edges (held channels, listeners) are dropped: stats still answer and the counts stand")
     func beaconCountsAtIntEdges() async throws {
         let nats = try NATSServerProcess()
-        let nodes = try ClusterNodes(1, nats: nats)
-        let producer = Feed()
-        let holder = try await connect(nodes.servers[0])
-        try await SwitchboardClient.EventChannel(name: "feed", client: holder).setStreamHandler(producer)
-        #expect(try await eventually { try await clusterStats(holder)["channelsHeld"] == 1 })
+        let (nodes, producer, holder) = try await feedOnOneNode(nats)
         // A node of our own making: it reads the holder node's beacon (for its instance), then listens once.
         let fake = try #require(RawSocket(port: nats.port))
         fake.send("CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\nSUB switchboard.beacon 1\r\nSUB switchboard.answers.fa4e 2\r\n")

@@ -76,6 +76,17 @@ func reachesJobs(_ connection: RawConnection) async throws -> Bool {
     }
 }
 
+/// One node on `nats`, with a client holding the event channel `feed` (fed by the returned `Feed`), once
+/// the node has told the bus it holds it.
+func feedOnOneNode(_ nats: NATSServerProcess) async throws -> (ClusterNodes, Feed, Client) {
+    let nodes = try ClusterNodes(1, nats: nats)
+    let producer = Feed()
+    let holder = try await connect(nodes.servers[0])
+    try await SwitchboardClient.EventChannel(name: "feed", client: holder).setStreamHandler(producer)
+    #expect(try await eventually { try await clusterStats(holder)["channelsHeld"] == 1 })
+    return (nodes, producer, holder)
+}
+
 /// Nodes on one nats-server, with a client of node 1 holding the jobs channels ("wait" parks in
 /// `parked`).
 struct JobsCluster {
@@ -443,11 +454,7 @@ extension ClusterInputTests {
     @Test("a node whose beacons report fewer listeners than counted (its leave was lost) has its count put right, and the holder hears cancel")
     func lostLeaveIsReconciled() async throws {
         let nats = try NATSServerProcess()
-        let nodes = try ClusterNodes(1, nats: nats)
-        let producer = Feed()
-        let holder = try await connect(nodes.servers[0])
-        try await SwitchboardClient.EventChannel(name: "feed", client: holder).setStreamHandler(producer)
-        #expect(try await eventually { try await clusterStats(holder)["channelsHeld"] == 1 })
+        let (nodes, producer, holder) = try await feedOnOneNode(nats)
         // A node of our own making, on a raw NATS connection: it listens once, then never sends its leave.
         let fake = try #require(RawSocket(port: nats.port))
         let subject = "switchboard.call." + Digest.sha256Hex(Array("feed".utf8))

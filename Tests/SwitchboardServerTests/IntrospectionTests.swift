@@ -7,16 +7,6 @@ import SwitchboardWire
 
 /// `switchboard/channels`, `switchboard/connections` and the console page (protocol/demo-channels.md).
 @Suite struct IntrospectionTests {
-    /// A method call's result on `wire`, whose answer is read past any other frame.
-    private func call(_ wire: RawConnection, _ id: UInt32, _ channel: String, _ method: String,
-                      _ arguments: ChannelValue = .null) async throws -> Result<ChannelValue, ChannelError> {
-        try wire.send(.call(id, channel, method, arguments))
-        while true {
-            let frame = try await wire.frame()
-            if frame.id == id { return try frame.envelope() }
-        }
-    }
-
     @Test("channels list: kind, codec, holder, listeners and counters of every channel, sorted by name")
     func channelsList() async throws {
         try await withServer { _, port in

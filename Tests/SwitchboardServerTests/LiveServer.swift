@@ -1,4 +1,5 @@
 import Logging
+import SwitchboardCodec
 import SwitchboardServer
 import SwitchboardTesting
 
@@ -26,4 +27,14 @@ func withServer(
     }
     server.shutdown()
     await server.waitUntilStopped()
+}
+
+/// A method call's result on `wire`, whose answer is read past any other frame.
+func call(_ wire: RawConnection, _ id: UInt32, _ channel: String, _ method: String,
+          _ arguments: ChannelValue = .null) async throws -> Result<ChannelValue, ChannelError> {
+    try wire.send(.call(id, channel, method, arguments))
+    while true {
+        let frame = try await wire.frame()
+        if frame.id == id { return try frame.envelope() }
+    }
 }

@@ -12,15 +12,6 @@ import SwitchboardWire
         return try await wire.frame()
     }
 
-    private func call(_ wire: RawConnection, _ id: UInt32, _ channel: String, _ method: String,
-                      _ arguments: ChannelValue = .null) async throws -> Result<ChannelValue, ChannelError> {
-        try wire.send(.call(id, channel, method, arguments))
-        while true {
-            let frame = try await wire.frame()
-            if frame.id == id { return try frame.envelope() }
-        }
-    }
-
     @Test("REGISTER past the per-connection cap is too_many_registrations, counted; re-registering or giving one back frees none or one")
     func capPerConnection() async throws {
         try await withServer({ $0.maxRegistrationsPerConnection = 3 }) { _, port in
