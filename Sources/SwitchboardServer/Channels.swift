@@ -176,7 +176,7 @@ public final class EventChannel: Sendable {
     /// server alive through the jobs that set the channel up (a server that never runs frees itself).
     let cores: [LoopBound<ServerCore>]
     /// Broadcasts from other threads on their way to the loop.
-    private let producerQueue: ProducerQueue
+    let producerQueue: ProducerQueue
 
     /// Makes a channel on `server`.
     public init(name: String, codec: any MethodCodec = StandardMethodCodec(), overflow: OverflowPolicy = .dropOldest,
@@ -267,7 +267,7 @@ public final class EventSink: Sendable {
     let target: LoopBound<Target>
     /// The listening client.
     public let client: ClientID
-    private let producerQueue: ProducerQueue
+    let producerQueue: ProducerQueue
 
     init(stream: EventStream, loop: LoopHandle, client: ClientID) {
         target = LoopBound(Target(anchor: stream.anchor, eventLoop: stream.connection.core.eventLoop), loop: loop)

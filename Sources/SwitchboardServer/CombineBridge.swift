@@ -1,0 +1,372 @@
+#if canImport(Combine)
+import Combine
+#else
+import OpenCombine
+#endif
+import Synchronization
+import SwitchboardCodec
+import SwitchboardTransport
+
+// Combine (OpenCombine on Linux) in, channels out: publishers feed event channels and answer method calls,
+// with Combine demand tied to the server's own flow control, so that a fast publisher is paced, never
+// dropped unseen. Publishers may emit on any thread; everything reaches a stream through the thread-safe
+// entry points (`EventChannel.broadcast`, `EventSink`, `MethodResult`).
+//
+// A publisher's failure becomes an error event and then ends the stream: a failed publisher sends nothing
+// more, and a listener left waiting on a stream that can never go on would never learn so.
+
+extension EventChannel {
+    /// Makes `publisher` the channel's source: every listener is accepted, and each value is broadcast to
+    /// all of them (see ``broadcast(_:)``). Demand is paced by the channel's producer queue: the bridge
+    /// asks for ``queueLimit`` values up front and for one more each time a value has reached the loop,
+    /// so the queue never overflows on its account. When the publisher finishes, every listener's stream
+    /// ends (and a later listener's ends at once); a failure is first broadcast as an error event.
+    /// The subscription is cancelled when the handler is removed or replaced, or the server stops.
+    ///
+    /// ```swift
+    /// let readings = PassthroughSubject<ChannelValue, Never>()
+    /// sensor.onReading = { readings.send(.double($0)) }
+    /// EventChannel(name: "sensor", server: server).setStreamHandler(broadcasting: readings.buffer(size: 64, prefetch: .keepFull, whenFull: .dropOldest))
+    /// ```
+    public func setStreamHandler<P: Publisher>(broadcasting publisher: P) where P.Output == ChannelValue {
+        let handler = PublisherBroadcast()
+        setStreamHandler(handler)
+        publisher.subscribe(BroadcastSubscriber<P.Failure>(channel: self, state: handler.state))
+    }
+}
+
+extension MethodChannel {
+    /// Sets a handler that answers with a publisher's first value (a `Future`, typically). A failure is
+    /// answered as the async handler's errors are (``ChannelError`` an error envelope,
+    /// ``MethodNotImplemented`` not implemented, any other error code `error`); a publisher that finishes
+    /// without a value answers the error code `error`. A CANCEL from the caller cancels the subscription.
+    public func setMethodCallHandler<P: Publisher & SendableMetatype>(_ handler: @escaping @Sendable (MethodCall) -> P)
+        where P.Output == ChannelValue {
+        setMethodCallHandler { call, result in
+            let answer = FirstValueAnswer<P.Failure>(result: result)
+            result.onCancel { answer.link.cancel() }
+            handler(call).subscribe(answer)
+        }
+    }
+}
+
+/// A ``StreamHandler`` that gives each listener a publisher of its own, made from the listen arguments
+/// (a thrown ``ChannelError`` refuses the listen). The publisher is paced by that listener's demand: it is
+/// asked for values only while the listener is ready (see ``EventSink/isReady``), at most its outstanding
+/// credit (or the channel's queue length, in push mode) at a time. The listener's CANCEL, a new listen or
+/// its disconnecting cancels the subscription. Completion ends the listener's stream; a failure sends an
+/// error event first.
+///
+/// ```swift
+/// channel.setStreamHandler(PublisherStreamHandler { arguments in sensor.readings(every: arguments["ms"]?.intValue ?? 100) })
+/// ```
+public struct PublisherStreamHandler<P: Publisher>: StreamHandler where P.Output == ChannelValue {
+    private let makePublisher: @Sendable (ChannelValue) throws(ChannelError) -> P
+    private let listeners = ListenerLinks()
+
+    /// Makes a handler that subscribes to `makePublisher(arguments)` for each listener.
+    public init(_ makePublisher: @escaping @Sendable (ChannelValue) throws(ChannelError) -> P) {
+        self.makePublisher = makePublisher
+    }
+
+    public func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? {
+        let publisher: P
+        do throws(ChannelError) { publisher = try makePublisher(arguments) } catch { return error }
+        let link = ListenerLink(sink: sink, listeners: listeners)
+        listeners.add(link)
+        publisher.subscribe(ListenerSubscriber<P.Failure>(link: link))
+        return nil
+    }
+
+    public func onCancel(arguments: ChannelValue, sink: EventSink) {
+        listeners.remove(sink)?.cancel()
+    }
+}
+
+// MARK: - Subscriptions
+
+/// A subscription, to be requested from and cancelled on any thread.
+private struct SendableSubscription: @unchecked Sendable {
+    // @unchecked: Combine's contract makes `request(_:)` and `cancel()` callable from any thread (every
+    // subscription, OpenCombine's included, serializes them itself), and these are the only two uses.
+    let subscription: any Subscription
+}
+
+/// One subscription's life, shared by the subscriber and whoever may cancel it: the subscription until
+/// it ends, and whether it ended by cancel or completion.
+final class SubscriptionLink: Sendable {
+    private struct State {
+        var subscription: SendableSubscription?
+        var isCancelled = false
+        var isComplete = false
+    }
+    private let state = Mutex(State())
+
+    /// Keeps `subscription`, or cancels it at once if the link was cancelled first; false then.
+    func attach(_ subscription: any Subscription) -> Bool {
+        let box = SendableSubscription(subscription: subscription)
+        let isCancelled = state.withLock { s in
+            if !s.isCancelled { s.subscription = box }
+            return s.isCancelled
+        }
+        if isCancelled { box.subscription.cancel() }
+        return !isCancelled
+    }
+
+    /// Asks for `count` more values, unless the link has ended.
+    func request(_ count: Int) {
+        guard count > 0, let box = state.withLock({ $0.subscription }) else { return }
+        box.subscription.request(.max(count))
+    }
+
+    /// Cancels the subscription (once; after completion there is nothing to cancel).
+    func cancel() {
+        let box = state.withLock { s -> SendableSubscription? in
+            s.isCancelled = true
+            defer { s.subscription = nil }
+            return s.subscription
+        }
+        box?.subscription.cancel()
+    }
+
+    /// Marks the publisher complete; false if the link was cancelled before (the completion goes nowhere).
+    func complete() -> Bool {
+        state.withLock { s in
+            s.subscription = nil  // the publisher has let go of its subscriber: nothing to cancel
+            guard !s.isCancelled, !s.isComplete else { return false }
+            s.isComplete = true
+            return true
+        }
+    }
+
+    /// Whether values may still be forwarded.
+    var isLive: Bool { state.withLock { !$0.isCancelled && !$0.isComplete } }
+    /// Whether the publisher completed.
+    var isComplete: Bool { state.withLock { $0.isComplete } }
+}
+
+/// The error event for a publisher's failure, as an async handler's errors are answered.
+private func channelError(for error: any Error) -> ChannelError {
+    (error as? ChannelError) ?? ChannelError(code: "error", message: "\(error)")
+}
+
+// MARK: - Broadcast
+
+/// The handler of a channel fed by one publisher. The loops' channel tables own it; when the last lets
+/// go (the handler removed or replaced, the server stopped), its `deinit` cancels the subscription.
+/// That breaks the one cycle: subscription → subscriber → channel → cores → tables → this handler.
+private final class PublisherBroadcast: StreamHandler {
+    let state = SubscriptionLink()
+
+    deinit { state.cancel() }
+
+    func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? {
+        if state.isComplete { sink.endOfStream() }  // the stream is over; it goes out after the listen reply
+        return nil
+    }
+
+    func onCancel(arguments: ChannelValue, sink: EventSink) {}
+}
+
+/// Feeds a publisher's values to ``EventChannel/broadcast(_:)`` at the pace of the channel's producer
+/// queue. Invariant, from another thread: values asked for and not yet arrived, plus this bridge's values
+/// waiting in the queue, never exceed its length. Each value's hop onto loop 0 is followed by a job that
+/// asks for one more (the loop runs jobs in order), so a value is replaced only once it has left the queue.
+private final class BroadcastSubscriber<Failure: Error>: Subscriber, Sendable {
+    typealias Input = ChannelValue
+    let channel: EventChannel
+    let state: SubscriptionLink
+
+    init(channel: EventChannel, state: SubscriptionLink) {
+        self.channel = channel
+        self.state = state
+    }
+
+    func receive(subscription: any Subscription) {
+        guard state.attach(subscription) else { return }
+        state.request(channel.producerQueue.limit)
+    }
+
+    func receive(_ input: ChannelValue) -> Subscribers.Demand {
+        guard state.isLive else { return .none }
+        channel.broadcast(input)
+        if let core = channel.cores.current {  // delivered already
+            return isInstalled(on: core.value) ? .max(1) : cancelled()
+        }
+        let core = channel.cores[0], state = self.state
+        let queued = core.loop.execute { [self] in
+            if isInstalled(on: core.value) { state.request(1) } else { state.cancel() }
+        }
+        return queued ? .none : cancelled()  // the server has stopped
+    }
+
+    /// Ends every listener's stream, after an error event for a failure. Off the loops, in a job on loop 0
+    /// (after this thread's earlier broadcasts), not through the producer queue, which keeps nothing after
+    /// an end: a later handler's broadcasts must still get through.
+    func receive(completion: Subscribers.Completion<Failure>) {
+        guard state.complete() else { return }
+        let failure: ChannelError? = if case .failure(let error) = completion { channelError(for: error) } else { nil }
+        let core = channel.cores.current ?? channel.cores[0], name = channel.name
+        core.onLoop { [self] core in
+            guard isInstalled(on: core) else { return }  // a new handler's listeners are not ours to end
+            if let failure { core.broadcast(on: name, .error(failure)) }
+            core.broadcast(on: name, .end)
+        }
+    }
+
+    /// Whether this bridge is still the channel's handler on `core`: once it is not, values stop at once,
+    /// even while streams that still hold the old handler keep it (and its `deinit`) alive.
+    private func isInstalled(on core: ServerCore) -> Bool {
+        guard case .event(let entry)? = core.channels[channel.name], let handler = entry.handler as? PublisherBroadcast else {
+            return false
+        }
+        return handler.state === state
+    }
+
+    private func cancelled() -> Subscribers.Demand {
+        state.cancel()
+        return .none
+    }
+}
+
+// MARK: - Per listener
+
+/// The per-listener links of one ``PublisherStreamHandler``, by sink. Cancels them all when the handler
+/// goes (every loop's table and stream let go of it), since a stream ended by a new handler's arrival
+/// tells the old one nothing.
+final class ListenerLinks: Sendable {
+    private let links = Mutex<[ObjectIdentifier: ListenerLink]>([:])
+
+    func add(_ link: ListenerLink) { links.withLock { $0[ObjectIdentifier(link.sink)] = link } }
+
+    /// Removes and returns `sink`'s link. The link holds its sink, so the identifier is not reused meanwhile.
+    func remove(_ sink: EventSink) -> ListenerLink? { links.withLock { $0.removeValue(forKey: ObjectIdentifier(sink)) } }
+
+    deinit {
+        for link in links.withLock({ $0.values }) { link.cancel() }
+    }
+}
+
+/// One listener's subscription and its pacing. `inFlight` (values asked for that have not reached the
+/// stream yet) is kept under the link's lock with the subscription, since values arrive on any thread.
+final class ListenerLink: Sendable {
+    let sink: EventSink
+    private let subscription = SubscriptionLink()
+    private let inFlight = Mutex(0)
+    /// Weak: the handler's table owns its links, not the other way round.
+    private weak let listeners: ListenerLinks?
+
+    init(sink: EventSink, listeners: ListenerLinks) {
+        self.sink = sink
+        self.listeners = listeners
+    }
+
+    var loop: LoopHandle { sink.target.loop }
+
+    func attach(_ subscription: any Subscription) {
+        guard self.subscription.attach(subscription) else { return }
+        onLoop { $0.subscription.request($0.demand()) }
+    }
+
+    /// Loop thread only: how many more values to ask for now. Ready: up to the credit (or the queue
+    /// length, in push mode), less what is on its way. Not ready: none, and the sink calls back once it is.
+    func demand() -> Int {
+        guard sink.isActive else { cancel(); return 0 }
+        guard sink.isReady else {
+            sink.onReady { [self] in subscription.request(demand()) }
+            return 0
+        }
+        let limit = sink.producerQueue.limit
+        let window = sink.outstandingCredit.map { min(Int($0), limit) } ?? limit
+        return inFlight.withLock { count in
+            let more = max(window - count, 0)
+            count += more
+            return more
+        }
+    }
+
+    /// Asks the publisher for `count` more values.
+    func request(_ count: Int) { subscription.request(count) }
+
+    /// A value has reached the stream (loop thread).
+    func arrived() { inFlight.withLock { $0 -= 1 } }
+
+    var isLive: Bool { subscription.isLive }
+
+    /// Marks the publisher complete and forgets the link; false if it was cancelled first.
+    func complete() -> Bool {
+        _ = listeners?.remove(sink)
+        return subscription.complete()
+    }
+
+    func cancel() { subscription.cancel() }
+
+    /// Runs `body` on the sink's loop thread: at once when there, else queued; cancels if the loop stopped.
+    func onLoop(_ body: @escaping @Sendable (ListenerLink) -> Void) {
+        if loop.isInLoopThread { return body(self) }
+        if !loop.execute({ [self] in body(self) }) { cancel() }
+    }
+}
+
+/// Forwards a publisher's values to one listener's sink as that listener's demand allows.
+private final class ListenerSubscriber<Failure: Error>: Subscriber, Sendable {
+    typealias Input = ChannelValue
+    let link: ListenerLink
+
+    init(link: ListenerLink) { self.link = link }
+
+    func receive(subscription: any Subscription) { link.attach(subscription) }
+
+    func receive(_ input: ChannelValue) -> Subscribers.Demand {
+        guard link.isLive else { return .none }
+        link.sink.success(input)
+        if link.loop.isInLoopThread {  // emitted already: answer with the demand rather than re-enter
+            link.arrived()
+            return .max(link.demand())
+        }
+        // After the sink's hop onto the loop (jobs run in order), so the value is in its stream by then.
+        link.onLoop { link in
+            link.arrived()
+            link.request(link.demand())
+        }
+        return .none
+    }
+
+    func receive(completion: Subscribers.Completion<Failure>) {
+        guard link.complete() else { return }
+        if case .failure(let error) = completion { link.sink.error(channelError(for: error)) }
+        link.sink.endOfStream()
+    }
+}
+
+// MARK: - Method answers
+
+/// Answers one method call with a publisher's first value.
+private final class FirstValueAnswer<Failure: Error>: Subscriber, Sendable {
+    typealias Input = ChannelValue
+    let result: MethodResult
+    let link = SubscriptionLink()
+
+    init(result: MethodResult) { self.result = result }
+
+    func receive(subscription: any Subscription) {
+        guard link.attach(subscription) else { return }
+        link.request(1)
+    }
+
+    func receive(_ input: ChannelValue) -> Subscribers.Demand {
+        guard link.isLive else { return .none }
+        link.cancel()  // the first value is the answer; nothing more is wanted
+        result.success(input)
+        return .none
+    }
+
+    func receive(completion: Subscribers.Completion<Failure>) {
+        guard link.complete() else { return }  // answered (the link was cancelled then) or cancelled by the caller
+        switch completion {
+        case .failure(let error) where error is MethodNotImplemented: result.notImplemented()
+        case .failure(let error): result.error(channelError(for: error))
+        case .finished: result.error(ChannelError(code: "error", message: "the publisher finished without a value"))
+        }
+    }
+}
