@@ -215,7 +215,12 @@ public final class EventChannel: Sendable {
     private func send(_ content: EventContent) {
         let name = self.name
         if let core = cores.current { return core.value.broadcast(on: name, content) }
-        let queue = producerQueue, core = cores[0]
+        enqueue(content)
+    }
+
+    /// Queues `content` for one coalesced hop onto loop 0, from any thread (the loop's own included).
+    func enqueue(_ content: EventContent) {
+        let name = self.name, queue = producerQueue, core = cores[0]
         queue.add(content) {
             let (events, dropped) = queue.take()
             core.value.countDrop("producerQueueFull", count: dropped)

@@ -40,38 +40,34 @@ extension MethodChannel {
     /// answered as the async handler's errors are (``ChannelError`` an error envelope,
     /// ``MethodNotImplemented`` not implemented, any other error code `error`); a publisher that finishes
     /// without a value answers the error code `error`. A CANCEL from the caller cancels the subscription.
-    public func setMethodCallHandler<P: Publisher & SendableMetatype>(_ handler: @escaping @Sendable (MethodCall) -> P)
-        where P.Output == ChannelValue {
-        setMethodCallHandler { call, result in
-            let answer = FirstValueAnswer<P.Failure>(result: result)
-            result.onCancel { answer.link.cancel() }
-            handler(call).subscribe(answer)
-        }
+    public func setMethodCallHandler<P: Publisher>(_ handler: @escaping @Sendable (MethodCall) -> P) where P.Output == ChannelValue {
+        let answering = PublisherMethodHandler(handler)
+        setMethodCallHandler { call, result in answering.answer(call, result) }
     }
 }
 
 /// A ``StreamHandler`` that gives each listener a publisher of its own, made from the listen arguments
-/// (a thrown ``ChannelError`` refuses the listen). The publisher is paced by that listener's demand: it is
-/// asked for values only while the listener is ready (see ``EventSink/isReady``), at most its outstanding
-/// credit (or the channel's queue length, in push mode) at a time. The listener's CANCEL, a new listen or
+/// (a thrown error refuses the listen, a ``ChannelError`` as it is). The publisher is paced by that
+/// listener's demand: it is asked for one value at a time, and only while the listener is ready (see
+/// ``EventSink/isReady``), so its values never wait in the stream's queue and are never dropped. The listener's CANCEL, a new listen or
 /// its disconnecting cancels the subscription. Completion ends the listener's stream; a failure sends an
 /// error event first.
 ///
 /// ```swift
 /// channel.setStreamHandler(PublisherStreamHandler { arguments in sensor.readings(every: arguments["ms"]?.intValue ?? 100) })
 /// ```
-public struct PublisherStreamHandler<P: Publisher>: StreamHandler where P.Output == ChannelValue {
-    private let makePublisher: @Sendable (ChannelValue) throws(ChannelError) -> P
+public struct PublisherStreamHandler<P: Publisher>: StreamHandler, RemovalObserving where P.Output == ChannelValue {
+    private let makePublisher: @Sendable (ChannelValue) throws -> P
     private let listeners = ListenerLinks()
 
     /// Makes a handler that subscribes to `makePublisher(arguments)` for each listener.
-    public init(_ makePublisher: @escaping @Sendable (ChannelValue) throws(ChannelError) -> P) {
+    public init(_ makePublisher: @escaping @Sendable (ChannelValue) throws -> P) {
         self.makePublisher = makePublisher
     }
 
     public func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? {
         let publisher: P
-        do throws(ChannelError) { publisher = try makePublisher(arguments) } catch { return error }
+        do { publisher = try makePublisher(arguments) } catch { return channelError(for: error) }
         let link = ListenerLink(sink: sink, listeners: listeners)
         listeners.add(link)
         publisher.subscribe(ListenerSubscriber<P.Failure>(link: link))
@@ -81,6 +77,14 @@ public struct PublisherStreamHandler<P: Publisher>: StreamHandler where P.Output
     public func onCancel(arguments: ChannelValue, sink: EventSink) {
         listeners.remove(sink)?.cancel()
     }
+
+    func handlerWasRemoved() { listeners.cancelAll() }
+}
+
+/// A stream handler told when a channel stops using it (removed or replaced), on each loop that held it:
+/// the streams it ended that way do not call its `onCancel`.
+protocol RemovalObserving {
+    func handlerWasRemoved()
 }
 
 // MARK: - Subscriptions
@@ -143,6 +147,8 @@ final class SubscriptionLink: Sendable {
     var isLive: Bool { state.withLock { !$0.isCancelled && !$0.isComplete } }
     /// Whether the publisher completed.
     var isComplete: Bool { state.withLock { $0.isComplete } }
+    /// Whether the link was cancelled.
+    var isCancelled: Bool { state.withLock { $0.isCancelled } }
 }
 
 /// The error event for a publisher's failure, as an async handler's errors are answered.
@@ -152,13 +158,15 @@ private func channelError(for error: any Error) -> ChannelError {
 
 // MARK: - Broadcast
 
-/// The handler of a channel fed by one publisher. The loops' channel tables own it; when the last lets
-/// go (the handler removed or replaced, the server stopped), its `deinit` cancels the subscription.
-/// That breaks the one cycle: subscription → subscriber → channel → cores → tables → this handler.
-private final class PublisherBroadcast: StreamHandler {
+/// The handler of a channel fed by one publisher. Removing or replacing it cancels the subscription;
+/// so does its `deinit`, when the server stops and the loops' channel tables let go of it. That breaks
+/// the one cycle: subscription → subscriber → channel → cores → tables → this handler.
+private final class PublisherBroadcast: StreamHandler, RemovalObserving {
     let state = SubscriptionLink()
 
     deinit { state.cancel() }
+
+    func handlerWasRemoved() { state.cancel() }
 
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? {
         if state.isComplete { sink.endOfStream() }  // the stream is over; it goes out after the listen reply
@@ -168,10 +176,10 @@ private final class PublisherBroadcast: StreamHandler {
     func onCancel(arguments: ChannelValue, sink: EventSink) {}
 }
 
-/// Feeds a publisher's values to ``EventChannel/broadcast(_:)`` at the pace of the channel's producer
-/// queue. Invariant, from another thread: values asked for and not yet arrived, plus this bridge's values
-/// waiting in the queue, never exceed its length. Each value's hop onto loop 0 is followed by a job that
-/// asks for one more (the loop runs jobs in order), so a value is replaced only once it has left the queue.
+/// Feeds a publisher's values to the channel's listeners at the pace of its producer queue. Invariant:
+/// values asked for and not yet arrived, plus this bridge's values waiting in the queue, never exceed its
+/// length. Each value's hop onto loop 0 is followed by a job that asks for one more (the loop runs jobs
+/// in order), so a value is replaced only once it has left the queue.
 private final class BroadcastSubscriber<Failure: Error>: Subscriber, Sendable {
     typealias Input = ChannelValue
     let channel: EventChannel
@@ -189,38 +197,25 @@ private final class BroadcastSubscriber<Failure: Error>: Subscriber, Sendable {
 
     func receive(_ input: ChannelValue) -> Subscribers.Demand {
         guard state.isLive else { return .none }
-        channel.broadcast(input)
-        if let core = channel.cores.current {  // delivered already
-            return isInstalled(on: core.value) ? .max(1) : cancelled()
-        }
-        let core = channel.cores[0], state = self.state
-        let queued = core.loop.execute { [self] in
-            if isInstalled(on: core.value) { state.request(1) } else { state.cancel() }
-        }
-        return queued ? .none : cancelled()  // the server has stopped
+        // Through the producer queue even on a loop thread: a value sent straight out there would
+        // overtake those still waiting in the queue.
+        channel.enqueue(.data(input))
+        let state = self.state
+        return channel.cores[0].loop.execute { state.request(1) } ? .none : cancelled()  // false: the server has stopped
     }
 
-    /// Ends every listener's stream, after an error event for a failure. Off the loops, in a job on loop 0
-    /// (after this thread's earlier broadcasts), not through the producer queue, which keeps nothing after
-    /// an end: a later handler's broadcasts must still get through.
+    /// Ends every listener's stream, after an error event for a failure. In a job on loop 0 (after the
+    /// hops of the values before), not through the producer queue, which keeps nothing after an end:
+    /// a later handler's broadcasts must still get through.
     func receive(completion: Subscribers.Completion<Failure>) {
         guard state.complete() else { return }
         let failure: ChannelError? = if case .failure(let error) = completion { channelError(for: error) } else { nil }
-        let core = channel.cores.current ?? channel.cores[0], name = channel.name
-        core.onLoop { [self] core in
-            guard isInstalled(on: core) else { return }  // a new handler's listeners are not ours to end
+        let name = channel.name, state = self.state
+        channel.cores[0].onLoop { core in
+            guard !state.isCancelled else { return }  // removed meanwhile: a new handler's listeners are not ours to end
             if let failure { core.broadcast(on: name, .error(failure)) }
             core.broadcast(on: name, .end)
         }
-    }
-
-    /// Whether this bridge is still the channel's handler on `core`: once it is not, values stop at once,
-    /// even while streams that still hold the old handler keep it (and its `deinit`) alive.
-    private func isInstalled(on core: ServerCore) -> Bool {
-        guard case .event(let entry)? = core.channels[channel.name], let handler = entry.handler as? PublisherBroadcast else {
-            return false
-        }
-        return handler.state === state
     }
 
     private func cancelled() -> Subscribers.Demand {
@@ -231,9 +226,8 @@ private final class BroadcastSubscriber<Failure: Error>: Subscriber, Sendable {
 
 // MARK: - Per listener
 
-/// The per-listener links of one ``PublisherStreamHandler``, by sink. Cancels them all when the handler
-/// goes (every loop's table and stream let go of it), since a stream ended by a new handler's arrival
-/// tells the old one nothing.
+/// The per-listener links of one ``PublisherStreamHandler``, by sink. Cancelled all together when the
+/// handler is removed or goes (every loop's table and stream let go of it).
 final class ListenerLinks: Sendable {
     private let links = Mutex<[ObjectIdentifier: ListenerLink]>([:])
 
@@ -242,9 +236,11 @@ final class ListenerLinks: Sendable {
     /// Removes and returns `sink`'s link. The link holds its sink, so the identifier is not reused meanwhile.
     func remove(_ sink: EventSink) -> ListenerLink? { links.withLock { $0.removeValue(forKey: ObjectIdentifier(sink)) } }
 
-    deinit {
-        for link in links.withLock({ $0.values }) { link.cancel() }
+    func cancelAll() {
+        for link in links.withLock({ links in defer { links = [:] }; return links.values }) { link.cancel() }
     }
+
+    deinit { cancelAll() }
 }
 
 /// One listener's subscription and its pacing. `inFlight` (values asked for that have not reached the
@@ -268,20 +264,20 @@ final class ListenerLink: Sendable {
         onLoop { $0.subscription.request($0.demand()) }
     }
 
-    /// Loop thread only: how many more values to ask for now. Ready: up to the credit (or the queue
-    /// length, in push mode), less what is on its way. Not ready: none, and the sink calls back once it is.
+    /// Loop thread only: how many more values to ask for now: one, when the listener is ready (see
+    /// ``EventSink/isReady``: live, credit left, nothing waiting, under the outbound limit) and none is
+    /// on its way; so a value always goes straight out, never waits, and is never dropped. Not ready:
+    /// none, and the sink calls back once it is.
     func demand() -> Int {
         guard sink.isActive else { cancel(); return 0 }
         guard sink.isReady else {
-            sink.onReady { [self] in subscription.request(demand()) }
+            sink.onReady { [self] in request(demand()) }
             return 0
         }
-        let limit = sink.producerQueue.limit
-        let window = sink.outstandingCredit.map { min(Int($0), limit) } ?? limit
         return inFlight.withLock { count in
-            let more = max(window - count, 0)
-            count += more
-            return more
+            guard count == 0 else { return 0 }
+            count = 1
+            return 1
         }
     }
 
@@ -340,6 +336,20 @@ private final class ListenerSubscriber<Failure: Error>: Subscriber, Sendable {
 }
 
 // MARK: - Method answers
+
+/// A method handler's publishers, each answering one call. A class rather than a closure, so that the
+/// `@Sendable` handler captures an instance, not the publisher's metatype.
+private final class PublisherMethodHandler<P: Publisher>: Sendable where P.Output == ChannelValue {
+    let makePublisher: @Sendable (MethodCall) -> P
+
+    init(_ makePublisher: @escaping @Sendable (MethodCall) -> P) { self.makePublisher = makePublisher }
+
+    func answer(_ call: MethodCall, _ result: MethodResult) {
+        let answer = FirstValueAnswer<P.Failure>(result: result)
+        result.onCancel { answer.link.cancel() }
+        makePublisher(call).subscribe(answer)
+    }
+}
 
 /// Answers one method call with a publisher's first value.
 private final class FirstValueAnswer<Failure: Error>: Subscriber, Sendable {

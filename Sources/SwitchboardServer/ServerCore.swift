@@ -341,6 +341,7 @@ final class ServerCore {
     func setChannel(_ name: String, _ entry: ChannelEntry?) {
         if case .event(let old)? = channels[name] {
             for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
+            (old.handler as? any RemovalObserving)?.handlerWasRemoved()
         }
         if let old = channels[name] { channelGone(old.counts) }
         channels[name] = entry
