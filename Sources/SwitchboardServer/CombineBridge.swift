@@ -206,15 +206,16 @@ private final class BroadcastSubscriber<Failure: Error>: Subscriber, Sendable {
 
     /// Ends every listener's stream, after an error event for a failure. In a job on loop 0 (after the
     /// hops of the values before), not through the producer queue, which keeps nothing after an end:
-    /// a later handler's broadcasts must still get through.
+    /// a later handler's broadcasts must still get through. From there the end goes to each loop as a
+    /// job of its own, behind the values that loop 0 has passed on to it.
     func receive(completion: Subscribers.Completion<Failure>) {
         guard state.complete() else { return }
         let failure: ChannelError? = if case .failure(let error) = completion { channelError(for: error) } else { nil }
-        let name = channel.name, state = self.state
-        channel.cores[0].onLoop { core in
+        let name = channel.name, state = self.state, cores = channel.cores
+        cores[0].loop.execute {  // queued even on loop 0, behind the hops of values still in the queue
             guard !state.isCancelled else { return }  // removed meanwhile: a new handler's listeners are not ours to end
-            if let failure { core.broadcast(on: name, .error(failure)) }
-            core.broadcast(on: name, .end)
+            if let failure { cores[0].value.broadcast(on: name, .error(failure)) }
+            cores.onEveryLoop { $0.endListeners(on: name) }
         }
     }
 

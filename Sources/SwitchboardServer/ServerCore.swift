@@ -499,6 +499,13 @@ final class ServerCore {
         cluster?.publish(event)
     }
 
+    /// Ends the streams of this loop's listeners on the server-side channel `name` (after what waits in them).
+    func endListeners(on name: String) {
+        guard case .event(let entry)? = channels[name] else { return }
+        let end = OutboundEvent(channel: name, content: .end, codec: entry.codec)
+        for stream in entry.listeners.all { stream.deliver(end) }
+    }
+
     /// Whether `entry` gets events from other nodes: a server-side channel's broadcasts, or the events
     /// of a channel held on another node (a held channel's events here come from its holder alone).
     private func isFedByCluster(_ entry: EventEntry) -> Bool {
