@@ -376,4 +376,36 @@ extension InMemoryTransport {
         embedded.run()
         #expect(try caller.frames().isEmpty)
     }
+
+    // MARK: The README's example
+
+    @Test func readmeExample() throws {
+        let embedded = try EmbeddedServer()
+        let server = embedded.server
+        // README (Combine) begins
+        let readings = PassthroughSubject<ChannelValue, Never>()  // the callback calls readings.send(.float64(celsius))
+        EventChannel(name: "sensors/outside", server: server)     // every listener; asks only for what the queue has room for
+            .setStreamHandler(broadcasting: readings.buffer(size: 64, prefetch: .keepFull, whenFull: .dropOldest))
+        EventChannel(name: "sensors/samples", server: server)     // a publisher per listener, paced by its DEMAND
+            .setStreamHandler(PublisherStreamHandler { arguments in (1...(arguments.intValue ?? 3)).publisher.map(ChannelValue.int) })
+        MethodChannel(name: "dice", server: server).setMethodCallHandler { _ in
+            Future<ChannelValue, Never> { promise in promise(.success(.int(Int.random(in: 1...6)))) }
+        }
+        // README (Combine) ends
+        embedded.run()
+        let client = embedded.connect()
+        try client.listen(on: "sensors/outside", in: embedded)
+        readings.send(21.5)
+        readings.send(completion: .finished)
+        embedded.run()
+        #expect(try client.events(on: "sensors/outside") == [.success(21.5), nil])
+
+        client.send(try .call(2, "sensors/samples", "listen", 2))
+        client.send(try .call(3, "dice", "roll"))
+        embedded.run()
+        let frames = try client.frames()
+        #expect(try frames.filter { $0.id == 0 }.map { $0.payload == nil ? nil : try $0.envelope() } == [.success(1), .success(2), nil])
+        let roll = try #require(try frames.first { $0.id == 3 }?.envelope().get().intValue)
+        #expect((1...6).contains(roll))
+    }
 }
