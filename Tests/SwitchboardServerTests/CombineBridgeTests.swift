@@ -270,6 +270,38 @@ extension InMemoryTransport {
         #expect(try listener.stats(on: embedded)["eventsDropped"] == [:])
     }
 
+    /// On live loops (all of them with SWITCHBOARD_TEST_LOOPS): four listeners, each with its own
+    /// publisher of the same sensor, get what their DEMAND allows and no more; CANCEL cancels each.
+    @Test func listenerPublishersOnEveryLoop() async throws {
+        let sensor = FakeSensor(), feed = SensorFeed(sensor), record = DemandRecord()
+        try await withServer(setUp: { server in
+            EventChannel(name: "sensor", server: server).setStreamHandler(PublisherStreamHandler { _ in feed.publisher(recording: record) })
+        }) { _, port in
+            var wires: [RawConnection] = []
+            for _ in 0..<4 {
+                let wire = try RawConnection(port: port)
+                try wire.demand(2, on: "sensor")
+                try wire.send(.call(1, "sensor", "listen"))
+                #expect(try await wire.frame().kind == .reply)
+                wires.append(wire)
+            }
+            onAnotherThread { for n in 0..<100 { sensor.fire(Double(n)) } }
+            for wire in wires {
+                #expect(try await [wire.frame(), wire.frame()].map { try $0.envelope() } == [.success(0.0), .success(1.0)])
+                #expect(try await wire.barrier().isEmpty)
+            }
+            #expect(record.requested == 8)
+            for wire in wires {
+                try wire.demand(3, on: "sensor")
+                #expect(try await [wire.frame(), wire.frame(), wire.frame()].map { try $0.envelope() } == [2.0, 3.0, 4.0].map { .success($0) })
+                try wire.send(.call(2, "sensor", "cancel"))
+                #expect(try await wire.frame().id == 2)
+            }
+            #expect(record.requested == 20)
+            #expect(record.cancels == 4)
+        }
+    }
+
     /// Disconnecting cancels the listener's subscription.
     @Test func disconnectingCancelsTheListenersPublisher() throws {
         let embedded = try EmbeddedServer()
