@@ -10,7 +10,12 @@ import SwitchboardTransport
 // Combine (OpenCombine on Linux) in, channels out: publishers feed event channels and answer method calls,
 // with Combine demand tied to the server's own flow control, so that a fast publisher is paced, never
 // dropped unseen. Publishers may emit on any thread; everything reaches a stream through the thread-safe
-// entry points (`EventChannel.broadcast`, `EventSink`, `MethodResult`).
+// entry points (the channel's producer queue, `EventSink`, `MethodResult`).
+//
+// The bridge lives in the server module rather than a module of its own because pacing needs what the
+// server keeps internal: the channel's producer queue, its length, the loop's job order and the moment a
+// handler is replaced. A separate module would need all of these made public for it alone. The price is
+// the OpenCombine dependency on Linux (on Apple platforms Combine comes with the system).
 //
 // A publisher's failure becomes an error event and then ends the stream: a failed publisher sends nothing
 // more, and a listener left waiting on a stream that can never go on would never learn so.
@@ -25,7 +30,7 @@ extension EventChannel {
     ///
     /// ```swift
     /// let readings = PassthroughSubject<ChannelValue, Never>()
-    /// sensor.onReading = { readings.send(.double($0)) }
+    /// sensor.onReading = { readings.send(.float64($0)) }
     /// EventChannel(name: "sensor", server: server).setStreamHandler(broadcasting: readings.buffer(size: 64, prefetch: .keepFull, whenFull: .dropOldest))
     /// ```
     public func setStreamHandler<P: Publisher>(broadcasting publisher: P) where P.Output == ChannelValue {
@@ -49,12 +54,12 @@ extension MethodChannel {
 /// A ``StreamHandler`` that gives each listener a publisher of its own, made from the listen arguments
 /// (a thrown error refuses the listen, a ``ChannelError`` as it is). The publisher is paced by that
 /// listener's demand: it is asked for one value at a time, and only while the listener is ready (see
-/// ``EventSink/isReady``), so its values never wait in the stream's queue and are never dropped. The listener's CANCEL, a new listen or
-/// its disconnecting cancels the subscription. Completion ends the listener's stream; a failure sends an
-/// error event first.
+/// ``EventSink/isReady``), so its values never wait in the stream's queue and are never dropped. The
+/// listener's CANCEL, a new listen or its disconnecting cancels the subscription, as does removing the
+/// handler. Completion ends the listener's stream; a failure sends an error event first.
 ///
 /// ```swift
-/// channel.setStreamHandler(PublisherStreamHandler { arguments in sensor.readings(every: arguments["ms"]?.intValue ?? 100) })
+/// channel.setStreamHandler(PublisherStreamHandler { arguments in (1...(arguments.intValue ?? 3)).publisher.map(ChannelValue.int) })
 /// ```
 public struct PublisherStreamHandler<P: Publisher>: StreamHandler, RemovalObserving where P.Output == ChannelValue {
     private let makePublisher: @Sendable (ChannelValue) throws -> P
@@ -244,8 +249,8 @@ final class ListenerLinks: Sendable {
     deinit { cancelAll() }
 }
 
-/// One listener's subscription and its pacing. `inFlight` (values asked for that have not reached the
-/// stream yet) is kept under the link's lock with the subscription, since values arrive on any thread.
+/// One listener's subscription and its pacing. `inFlight` (the value asked for that has not reached the
+/// stream yet: 0 or 1) is only touched on the sink's loop thread; the lock just makes the class Sendable.
 final class ListenerLink: Sendable {
     let sink: EventSink
     private let subscription = SubscriptionLink()
