@@ -56,6 +56,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
             ],
             swiftSettings: safeSettings
         ),
@@ -119,6 +120,7 @@ let package = Package(
             dependencies: [
                 "SwitchboardServer", "SwitchboardPlugins", "SwitchboardWire", "SwitchboardCodec", "SwitchboardTesting",
                 "SwitchboardCluster", "SwitchboardTransport",
+                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

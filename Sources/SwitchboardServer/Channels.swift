@@ -176,7 +176,7 @@ public final class EventChannel: Sendable {
     /// server alive through the jobs that set the channel up (a server that never runs frees itself).
     let cores: [LoopBound<ServerCore>]
     /// Broadcasts from other threads on their way to the loop.
-    private let producerQueue: ProducerQueue
+    let producerQueue: ProducerQueue
 
     /// Makes a channel on `server`.
     public init(name: String, codec: any MethodCodec = StandardMethodCodec(), overflow: OverflowPolicy = .dropOldest,
@@ -215,7 +215,12 @@ public final class EventChannel: Sendable {
     private func send(_ content: EventContent) {
         let name = self.name
         if let core = cores.current { return core.value.broadcast(on: name, content) }
-        let queue = producerQueue, core = cores[0]
+        enqueue(content)
+    }
+
+    /// Queues `content` for one coalesced hop onto loop 0, from any thread (the loop's own included).
+    func enqueue(_ content: EventContent) {
+        let name = self.name, queue = producerQueue, core = cores[0]
         queue.add(content) {
             let (events, dropped) = queue.take()
             core.value.countDrop("producerQueueFull", count: dropped)
@@ -267,7 +272,7 @@ public final class EventSink: Sendable {
     let target: LoopBound<Target>
     /// The listening client.
     public let client: ClientID
-    private let producerQueue: ProducerQueue
+    let producerQueue: ProducerQueue
 
     init(stream: EventStream, loop: LoopHandle, client: ClientID) {
         target = LoopBound(Target(anchor: stream.anchor, eventLoop: stream.connection.core.eventLoop), loop: loop)

@@ -26,7 +26,8 @@ final class ProducerQueue: Sendable {
     }
 
     private let state = Mutex(State())
-    private let limit: Int
+    /// How many events may wait.
+    let limit: Int
     private let overflow: OverflowPolicy
     private let loop: LoopHandle
 

@@ -346,6 +346,7 @@ final class ServerCore {
     func setChannel(_ name: String, _ entry: ChannelEntry?) {
         if case .event(let old)? = channels[name] {
             for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
+            (old.handler as? any RemovalObserving)?.handlerWasRemoved()
         }
         if let old = channels[name] { channelGone(old.counts) }
         channels[name] = entry
@@ -502,6 +503,13 @@ final class ServerCore {
         for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
         cluster?.publish(event)
         if let cluster, !linksLoops, !cluster.isConnected { shareWithSiblingLoops(event) }
+    }
+
+    /// Ends the streams of this loop's listeners on the server-side channel `name` (after what waits in them).
+    func endListeners(on name: String) {
+        guard case .event(let entry)? = channels[name] else { return }
+        let end = OutboundEvent(channel: name, content: .end, codec: entry.codec)
+        for stream in entry.listeners.all { stream.deliver(end) }
     }
 
     /// Whether `entry` gets events from other nodes: a server-side channel's broadcasts, or the events
