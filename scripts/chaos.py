@@ -35,7 +35,8 @@ Rules (PASS/FAIL each; exit 1 on any FAIL):
                  even while the bus is down);
   events-counted the events missing at listeners whose node and connection stayed up (broadcasts and the
                  held stream) are no more than the counted losses: per origin node, its eventsUnsent (and
-                 any possibly-lost counter) plus every node's eventsDropped and crossLoop.dropped. Events a
+                 any possibly-lost counter) plus every node's eventsDropped and crossLoop.dropped, compared
+                 between one fault's start and the next's (from the stats sampled every 2 s). Events a
                  listener missed while its node's bus was disconnected or rejoining (its log says so) are
                  excused, as cluster.md documents (a node that rejoins gets the events from then on);
   idle           once every client but the holders has left, and again once they have too, every node has
@@ -196,6 +197,7 @@ class Node(Proc):
         self.bus_gaps = []  # [start, end or None] intervals with some loop's bus disconnected
         self.stats = {}  # life -> (first sample, last sample)
         self.rss = {}  # life -> [(t, KiB)]
+        self.history = []  # (t, life, flattened stats)
 
     async def start(self, servers):
         self.bus_down = {str(i) for i in range(LOOPS)}
@@ -523,6 +525,7 @@ class Harness:
             return
         first, _ = n.stats.get(n.lives, (s, None))
         n.stats[n.lives] = (first, s)
+        n.history.append((now(), n.lives, flatten(s)))
 
     # ---- faults
     async def restart_node(self, node, hung_first=False):
@@ -855,7 +858,7 @@ class Harness:
                                      f"nodes were alive and the holder's node and the bus ran: " + "; ".join(lost_examples[:6]))
 
     def during(self, t0, t1):
-        hits = [f"{f['kind']} {f['target']}" for f in self.faults if overlaps(t0, t1, f["t0"], (f["t1"] or f["t0"]) + 2)]
+        hits = [f"{f['kind']} {f['target']}" for f in self.faults if overlaps(t0, t1, f["t0"] - 1, (f["t1"] or f["t0"]) + 2)]
         return f" (during {', '.join(hits)})" if hits else " (no fault near it)"
 
     def fault_windows(self, kinds, target=None):
@@ -901,7 +904,7 @@ class Harness:
         stops = {i: [(a, b) for a, b in self.fault_windows(("stop_holder_node", "stop_caller_node"), f"n{i + 1}")]
                  for i in range(NODES)}
         missed = {i: set() for i in range(NODES)}  # origin -> missed (poster, seq) not excused
-        missed_at = {i: {} for i in range(NODES)}  # origin -> listener name -> count
+        missed_by = {}  # (poster, seq) -> listeners that missed it
         excused = 0
         own_missed = []
         per_listener_missing = 0
@@ -945,8 +948,7 @@ class Harness:
                     excused += 1
                     continue
                 missed[origin].add(key)
-                name = f"{conn.fc.name}#{id(conn) % 1000}"
-                missed_at[origin][name] = missed_at[origin].get(name, 0) + 1
+                missed_by.setdefault(key, []).append(f"{conn.fc.name}#{id(conn) % 1000}")
         with open(os.path.join(self.logdir, "listeners.json"), "w") as out:  # evidence for a FAIL
             rel = lambda t: None if t is None else round(t - self.t_start, 2)
             json.dump([{"name": st["conn"].fc.name, "id": id(st["conn"]) % 1000, "listen": rel(st["t_listen"]),
@@ -964,13 +966,24 @@ class Harness:
             ex = [f"{name} missed ({k[0]}, {k[1]}){self.during(t, t)}" for name, k, t in own_missed[:4]]
             self.fail("own-events", f"{len(own_missed)} broadcast(s) missed by a listener of the node that made them "
                                     f"(issue 28 item 3 when during a bus outage), e.g. {ex}")
-        for origin, keys in missed.items():
-            if len(keys) > counted[origin]:
-                when = sorted((posts.get(k) or feed.get(k))[1] for k in keys)
-                windows = self.cluster_times(when)
-                self.fail("events-counted", f"events from n{origin + 1} missed at listeners whose node and bus stayed up: "
-                                            f"{len(keys)} distinct, but the counted losses are {counted[origin]}; "
-                                            f"missed at {windows}; by listener: {missed_at[origin]}")
+        # Compared fault by fault: the run is cut before each fault, so that losses counted in one fault
+        # cannot hide losses nobody counted in another.
+        cuts = [self.t_start - 10] + [f["t0"] - 1 for f in self.faults] + [now()]
+        for a, b in zip(cuts, cuts[1:]):
+            in_segment = self.counted_between(a, b)
+            for origin, keys in missed.items():
+                seg = [k for k in keys if a <= (posts.get(k) or feed.get(k))[1] < b]
+                if len(seg) > in_segment[origin]:
+                    when = sorted((posts.get(k) or feed.get(k))[1] for k in seg)
+                    names = {}
+                    for k in seg:
+                        for name in missed_by[k]:
+                            names[name] = names.get(name, 0) + 1
+                    self.fail("events-counted", f"events from n{origin + 1} missed at listeners whose node and bus "
+                                                f"stayed up: {len(seg)} distinct, but the losses counted meanwhile "
+                                                f"({a - self.t_start:.0f}-{b - self.t_start:.0f} s) are "
+                                                f"{in_segment[origin]}; missed at {self.cluster_times(when)}; "
+                                                f"by listener: {names}")
 
     def cluster_times(self, times):
         """Groups times into runs (gap > 1 s starts a new one), each with the fault near it."""
@@ -986,6 +999,32 @@ class Harness:
             out.append(f"{k} in {a - self.t_start:.1f}-{b - self.t_start:.1f} s{self.during(a, b)}")
         return "; ".join(out) + (f"; … {len(runs) - 6} more runs" if len(runs) > 6 else "")
 
+    def counted_between(self, a, b):
+        """Per origin node: the losses counted from time a to b (its eventsUnsent and possibly-lost
+        counters, and every node's receiving-side drops), from the samples around a and b of each life."""
+        per_node = {}
+        for n in self.nodes:
+            tot = {}
+            for life in {lf for _, lf, _ in n.history}:
+                samples = [(t, flat) for t, lf, flat in n.history if lf == life]
+                before = [flat for t, flat in samples if t <= a]
+                after = [flat for t, flat in samples if t >= b]
+                if samples[-1][0] <= a:
+                    continue  # this life ended before the segment
+                start = before[-1] if before else {}
+                end = after[0] if after else samples[-1][1]
+                for k, v in end.items():
+                    tot[k] = tot.get(k, 0) + v - start.get(k, 0)
+            per_node[n.idx] = tot
+        return self.sum_losses(per_node)
+
+    def sum_losses(self, per_node):
+        possibly = sorted({k for t in per_node.values() for k in t if "ossibl" in k})
+        receiving = sum(v for t in per_node.values() for k, v in t.items()
+                        if k.startswith("eventsDropped.") or k == "crossLoop.dropped")
+        return {i: sum(t.get(f"cluster.{k}", 0) for k in LOSS_KEYS) + sum(t.get(k, 0) for k in possibly) + receiving
+                for i, t in per_node.items()}
+
     def loss_counters(self):
         """Per origin node: its counted losses of events it made, plus every node's receiving-side drops."""
         per_node = {}
@@ -999,11 +1038,7 @@ class Harness:
             per_node[n.idx] = tot
             keys_seen |= set(tot)
         possibly = sorted(k for k in keys_seen if "ossibl" in k)
-        receiving = sum(v for t in per_node.values() for k, v in t.items()
-                        if k.startswith("eventsDropped.") or k == "crossLoop.dropped")
-        counted = {}
-        for i, t in per_node.items():
-            counted[i] = sum(t.get(f"cluster.{k}", 0) for k in LOSS_KEYS) + sum(t.get(k, 0) for k in possibly) + receiving
+        counted = self.sum_losses(per_node)
         show = ["cluster.eventsOut", "cluster.eventsIn", "cluster.eventsUnsent", "cluster.busDropped",
                 "cluster.busReconnects", "cluster.callsExpired", "cluster.callsNoHolder", "cluster.stalls",
                 "cluster.nodesLost", "crossLoop.dropped"] + possibly
