@@ -108,8 +108,10 @@ final class Connection {
     var lastRouteName = ""
     /// The `ServerCore.routesVersion` the cached route belongs to (-1: none yet).
     var lastRouteVersion = -1
-    /// Credit that arrived before `listen`, by channel.
-    var pendingCredit: [String: Credit] = [:]
+    /// Credit that arrived before `listen`, by channel: for at most ``pendingCreditLimit`` channels.
+    private(set) var pendingCredit: [String: Credit] = [:]
+    /// The bytes of the names in ``pendingCredit``.
+    private var pendingCreditNameBytes = 0
     var overLimitSince: UInt64?
     /// When the peer half-closed; the connection closes once its open requests are answered (or, if
     /// they take longer than the drain timeout, cancels them and closes: see `ServerCore.keepHouse`).
@@ -448,14 +450,35 @@ final class Connection {
         addDemand(n, channel: frame.channel)
     }
 
-    /// Adds credit to the channel's active stream, or keeps it for the next `listen`.
+    /// Channels, and bytes of their names, that a connection may keep credit for before their `listen`.
+    static let pendingCreditLimit = (channels: 1024, nameBytes: 64 * 1024)
+
+    /// Adds credit to the channel's active stream, or keeps it for the next `listen` while the channels
+    /// kept stay within ``pendingCreditLimit`` (past it, the DEMAND is ignored and counted).
     func addDemand(_ n: UInt32, channel: String) {
         let channel = hasPlugins ? context.channelRenames[channel] ?? channel : channel
         if let stream = streams[channel] {
             stream.addCredit(n)
-        } else if pendingCredit[channel] != nil || pendingCredit.count < 1024 {
-            pendingCredit[channel] = (pendingCredit[channel] ?? .unbounded).adding(n)
+        } else if let credit = pendingCredit[channel] {
+            pendingCredit[channel] = credit.adding(n)
+        } else if pendingCredit.count < Self.pendingCreditLimit.channels,
+                  pendingCreditNameBytes + channel.utf8.count <= Self.pendingCreditLimit.nameBytes {
+            keepPendingCredit(Credit.unbounded.adding(n), for: channel)
+        } else {
+            core.stats.demandsIgnored += 1
         }
+    }
+
+    /// Keeps `credit` for the next `listen` on `channel`.
+    func keepPendingCredit(_ credit: Credit, for channel: String) {
+        if pendingCredit.updateValue(credit, forKey: channel) == nil { pendingCreditNameBytes += channel.utf8.count }
+    }
+
+    /// Takes the credit kept for the next `listen` on `channel`, if any.
+    func takePendingCredit(for channel: String) -> Credit? {
+        guard let credit = pendingCredit.removeValue(forKey: channel) else { return nil }
+        pendingCreditNameBytes -= channel.utf8.count
+        return credit
     }
 
     // MARK: Requests
