@@ -156,6 +156,8 @@ final class Connection {
     let gates: [Pipeline.Stage<any InboundGate, InboundKind>]?
     /// ``Pipeline/gateEpoch``.
     let gateEpoch: VerdictEpoch
+    /// ``ServerConfiguration/maxOpenRequests``.
+    let maxOpenRequests: Int
     /// The gates' verdicts on the last channel and kind judged by ``admit(_:_:through:)``; a HELLO
     /// forgets them.
     var gateMemo: GateMemo?
@@ -180,6 +182,7 @@ final class Connection {
         inboundStages = core.pipeline.inbound
         gates = core.pipeline.seesAnswers ? nil : core.pipeline.gates
         gateEpoch = core.pipeline.gateEpoch
+        maxOpenRequests = core.config.maxOpenRequests
         pluginContext = hasPlugins ? ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop) : nil
     }
 
@@ -406,6 +409,7 @@ final class Connection {
             if frame.id != 0 { writeError(.goingAway, id: frame.id) }
             return
         }
+        if frame.id != 0, !admitsRequest(id: frame.id) { return }
         if seesRequests, frame.id != 0 || !isHolderEvent(frame) {
             // Gates judge a call or a send here, then it goes on as without plugins; anything else (or
             // any other stage) takes the whole pipeline.
@@ -482,6 +486,16 @@ final class Connection {
     }
 
     // MARK: Requests
+
+    /// Whether this client may open one more request: every request, binary or text, with plugins or
+    /// without, asks before it is routed. Past ``ServerConfiguration/maxOpenRequests`` open ones, the
+    /// request is refused with `too_many_requests` carrying its id (`textID` in text mode), and counted.
+    func admitsRequest(id: UInt32, textID: ChannelValue? = nil) -> Bool {
+        guard binaryRequests.count + textRequests.count >= maxOpenRequests else { return true }
+        core.stats.openRequestsRefused += 1
+        writeError(.tooManyRequests, id: id, textID: textID)
+        return false
+    }
 
     /// Routes a request from this client. One its handler does not answer at once is kept in the table
     /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).

@@ -34,6 +34,8 @@ struct Counters {
     var acceptErrors = 0
     /// REGISTERs refused because their connection held ``ServerConfiguration/maxRegistrationsPerConnection``.
     var registrationsRefused = 0
+    /// Requests refused because their connection had ``ServerConfiguration/maxOpenRequests`` open.
+    var openRequestsRefused = 0
     /// DEMANDs before a listen that were not kept: their connection kept credit for as many channel
     /// names as it may (``Connection/pendingCreditLimit``).
     var demandsIgnored = 0
@@ -771,7 +773,7 @@ final class ServerCore {
             "connectionsTotal": .int(stats.connectionsTotal),
             "ignoredFrames": .int(stats.ignoredFrames),
             "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
-            "demandsIgnored": .int(stats.demandsIgnored),
+            "openRequestsRefused": .int(stats.openRequestsRefused), "demandsIgnored": .int(stats.demandsIgnored),
             "forwardedRequests": .int(stats.forwardedRequests),
             "acceptErrors": .int(stats.acceptErrors),
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),

@@ -17,6 +17,55 @@ import SwitchboardWire
         }
     }
 
+    /// A holder of `sink/x` that never answers, then `body` with it and the port.
+    private func withSink(plugins: Bool, _ body: (RawConnection, Int) async throws -> Void) async throws {
+        try await withServer({ $0.maxOpenRequests = 3 }, setUp: { server in
+            if plugins { server.load(RequestLog(settings: LiveSettings(PluginConfiguration(requestLog: .init())))) }
+        }) { _, port in
+            let holder = try RawConnection(port: port)
+            try holder.send(Frame(.register, id: 1, channel: "sink/x", payload: Array(#"{"kind":"method","codec":"standard"}"#.utf8)))
+            #expect(try await holder.frame().kind == .reply)
+            try await body(holder, port)
+        }
+    }
+
+    @Test("past the open-request cap a call is too_many_requests with its id, never reaching the holder, counted; an answer frees a place",
+          arguments: [false, true])
+    func openRequestCap(plugins: Bool) async throws {
+        try await withSink(plugins: plugins) { holder, port in
+            let caller = try RawConnection(port: port)
+            for id: UInt32 in 1...4 { try caller.send(.call(id, "sink/x", "get")) }
+            let refused = try await caller.frame()
+            #expect(refused.kind == .error && refused.errorCode == "too_many_requests" && refused.id == 4)
+            var forwarded: [Frame] = []
+            for _ in 1...3 { forwarded.append(try await holder.frame()) }
+            #expect(forwarded.allSatisfy { $0.kind == .message })
+            try holder.send(Frame(.reply, id: forwarded[0].id, payload: nil))
+            let answered = try await caller.frame()
+            #expect(answered.kind == .reply && answered.id == 1)
+            try caller.send(.call(5, "sink/x", "get"))  // a place again
+            #expect(try await holder.frame().kind == .message)
+            try caller.send(.call(6, "switchboard/echo", "echo", "x"))  // full: even a call answered at once
+            #expect(try await caller.frame().errorCode == "too_many_requests")
+
+            let text = try RawConnection(port: port)  // text mode: the error line carries the id
+            for id in 1...3 { try text.send(line: #"{"id":\#(id),"call":"sink/x","method":"get"}"#) }
+            try text.send(line: #"{"id":"four","call":"sink/x","method":"get"}"#)
+            let line = try await text.line()
+            #expect(line["id"] == "four" && line["error"]?["code"] == "too_many_requests", "\(line)")
+
+            let other = try RawConnection(port: port)  // the cap is per connection
+            let counts = try await stats(other, id: 1)
+            #expect(counts["openRequestsRefused"]?.intValue == 3)
+            #expect(httpGet("/metrics", port: port)?.body.contains("switchboard_open_requests_refused_total 3") == true)
+        }
+    }
+
+    @Test("the default cap is 4,096 open requests per connection")
+    func defaultOpenRequestCap() {
+        #expect(ServerConfiguration().maxOpenRequests == 4096)
+    }
+
     @Test("credit before listen is kept for names adding up to 64 KiB; past it a DEMAND is ignored and counted")
     func pendingCreditIsBoundedInBytes() async throws {
         try await withServer { _, port in
