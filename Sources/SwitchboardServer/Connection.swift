@@ -354,7 +354,9 @@ final class Connection {
             guard isOne else { return fail(.unsupportedVersion, id: id, textID: textID) }
         }
         if let token = core.config.token {
-            guard case .string(let given)? = hello["token"], Digest.constantTimeEquals(given, token) else { return fail(.unauthorized, id: id, textID: textID) }
+            guard case .string(let given)? = hello["token"], Digest.constantTimeEquals(given, token) else {
+                return fail(.unauthorized, id: id, textID: textID)
+            }
         }
         if hasPlugins, !identify(hello) { return fail(.unauthorized, id: id, textID: textID) }
         isAuthenticated = true
