@@ -59,8 +59,13 @@ final class ClusterLink {
     private var subscriptions: [String: BusSubscription] = [:]
     /// The digest of each channel name used on the bus, and the subjects made of it: made once, so that
     /// a broadcast or a call builds no string (and the bus's check of a repeated subject stays cheap).
+    /// A client may route any number of names here (a send to a name nobody holds goes to the bus), so
+    /// the cache is bounded: once its names and strings would pass ``subjectCacheBytes``, it is emptied
+    /// and fills again with the names in use; a name larger than that is never kept.
     private var digests: [String: String] = [:]
     private var subjects: [SubjectKey: String] = [:]
+    private(set) var cachedSubjectBytes = 0
+    static let subjectCacheBytes = 2 << 20
     private enum SubjectKind: String { case event, call, cancel }
     private struct SubjectKey: Hashable {
         let kind: SubjectKind
@@ -349,7 +354,7 @@ final class ClusterLink {
         let key = SubjectKey(kind: kind, channel: channel)
         if let subject = subjects[key] { return subject }
         let subject = "switchboard.\(kind.rawValue).\(digest(channel))"
-        subjects[key] = subject
+        if makeRoom(channel.utf8.count + subject.utf8.count) { subjects[key] = subject }
         return subject
     }
 
@@ -362,8 +367,22 @@ final class ClusterLink {
     private func digest(_ channel: String) -> String {
         if let digest = digests[channel] { return digest }
         let digest = Digest.sha256Hex(Array(channel.utf8))
-        digests[channel] = digest
+        if makeRoom(channel.utf8.count + digest.utf8.count) { digests[channel] = digest }
         return digest
+    }
+
+    /// Whether an entry of `bytes` (and a dictionary slot's worth more) may be cached, emptying the
+    /// cache of digests and subjects first if it would pass ``subjectCacheBytes``.
+    private func makeRoom(_ bytes: Int) -> Bool {
+        let size = bytes + 64
+        guard size <= Self.subjectCacheBytes else { return false }
+        if cachedSubjectBytes + size > Self.subjectCacheBytes {
+            digests = [:]
+            subjects = [:]
+            cachedSubjectBytes = 0
+        }
+        cachedSubjectBytes += size
+        return true
     }
 
     /// Takes a remote event only as one whole MESSAGE frame with id 0 on `channel`, read by the same

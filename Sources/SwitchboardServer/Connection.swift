@@ -108,8 +108,10 @@ final class Connection {
     var lastRouteName = ""
     /// The `ServerCore.routesVersion` the cached route belongs to (-1: none yet).
     var lastRouteVersion = -1
-    /// Credit that arrived before `listen`, by channel.
-    var pendingCredit: [String: Credit] = [:]
+    /// Credit that arrived before `listen`, by channel: for at most ``pendingCreditLimit`` channels.
+    private(set) var pendingCredit: [String: Credit] = [:]
+    /// The bytes of the names in ``pendingCredit``.
+    private var pendingCreditNameBytes = 0
     var overLimitSince: UInt64?
     /// When the peer half-closed; the connection closes once its open requests are answered (or, if
     /// they take longer than the drain timeout, cancels them and closes: see `ServerCore.keepHouse`).
@@ -154,6 +156,8 @@ final class Connection {
     let gates: [Pipeline.Stage<any InboundGate, InboundKind>]?
     /// ``Pipeline/gateEpoch``.
     let gateEpoch: VerdictEpoch
+    /// ``ServerConfiguration/maxOpenRequests``.
+    let maxOpenRequests: Int
     /// The gates' verdicts on the last channel and kind judged by ``admit(_:_:through:)``; a HELLO
     /// forgets them.
     var gateMemo: GateMemo?
@@ -178,6 +182,7 @@ final class Connection {
         inboundStages = core.pipeline.inbound
         gates = core.pipeline.seesAnswers ? nil : core.pipeline.gates
         gateEpoch = core.pipeline.gateEpoch
+        maxOpenRequests = core.config.maxOpenRequests
         pluginContext = hasPlugins ? ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop) : nil
     }
 
@@ -349,7 +354,9 @@ final class Connection {
             guard isOne else { return fail(.unsupportedVersion, id: id, textID: textID) }
         }
         if let token = core.config.token {
-            guard hello["token"] == .string(token) else { return fail(.unauthorized, id: id, textID: textID) }
+            guard case .string(let given)? = hello["token"], Digest.constantTimeEquals(given, token) else {
+                return fail(.unauthorized, id: id, textID: textID)
+            }
         }
         if hasPlugins, !identify(hello) { return fail(.unauthorized, id: id, textID: textID) }
         isAuthenticated = true
@@ -404,6 +411,7 @@ final class Connection {
             if frame.id != 0 { writeError(.goingAway, id: frame.id) }
             return
         }
+        if frame.id != 0, !admitsRequest(id: frame.id) { return }
         if seesRequests, frame.id != 0 || !isHolderEvent(frame) {
             // Gates judge a call or a send here, then it goes on as without plugins; anything else (or
             // any other stage) takes the whole pipeline.
@@ -448,17 +456,48 @@ final class Connection {
         addDemand(n, channel: frame.channel)
     }
 
-    /// Adds credit to the channel's active stream, or keeps it for the next `listen`.
+    /// Channels, and bytes of their names, that a connection may keep credit for before their `listen`.
+    static let pendingCreditLimit = (channels: 1024, nameBytes: 64 * 1024)
+
+    /// Adds credit to the channel's active stream, or keeps it for the next `listen` while the channels
+    /// kept stay within ``pendingCreditLimit`` (past it, the DEMAND is ignored and counted).
     func addDemand(_ n: UInt32, channel: String) {
         let channel = hasPlugins ? context.channelRenames[channel] ?? channel : channel
         if let stream = streams[channel] {
             stream.addCredit(n)
-        } else if pendingCredit[channel] != nil || pendingCredit.count < 1024 {
-            pendingCredit[channel] = (pendingCredit[channel] ?? .unbounded).adding(n)
+        } else if let credit = pendingCredit[channel] {
+            pendingCredit[channel] = credit.adding(n)
+        } else if pendingCredit.count < Self.pendingCreditLimit.channels,
+                  pendingCreditNameBytes + channel.utf8.count <= Self.pendingCreditLimit.nameBytes {
+            keepPendingCredit(Credit.unbounded.adding(n), for: channel)
+        } else {
+            core.stats.demandsIgnored += 1
         }
     }
 
+    /// Keeps `credit` for the next `listen` on `channel`.
+    func keepPendingCredit(_ credit: Credit, for channel: String) {
+        if pendingCredit.updateValue(credit, forKey: channel) == nil { pendingCreditNameBytes += channel.utf8.count }
+    }
+
+    /// Takes the credit kept for the next `listen` on `channel`, if any.
+    func takePendingCredit(for channel: String) -> Credit? {
+        guard let credit = pendingCredit.removeValue(forKey: channel) else { return nil }
+        pendingCreditNameBytes -= channel.utf8.count
+        return credit
+    }
+
     // MARK: Requests
+
+    /// Whether this client may open one more request: every request, binary or text, with plugins or
+    /// without, asks before it is routed. Past ``ServerConfiguration/maxOpenRequests`` open ones, the
+    /// request is refused with `too_many_requests` carrying its id (`textID` in text mode), and counted.
+    func admitsRequest(id: UInt32, textID: ChannelValue? = nil) -> Bool {
+        guard binaryRequests.count + textRequests.count >= maxOpenRequests else { return true }
+        core.stats.openRequestsRefused += 1
+        writeError(.tooManyRequests, id: id, textID: textID)
+        return false
+    }
 
     /// Routes a request from this client. One its handler does not answer at once is kept in the table
     /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).

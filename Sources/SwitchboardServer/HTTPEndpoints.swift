@@ -48,7 +48,7 @@ extension ServerCore {
         let unauthorized = HTTPResponse(status: 401, text: "/metrics needs Authorization: Bearer with a known token\n",
                                         headers: [#"WWW-Authenticate: Bearer realm="switchboard""#])
         guard let token = Self.bearerToken(request) else { return unauthorized }
-        if let required = config.token, token != required { return unauthorized }
+        if let required = config.token, !Digest.constantTimeEquals(token, required) { return unauthorized }
         guard isGuarded else { return nil }
         let context = ConnectionContext(id: 0, remoteAddress: peer, eventLoop: eventLoop)
         switch pipeline.authenticate(Hello(token: token, client: nil, certificateSubject: nil), connection: context) {

@@ -4,7 +4,9 @@ import Logging
 /// value escaped, so that no value a client chose (a channel name, a method, a HELLO's client name, a
 /// certificate subject) can end a log line and forge the next, or send a terminal escape sequence.
 /// `\n`, `\r` and `\t` are written as such, a backslash as `\\`, and the other C0 and C1 controls,
-/// U+2028, U+2029 and the bidirectional overrides as `\u{XX}`.
+/// U+2028, U+2029 and the bidirectional overrides as `\u{XX}`. A metadata value that holds a space, `=`
+/// or `"` is also put in double quotes, its `"` written as `\"`, so that a reader of `key=value` fields
+/// cannot be made to see a field the value only contains (a method `echo user=ops`).
 /// `switchboard serve` wraps every log handler in it; an application that embeds the server wraps its
 /// own the same way (`LoggingSystem.bootstrap { EscapingLogHandler(StreamLogHandler.standardError(label: $0)) }`).
 public struct EscapingLogHandler: LogHandler {
@@ -55,12 +57,13 @@ public struct EscapingLogHandler: LogHandler {
         Logger.MetadataProvider { provider.get().mapValues(escape) }
     }
 
-    /// `value` with its strings escaped.
+    /// `value` with its strings escaped, and quoted if they need it.
     static func escape(_ value: Logger.Metadata.Value) -> Logger.Metadata.Value {
         switch value {
-        case .string(let text): needsEscaping(text) ? .string(escape(text)) : value
+        case .string(let text): needsEscaping(text) || needsQuotes(text) ? .string(quote(escape(text))) : value
         case .stringConvertible(let convertible):
-            needsEscaping(convertible.description) ? .string(escape(convertible.description)) : value
+            needsEscaping(convertible.description) || needsQuotes(convertible.description)
+                ? .string(quote(escape(convertible.description))) : value
         case .dictionary(let metadata): .dictionary(metadata.mapValues(escape))
         case .array(let values): .array(values.map(escape))
         }
@@ -88,6 +91,20 @@ public struct EscapingLogHandler: LogHandler {
     }
 
     static func needsEscaping(_ text: String) -> Bool { text.unicodeScalars.contains(where: isEscaped) }
+
+    /// Whether a metadata value holds a space, `=` or `"`, which would let it pass for more than one field.
+    static func needsQuotes(_ text: String) -> Bool { text.utf8.contains { $0 == 0x20 || $0 == 0x3D || $0 == 0x22 } }
+
+    /// `text` (escaped already) in double quotes with its `"` as `\"`, if it ``needsQuotes(_:)``.
+    static func quote(_ text: String) -> String {
+        guard needsQuotes(text) else { return text }
+        var quoted = "\""
+        for scalar in text.unicodeScalars {
+            if scalar == "\"" { quoted += "\\" }
+            quoted.unicodeScalars.append(scalar)
+        }
+        return quoted + "\""
+    }
 
     /// C0 and C1 controls, DEL, the backslash, the line and paragraph separators, and the bidirectional
     /// embeddings, overrides and isolates (which reorder what a terminal shows).

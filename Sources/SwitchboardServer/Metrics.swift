@@ -102,6 +102,8 @@ extension ServerCore {
         total("switchboard_forwarded_requests_total", stats.forwardedRequests)
         total("switchboard_accept_errors_total", stats.acceptErrors)
         total("switchboard_registrations_refused_total", stats.registrationsRefused)
+        total("switchboard_open_requests_refused_total", stats.openRequestsRefused)
+        total("switchboard_demands_ignored_total", stats.demandsIgnored)
         for (reason, value) in tallies.eventsDropped { total("switchboard_events_dropped_total", value, ["reason": reason]) }
         for (reason, value) in tallies.closes { total("switchboard_closes_total", value, ["reason": reason]) }
         for (plugin, codes) in tallies.pluginRejections {

@@ -362,7 +362,7 @@ extension Connection {
     private func followRename(of request: InboundRequest) {
         let original = request.originalChannel.flatMap { $0 == request.channel ? nil : $0 }
         context.listened(to: request.channel, as: original)
-        if let original, let credit = pendingCredit.removeValue(forKey: original) { pendingCredit[request.channel] = credit }
+        if let original, let credit = takePendingCredit(for: original) { keepPendingCredit(credit, for: request.channel) }
     }
 
     /// Counts and logs a plugin's failure; returns the `plugin_error` its request is answered with.

@@ -26,6 +26,9 @@ public struct ServerConfiguration: Sendable {
     public var eventQueueLimit = 1024
     /// Channels one connection may hold by REGISTER at once; past it, REGISTER gets `too_many_registrations`.
     public var maxRegistrationsPerConnection = 1000
+    /// Requests one connection may have open (sent and not yet answered) at once; past it, a request
+    /// gets `too_many_requests`. At least 1.
+    public var maxOpenRequests = 4096
     /// TLS on a port of its own, beside the plain port; nil = none.
     public var tls: TLSSettings?
     /// Serve `GET /healthz` and `GET /metrics` on the ports (wire-v1 section 8); WebSocket upgrades are

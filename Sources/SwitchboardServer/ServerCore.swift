@@ -34,6 +34,11 @@ struct Counters {
     var acceptErrors = 0
     /// REGISTERs refused because their connection held ``ServerConfiguration/maxRegistrationsPerConnection``.
     var registrationsRefused = 0
+    /// Requests refused because their connection had ``ServerConfiguration/maxOpenRequests`` open.
+    var openRequestsRefused = 0
+    /// DEMANDs before a listen that were not kept: their connection kept credit for as many channel
+    /// names as it may (``Connection/pendingCreditLimit``).
+    var demandsIgnored = 0
     /// The requests and events of channels that are gone (their ``ChannelCounts`` went with them), so
     /// that the totals in stats never go down.
     var goneChannelRequests = 0, goneChannelEvents = 0
@@ -471,7 +476,7 @@ final class ServerCore {
     @discardableResult
     func addListener(_ entry: EventEntry, connection: Connection, arguments: ChannelValue, notifyingReplaced: Bool) -> EventStream {
         if let old = connection.streams[entry.name] { connection.endStream(old, notifyHandler: notifyingReplaced) }
-        let credit = connection.pendingCredit.removeValue(forKey: entry.name) ?? .unbounded
+        let credit = connection.takePendingCredit(for: entry.name) ?? .unbounded
         let stages = connection.hasPlugins ? pipeline.eventStages(for: connection.context, channel: entry.name) : nil
         let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit, outboundStages: stages)
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
@@ -776,6 +781,7 @@ final class ServerCore {
             "connectionsTotal": .int(stats.connectionsTotal),
             "ignoredFrames": .int(stats.ignoredFrames),
             "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
+            "openRequestsRefused": .int(stats.openRequestsRefused), "demandsIgnored": .int(stats.demandsIgnored),
             "forwardedRequests": .int(stats.forwardedRequests),
             "acceptErrors": .int(stats.acceptErrors),
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),

@@ -51,6 +51,7 @@ enum TextMode {
             return writeLine(withID(id, ["result": .null]), on: connection)
         }
         if connection.core.isDraining { return writeError(.goingAway, id: id, on: connection) }
+        guard connection.admitsRequest(id: 0, textID: id) else { return }
         let input: RouteInput
         let kind: TextRequestKind
         switch verb {

@@ -9,6 +9,16 @@ public enum Digest {
                       as: UTF8.self)
     }
 
+    /// Whether `given` equals `secret`, in a time that tells nothing of where they differ: their SHA-256
+    /// digests are compared whole, without an early exit (for tokens; a length or a prefix that
+    /// matches is not revealed either).
+    public static func constantTimeEquals(_ given: String, _ secret: String) -> Bool {
+        let a = digest(Array(given.utf8), EVP_sha256(), size: 32), b = digest(Array(secret.utf8), EVP_sha256(), size: 32)
+        var difference: UInt8 = 0
+        for index in 0..<32 { difference |= a[index] ^ b[index] }
+        return difference == 0
+    }
+
     /// `Sec-WebSocket-Accept` for a `Sec-WebSocket-Key` (RFC 6455 section 4.2.2): the base64 of the
     /// SHA-1 of the key and the protocol's GUID.
     public static func webSocketAccept(key: String) -> String {

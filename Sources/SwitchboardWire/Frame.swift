@@ -137,6 +137,8 @@ public enum WireError: Error, Equatable, Sendable {
     case notRegistered
     /// A REGISTER past the connection's cap on the channels it holds.
     case tooManyRegistrations
+    /// A request past the connection's cap on open requests.
+    case tooManyRequests
     /// A loaded plugin refused the request (access control).
     case forbidden(String)
     /// The request is over a plugin's rate limit; it may be sent again after `retryAfterMs`.
@@ -166,6 +168,7 @@ public enum WireError: Error, Equatable, Sendable {
         case .channelTaken: "channel_taken"
         case .notRegistered: "not_registered"
         case .tooManyRegistrations: "too_many_registrations"
+        case .tooManyRequests: "too_many_requests"
         case .forbidden: "forbidden"
         case .rateLimited: "rate_limited"
         case .plugin(let code, _, _): code
@@ -189,6 +192,7 @@ public enum WireError: Error, Equatable, Sendable {
         case .channelTaken: "the channel already has a handler"
         case .notRegistered: "this connection does not hold the channel"
         case .tooManyRegistrations: "this connection holds as many channels as it may"
+        case .tooManyRequests: "this connection has as many open requests as it may"
         case .forbidden(let m), .plugin(_, let m, _): m
         case .rateLimited(let ms): "over the rate limit: retry after \(ms) ms"
         }

@@ -77,6 +77,8 @@ struct Serve: ParsableCommand {
     @Option(help: "Channels with a label of their own in /metrics; the rest are summed as \"other\".")
     var metricsChannels = 100
     @Option(help: "Channels one connection may hold by REGISTER at once (0 = none).") var maxRegistrations = 1000
+    @Option(help: "Requests one connection may have open (sent, not yet answered) at once; past it, too_many_requests.")
+    var maxOpenRequests = 4096
     @Option(help: "NATS servers (nats://HOST:PORT, comma-separated): share broadcasts with the other nodes on them.")
     var cluster: String?
     @Option(help: "This node's name in the cluster (default: the host name and process id).") var node: String?
@@ -119,6 +121,7 @@ struct Serve: ParsableCommand {
             throw ValidationError("--cluster-connect-timeout and --cluster-ping-interval must be positive")
         }
         guard maxRegistrations >= 0 else { throw ValidationError("--max-registrations must be 0 or more") }
+        guard maxOpenRequests > 0 else { throw ValidationError("--max-open-requests must be positive") }
         if let loops { guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") } }
     }
 
@@ -148,6 +151,7 @@ struct Serve: ParsableCommand {
         config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
         config.metrics = .prometheus(channelLimit: metricsChannels)
         config.maxRegistrationsPerConnection = maxRegistrations
+        config.maxOpenRequests = maxOpenRequests
         config.loops = loops ?? min(256, max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
         if let servers = clusterServers {
             var settings = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")

@@ -370,10 +370,35 @@ struct FirstPluginsTests {
         #expect(lines.allSatisfy { $0.firstMatch(of: #/^\d{4}-\d\d-\d\dT\S+ (notice|warning) test: /#) != nil }, "\(lines)")
         let control = lines.filter { $0.unicodeScalars.contains { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) || $0 == "\u{2028}" } }
         #expect(control.isEmpty, "\(control)")
-        #expect(lines.contains { $0.contains(#"channel=x\n2026-11-27T05:00:00+0000 critical switchboard: forged "#) }, "\(lines)")
+        #expect(lines.contains { $0.contains(#"channel="x\n2026-11-27T05:00:00+0000 critical switchboard: forged" "#) }, "\(lines)")
         #expect(lines.contains { $0.contains(#"[SwitchboardServer] plugin thrower failed: cannot handle fail/\r\n\u{1B}[2J\u{85}\u{2028}\\n"#) },
                 "\(lines)")
         #expect(lines.contains { $0.contains(#"method=get\u{7} "#) }, "\(lines)")
+    }
+
+    @Test("log values with a space, = or \" are quoted: a method cannot add key=value fields to a request-log line")
+    func logValuesAreQuoted() async throws {
+        let output = LogText()
+        let logger = Logger(label: "test") { EscapingLogHandler(StreamLogHandler(label: $0, stream: output, metadataProvider: nil)) }
+        let settings = LiveSettings(PluginConfiguration(requestLog: .init()))
+        let server = try Server(configuration: .forTests(), logger: logger)
+        server.installDemoChannels()
+        server.load(RequestLog(settings: settings, logger: logger))
+        let port = try server.start()
+        let client = try RawConnection(port: port)
+        try client.send(try .call(1, "switchboard/echo", "echo durationUs=5 outcome=success user=ops", "x"))
+        try client.send(try .call(2, #"say "hi"=1"#, "get"))
+        _ = try await client.frame()
+        _ = try await client.frame()
+        server.shutdown()
+        await server.waitUntilStopped()
+        let lines = output.lines.filter { $0.contains("channel=") }
+        #expect(lines.count == 2, "\(lines)")
+        // A reader that takes a quoted value as one sees each field once.
+        let unquoted = lines.map { $0.replacing(#/"(?:[^"\\]|\\.)*"/#, with: "…") }
+        #expect(unquoted.allSatisfy { $0.matches(of: #/ user=/#).count == 1 && $0.matches(of: #/ outcome=/#).count == 1 }, "\(lines)")
+        #expect(lines.contains { $0.contains(#"method="echo durationUs=5 outcome=success user=ops" "#) }, "\(lines)")
+        #expect(lines.contains { $0.contains(#"channel="say \"hi\"=1" "#) }, "\(lines)")
     }
 
     @Test("aliases: old names reach the new channels, events go out under the old name, DEMAND follows")

@@ -475,6 +475,15 @@ import SwitchboardWire
         }, timeoutMs: 2000)
         #expect(ids == Set(1...60).union([1000]))
     }
+
+    @Test("tokens are compared by their digests: equal only when equal, whatever their lengths")
+    func constantTimeTokens() {
+        #expect(Digest.constantTimeEquals("secret", "secret"))
+        #expect(!Digest.constantTimeEquals("secret", "secreT"))
+        #expect(!Digest.constantTimeEquals("secret", "secret2"))
+        #expect(!Digest.constantTimeEquals("", "x"))
+        #expect(Digest.constantTimeEquals("", ""))
+    }
 }
 
 /// A value taken at most once.
