@@ -116,12 +116,12 @@ struct DeadlineTests {
 
     @Test("a frame that keeps arriving (64 KiB per deadline) is not cut off, however long it takes")
     func largeFrameOnASlowLink() async throws {
-        try await withShortDeadlines({ $0.frameTimeoutMs = 1000 }) { _, port in
+        try await withShortDeadlines({ $0.frameTimeoutMs = 2000 }) { _, port in
             let wire = try RawConnection(port: port)
             try wire.send(hello)
             #expect(try await wire.frame().kind == .welcome)
-            // 200 KB every 100 ms, 2.5 deadlines in all: ample progress even if a loaded machine delays the sleeps.
-            let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 5_000_000))).bytes
+            // 200 KB every 100 ms, 2 deadlines in all: ample progress even if a loaded machine delays the sleeps.
+            let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 8_000_000))).bytes
             for start in stride(from: 0, to: bytes.count, by: 200_000) {
                 try wire.send(Array(bytes[start..<min(start + 200_000, bytes.count)]))
                 try await Task.sleep(for: .milliseconds(100))
