@@ -113,6 +113,10 @@ final class Registration {
         if !isLabeled { sums.unlabeled.events += 1 }
     }
 
+    /// About what holding a channel costs besides its name (measured: 40,000 channels of 200-byte names
+    /// held 70 MiB): what its release frees, for the housekeeping that gives free memory back to the kernel.
+    static let footprint = 1536
+
     /// The declared method codec, made once and shared by the requests forwarded to the holder.
     let sharedMethodCodec: SharedMethodCodec?
     var methodCodec: (any MethodCodec)? { sharedMethodCodec?.codec }
@@ -199,6 +203,7 @@ extension ServerCore {
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
         registrations.removeValue(forKey: registration.name)
+        releasedSinceTrim += Registration.footprint + registration.name.utf8.count
         registration.holder.held.remove(registration.name)
         labeledHeld.remove(registration.name)
         if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }

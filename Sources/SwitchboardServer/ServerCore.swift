@@ -104,8 +104,9 @@ final class ServerCore {
     private var kick: Timer?
     /// The last accept error logged, so a storm of them logs once a second, not once per attempt.
     private var lastAcceptErrorLog: UInt64 = 0
-    /// Output bytes that closed connections held, since free memory was last given back to the kernel.
-    private var releasedSinceTrim = 0
+    /// Memory freed at once since free memory was last given back to the kernel: the output closed
+    /// connections held, and the channels clients let go (``Registration/footprint`` each).
+    var releasedSinceTrim = 0
     private var lastTrim: UInt64 = 0
     private var shutdownTimer: Timer?
     /// Whether this loop told the others that its drain is over.
