@@ -60,6 +60,31 @@ final class Connection {
 
         /// What a connection's first byte chooses (wire-v1 section 1).
         init(firstByte: UInt8) { self = firstByte == UInt8(ascii: "{") ? .text : .binary }
+
+        /// A letter other than `G` (HTTP): a person typing a word, since no valid frame can start with a
+        /// byte ≥ 0x40 (its length would pass 1 GiB, more than any maxFrame).
+        static func startsAWord(_ byte: UInt8) -> Bool {
+            byte != UInt8(ascii: "G") && (UInt8(ascii: "A")...UInt8(ascii: "Z") ~= byte || UInt8(ascii: "a")...UInt8(ascii: "z") ~= byte)
+        }
+    }
+
+    /// What a person who typed a word gets after the ERROR, before the connection closes.
+    static let modesExplanation = Array("""
+
+        switchboard: this port speaks JSON lines or binary frames. A JSON line starts with { and asks \
+        one thing, for example {"id":1,"ping":true} or \
+        {"id":2,"call":"switchboard/echo","method":"echo","args":"hi"}. See protocol/text-mode.md.
+
+        """.utf8)
+
+    /// Answers a first byte that starts a word: the ERROR `frame_too_large` wire-v1 promises a binary
+    /// client for that length (sent at once: no 4th byte can make it fit), then a plain line for the
+    /// person, then closes.
+    private func answerTypedWord(_ buffer: InboundBuffer) {
+        let declared = (0..<4).reduce(UInt32(0)) { $0 << 8 | UInt32($1 < buffer.readableBytes ? buffer.byte(at: $1) : 0) }
+        writeError(.frameTooLarge(declared: declared))
+        writeRaw(Self.modesExplanation)
+        closeAfterFlush(.protocolError, intent: .tooLarge)
     }
 
     let id: UInt64
@@ -251,6 +276,7 @@ final class Connection {
             pluginContext?.encoding = mode == .text ? .text : .binary
             logger.debug("connection opened in \(mode) mode")
             if core.isDraining { sendGoAway() }
+            if mode == .binary, Mode.startsAWord(buffer.byte(at: 0)) { return answerTypedWord(buffer) }
         }
         var count = 0
         if mode == .text {

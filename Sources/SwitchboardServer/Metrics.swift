@@ -27,7 +27,7 @@ public struct MetricsSettings: Sendable {
         return MetricsSettings(factory: PrometheusMetricsFactory(registry: registry), exposition: {
             var text: [UInt8] = []
             registry.emit(into: &text)
-            return text
+            return MetricsHelp.adding(to: text)
         }, channelLimit: channelLimit)
     }
 }

@@ -96,6 +96,13 @@ public final class RawConnection {
         return true
     }
 
+    /// Everything the server sends until it closes the connection.
+    public func bytesUntilClosed() async throws -> [UInt8] {
+        while try await fill(buffer.count + 1) {}
+        defer { buffer = [] }
+        return buffer
+    }
+
     /// The next frame; nil at EOF.
     public func readFrame() async throws -> Frame? {
         guard try await fill(4) else { return nil }

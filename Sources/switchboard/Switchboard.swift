@@ -63,7 +63,7 @@ struct Serve: ParsableCommand {
     @Flag(help: "Do not install switchboard/channels and switchboard/connections (what the console and top show).")
     var noIntrospection = false
     @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: Logger.Level = .notice
-    @Option(help: "Plugin configuration (JSON: aliases, access, rateLimits, requestLog; see docs/plugins.md).")
+    @Option(help: "Plugin configuration (JSON: aliases, access, rateLimits, requestLog; see protocol/plugins.md).")
     var config: String?
     @Option(help: "TLS certificate chain (PEM): serve TLS on --tls-port as well.") var tlsCert: String?
     @Option(help: "TLS private key (PEM).") var tlsKey: String?

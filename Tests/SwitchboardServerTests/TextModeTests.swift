@@ -119,3 +119,29 @@ import SwitchboardWire
         #expect(try await received(policy: .dropOldest) == [6, 7, 8, 9])
     }
 }
+
+/// A person who types a word into `nc` instead of a JSON line.
+@Suite struct TypedWords {
+    /// A letter other than `G` cannot start a valid frame (wire-v1 section 1): the server answers at once,
+    /// with the ERROR frame wire-v1 names for that length, then a line a person can read, and closes.
+    @Test(arguments: ["hello\n", "HELP\r\n", "x", "ping"])
+    func wordGetsTheErrorThenAnExplanation(typed: String) async throws {
+        try await withServer { _, port in
+            let wire = try RawConnection(port: port)
+            try wire.send(Array(typed.utf8))
+            let bytes = try await wire.bytesUntilClosed()
+            try #require(bytes.count > 12)
+            let frameLength = 4 + (0..<4).reduce(0) { $0 << 8 | Int(bytes[$1]) }
+            var inbound = InboundBuffer()
+            inbound.append(Array(bytes.prefix(frameLength)))
+            var decoder = FrameDecoder(maxFrame: 1 << 30)
+            guard case .frame(let error)? = try decoder.next(from: &inbound) else { throw TestFailure("no ERROR frame") }
+            #expect(error.errorCode == "frame_too_large")
+            let explanation = String(decoding: bytes.dropFirst(frameLength), as: UTF8.self)
+            #expect(explanation.hasPrefix("\nswitchboard: "))
+            #expect(explanation.contains(#"{"id":1,"ping":true}"#))
+            #expect(explanation.contains("protocol/text-mode.md"))
+            #expect(explanation.hasSuffix("\n"))
+        }
+    }
+}

@@ -132,6 +132,22 @@ struct WebTests {
         }
     }
 
+    @Test("/metrics: every family has a # HELP line before its # TYPE (promtool check metrics wants one)")
+    func metricsHaveHelp() async throws {
+        try await withServer { _, port in
+            let caller = try #require(RawSocket(port: port))
+            caller.send(try Frame.call(1, "switchboard/echo", "echo", .int(1)).bytes)
+            _ = caller.read(exactly: 18)
+            let lines = try #require(httpGet("/metrics", port: port)).body.split(separator: "\n")
+            let types = lines.indices.filter { lines[$0].hasPrefix("# TYPE ") }
+            #expect(types.count >= 15)
+            for index in types {
+                let family = lines[index].split(separator: " ")[2]
+                #expect(index > 0 && lines[index - 1].hasPrefix("# HELP \(family) "), "\(family) has no HELP")
+            }
+        }
+    }
+
     @Test("/metrics with --token wants that token as a bearer: 401 without it; /healthz and the console page stay open")
     func metricsWithToken() async throws {
         try await withServer({ $0.token = "s3cret" }) { _, port in
