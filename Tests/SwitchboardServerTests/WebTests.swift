@@ -107,7 +107,8 @@ struct WebTests {
             try await Task.sleep(for: .milliseconds(100))
             let draining = try #require(httpGet("/healthz", port: port))
             #expect(draining.status == 503 && draining.body.contains(#""status":"draining""#))
-            held.withLock { $0.first?.success(.null) }
+            // The caller stays connected until now: its close would cancel the call and end the drain.
+            withExtendedLifetime(caller) { held.withLock { $0.first?.success(.null) } }
         }
     }
 
