@@ -131,10 +131,33 @@ public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
 
     if stream.first == UInt8(ascii: "{") {
         checkLines(output)
+    } else if let first = stream.first, startsAWord(first) {
+        checkTypedWord(output)
     } else {
         checkFrames(output, answering: stream, token: configuration.token, exact: settled)
     }
     return 0
+}
+
+/// A letter other than `G` (HTTP) as the first byte: a person typing a word, not a frame.
+func startsAWord(_ byte: UInt8) -> Bool {
+    byte != UInt8(ascii: "G") && (UInt8(ascii: "A")...UInt8(ascii: "Z") ~= byte || UInt8(ascii: "a")...UInt8(ascii: "z") ~= byte)
+}
+
+/// A typed word: the ERROR `frame_too_large` wire-v1 promises for that length, then one plain line for
+/// the person, and nothing else.
+func checkTypedWord(_ output: [UInt8]) {
+    guard output.count >= 4 else { return check(false, "no ERROR first: \(hex(output))") }
+    let frameEnd = min(output.count, 4 + output.prefix(4).reduce(0) { $0 << 8 | Int($1) })
+    let frames = decodeAll(Array(output.prefix(frameEnd)), maxFrame: 1 << 30)
+    guard let error = frames.frames.first, frames.frames.count == 1, frames.left == 0 else {
+        return check(false, "no ERROR first: \(hex(output.prefix(64)))")
+    }
+    check(error.kind == .error && errorCode(error) == "frame_too_large", "the first frame is not frame_too_large")
+    let rest = output.dropFirst(frameEnd)
+    check(rest.starts(with: Array("\nswitchboard: ".utf8)) && rest.last == UInt8(ascii: "\n")
+              && rest.dropFirst().dropLast().allSatisfy { $0 != UInt8(ascii: "\n") },
+          "not one plain line after the ERROR: \(hex(rest.prefix(64)))")
 }
 
 /// Text mode: every line the server wrote is a JSON object.
