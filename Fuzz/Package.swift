@@ -4,6 +4,16 @@ import PackageDescription
 // libFuzzer targets, kept out of the main build: run them with `scripts/fuzz [SECONDS]` (see README.md).
 // Each target is one file defining `LLVMFuzzerTestOneInput`, no main.swift: built with `--sanitize fuzzer`,
 // SwiftPM compiles it -parse-as-library and libFuzzer's own main drives it.
+/// What the targets that drive a whole server (through `EmbeddedServer`, with the plugins) need.
+let wholeServer: [Target.Dependency] = [
+    "FuzzSupport",
+    .product(name: "SwitchboardTesting", package: "main"),
+    .product(name: "SwitchboardServer", package: "main"),
+    .product(name: "SwitchboardWire", package: "main"),
+    .product(name: "SwitchboardCodec", package: "main"),
+    .product(name: "SwitchboardPlugins", package: "main"),
+]
+
 let package = Package(
     name: "SwitchboardFuzz",
     // Named, so `package: "main"` holds whatever the clone's directory is called.
@@ -37,26 +47,12 @@ let package = Package(
         ),
         .executableTarget(
             name: "fuzz-connection",
-            dependencies: [
-                "FuzzSupport",
-                .product(name: "SwitchboardTesting", package: "main"),
-                .product(name: "SwitchboardServer", package: "main"),
-                .product(name: "SwitchboardWire", package: "main"),
-                .product(name: "SwitchboardCodec", package: "main"),
-                .product(name: "SwitchboardPlugins", package: "main"),
-            ],
+            dependencies: wholeServer,
             path: "Sources/FuzzConnection"
         ),
         .executableTarget(
             name: "fuzz-channels",
-            dependencies: [
-                "FuzzSupport",
-                .product(name: "SwitchboardTesting", package: "main"),
-                .product(name: "SwitchboardServer", package: "main"),
-                .product(name: "SwitchboardWire", package: "main"),
-                .product(name: "SwitchboardCodec", package: "main"),
-                .product(name: "SwitchboardPlugins", package: "main"),
-            ],
+            dependencies: wholeServer,
             path: "Sources/FuzzChannels"
         ),
         .executableTarget(

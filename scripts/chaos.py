@@ -328,6 +328,15 @@ class Harness:
     async def node_stats(self, node, timeout=2.0):
         return await asyncio.wait_for(get_stats(node.port, timeout), timeout)
 
+    async def pause(self, process, rec, seconds):
+        """Stops `process` (SIGSTOP) for `seconds`, then lets it go on; `rec` records it as the fault."""
+        rec["target"] = process.name
+        rec["t0"] = now()
+        process.signal(signal.SIGSTOP)
+        await asyncio.sleep(seconds)
+        process.signal(signal.SIGCONT)
+        rec["t1"] = now()
+
     async def wait_ready(self, node, timeout):
         """Until the node answers stats with every loop's bus connected; returns the seconds it took or None."""
         t0 = now()
@@ -600,20 +609,10 @@ class Harness:
             await self.wait_ready(node, 15)
         elif kind in ("stop_holder_node", "stop_caller_node"):
             node = rng.choice(holder_nodes) if kind == "stop_holder_node" else rng.choice(self.nodes)
-            rec["target"] = node.name
-            rec["t0"] = now()
-            node.signal(signal.SIGSTOP)
-            await asyncio.sleep(rng.uniform(1.0, 5.0))
-            node.signal(signal.SIGCONT)
-            rec["t1"] = now()
+            await self.pause(node, rec, rng.uniform(1.0, 5.0))
         elif kind == "stop_nats":
             server = self.nats[0]
-            rec["target"] = server.name
-            rec["t0"] = now()
-            server.signal(signal.SIGSTOP)
-            await asyncio.sleep(rng.uniform(2.0, 6.0))
-            server.signal(signal.SIGCONT)
-            rec["t1"] = now()
+            await self.pause(server, rec, rng.uniform(2.0, 6.0))
         elif kind == "restart_nats":
             server = self.nats[0]
             rec["target"] = server.name
