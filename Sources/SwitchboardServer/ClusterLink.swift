@@ -121,6 +121,8 @@ final class ClusterLink {
     /// The headers naming this node: `Sb-Caller` on its calls and cancels, `Sb-Node` on its answers and
     /// its holders' events.
     private let callerHeaders: [BusMessage.Header], nodeHeaders: [BusMessage.Header]
+    /// On a loop of a server with several: the mark of its process on the broadcasts it publishes.
+    private var siblingsMark: BusMessage.Header?
 
     /// How a call to another node ended.
     enum CallOutcome {
@@ -233,8 +235,10 @@ final class ClusterLink {
     var onListenerReport: ((_ node: String, _ counts: [String: Int]) -> Void)?
     private(set) var peersLost = 0
 
-    /// A node of a NATS cluster: the whole server, or (`loop`) one of its loops.
-    convenience init(settings: ClusterSettings, loop index: Int?, eventLoop loop: EventLoop, logger: Logger) throws(UVError) {
+    /// A node of a NATS cluster: the whole server, or (`loop`) one of its loops, whose broadcasts are
+    /// marked with `process` (the same on every loop of the server) for the sibling loops to pass over:
+    /// they had them in-process (``ServerCore/shareWithSiblingLoops(_:)``), whatever the bus's state.
+    convenience init(settings: ClusterSettings, loop index: Int?, process: String, eventLoop loop: EventLoop, logger: Logger) throws(UVError) {
         var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)" + (index.map { " loop \($0)" } ?? ""))
         options.echo = false  // a node's own broadcasts have reached its listeners already
         options.connectTimeoutMs = settings.connectTimeoutMs
@@ -246,6 +250,7 @@ final class ClusterLink {
             if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
         }
         try self.init(bus: bus, node: settings.node, liveness: true, loop: loop, logger: logger)
+        if index != nil { siblingsMark = .init("Sb-Process", process) }
     }
 
     /// A link over `bus`. Without `liveness` (the loops of one server, which stop together and lose
@@ -313,8 +318,7 @@ final class ClusterLink {
 
     /// Whether the bus is connected: what is published now can reach the other nodes.
     var isConnected: Bool { bus.isConnected }
-    /// Broadcasts made while the bus was down that a sibling loop had no room for (its listeners
-    /// missed them).
+    /// Broadcasts that a sibling loop had no room for (its listeners missed them).
     var loopEventsDropped = 0
 
     /// Sends a local event to the other nodes: a broadcast, or (`fromHolder`) an event of a channel a
@@ -324,7 +328,8 @@ final class ClusterLink {
         sendBatches()  // a listen's answer goes before the stream's first event
         let dropped = bus.counters.dropped
         do {
-            try bus.publish(subject(.event, event.channel), headers: fromHolder ? nodeHeaders : [], payload: frame)
+            let headers = fromHolder ? nodeHeaders : siblingsMark.map { [$0] } ?? []
+            try bus.publish(subject(.event, event.channel), headers: headers, payload: frame)
         } catch {
             eventsUnsent += 1
             return
@@ -390,6 +395,7 @@ final class ClusterLink {
     /// holder's node.
     private func received(_ message: BusMessage, on channel: String) {
         let bytes = message.payload
+        if let mark = siblingsMark, message.header(mark.name) == mark.value { return }  // a sibling loop's broadcast, had already
         let holderNode = message.header("Sb-Node")
         guard let frame = Self.eventFrame(bytes), frame.channel == channel, frame.payload != nil || holderNode != nil else {
             eventsMalformed += 1

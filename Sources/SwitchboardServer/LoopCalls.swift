@@ -97,8 +97,9 @@ extension ServerCore {
         request.answer(request.cancelAnswer)
     }
 
-    /// A broadcast this loop made while its bus is down, for the listeners on the node's other loops:
-    /// each loop of a cluster node is a node of its own on the bus, which cannot carry it to them now
+    /// A broadcast this loop made, for the listeners on the node's other loops: each loop of a cluster
+    /// node is a node of its own on the bus, but a bus may be down or hung, so a node's broadcasts reach
+    /// its own loops in-process, always, and the loops pass over their siblings' copies on the bus
     /// (protocol/cluster.md). Handed to each sibling loop as a broadcast from another node; one more
     /// than a sibling has room for is dropped and counted in `loopEventsDropped`.
     func shareWithSiblingLoops(_ event: OutboundEvent) {

@@ -5,7 +5,8 @@ import SwitchboardTransport
 
 /// The loops of one server and what they share (README.md, "Scaling"). Each loop is a ``ServerCore``
 /// with its own connections; loop 0 accepts and hands connections round. Broadcasts and streams cross
-/// over a ``LoopBus`` (or NATS, on a cluster's node) through each core's ``ClusterLink``; calls to
+/// over a ``LoopBus`` (or NATS, on a cluster's node, except broadcasts, which a loop hands to its
+/// siblings itself) through each core's ``ClusterLink``; calls to
 /// channels held on another loop go as typed jobs (``LoopCall``). The tables here are the only state
 /// the loops share.
 final class LoopGroup: Sendable {
@@ -32,9 +33,11 @@ final class LoopGroup: Sendable {
     private let metricsReporter: Mutex<Reporting>
     /// The bus between the loops (with more than one).
     let hub: LoopBusHub?
-    /// For each loop of a cluster node, the broadcasts its siblings made while their bus was down that
+    /// For each loop of a cluster node, the broadcasts its siblings made that
     /// wait to run there: at most ``siblingBroadcastLimit``, as the loop bus's inboxes hold.
     let siblingBroadcastsWaiting: [WaitingCount]
+    /// This server's mark on the bus, the same for all its loops (random, as a node's instance is).
+    let process = String(UInt64.random(in: 1..<(1 << 60)), radix: 16)
     static let siblingBroadcastLimit = 65_536
 
     /// A count that loops share.

@@ -169,7 +169,8 @@ final class ServerCore {
         try startPerTurnWork()
         let link: ClusterLink
         if let settings = config.cluster {
-            link = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, eventLoop: eventLoop, logger: logger)
+            link = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, process: group?.process ?? "",
+                                   eventLoop: eventLoop, logger: logger)
         } else if let hub = group?.hub {
             link = try ClusterLink(bus: hub.bus(index, loop: eventLoop), node: "loop \(index)", liveness: false,
                                    loop: eventLoop, logger: logger)
@@ -508,7 +509,7 @@ final class ServerCore {
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
         cluster?.publish(event)
-        if let cluster, !linksLoops, !cluster.isConnected { shareWithSiblingLoops(event) }
+        if cluster != nil, !linksLoops { shareWithSiblingLoops(event) }  // never by the bus, which may be down or hung
     }
 
     /// Ends the streams of this loop's listeners on the server-side channel `name` (after what waits in them).

@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
@@ -117,6 +118,54 @@ extension ClusterLoopTests {
             return heard == [100, 100]
         }, "\(heard)")
         #expect(heard == [100, 100])
+        await nodes.stop()
+    }
+
+    @Test("a node's broadcasts reach its listeners on every loop at once while its nats-server hangs, and once it resumes none comes twice")
+    func ownListenersWhileTheServerHangs() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, loops: 2, nats: nats)
+        // The nth connection is on loop (n - 1) % 2: listeners on loops 0 and 1, the poster on loop 0.
+        let listeners = [try RawConnection(port: nodes.servers[0].port), try RawConnection(port: nodes.servers[0].port)]
+        let poster = try RawConnection(port: nodes.servers[0].port)
+        func connected() async throws -> Bool {
+            _ = try await poster.barrier()  // the posts' answers
+            try poster.send(.call(1, "switchboard/stats", "get"))
+            return try await poster.frame().envelope().get()["cluster"]?["connected"] == true
+        }
+        #expect(try await eventually { try await connected() })
+        for listener in listeners {
+            try listener.send(.call(2, "switchboard/room", "listen"))
+            #expect(try await listener.frame().kind == .reply)
+        }
+        func post(_ byte: UInt8, id: Int) throws {
+            try poster.send(Frame(.message, id: UInt32(10 + id), channel: "switchboard/room.post", payload: [byte]))
+        }
+        func event(_ byte: UInt8) throws -> Frame {
+            Frame(.message, id: 0, channel: "switchboard/room", payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([byte])))
+        }
+        // The server accepts and never answers: the connection looks alive for two pings (about 3 s).
+        nats.signal(SIGSTOP)
+        for id in 1...100 { try post(7, id: id) }
+        var heard = [[Frame]](repeating: [], count: 2)
+        // Bound: all 100 on both loops while the server is still stopped (well before the dead
+        // connection is noticed); before, the sibling loop heard none of them.
+        let deadline = ContinuousClock.now + .seconds(2)
+        while ContinuousClock.now < deadline, heard.map(\.count) != [100, 100] {
+            for (index, listener) in listeners.enumerated() { heard[index] += try await listener.barrier().filter { $0.channel == "switchboard/room" } }
+        }
+        #expect(heard.map(\.count) == [100, 100])
+        nats.signal(SIGCONT)
+        // Once the bus is back, one more post: each loop hears it once, after the 100, and nothing twice.
+        #expect(try await eventually { try await connected() })
+        try post(8, id: 101)
+        #expect(try await eventually {
+            for (index, listener) in listeners.enumerated() { heard[index] += try await listener.barrier().filter { $0.channel == "switchboard/room" } }
+            return heard.allSatisfy { $0.last == (try? event(8)) }
+        })
+        for index in 0..<2 { heard[index] += try await listeners[index].barrier().filter { $0.channel == "switchboard/room" } }
+        let expected = try Array(repeating: event(7), count: 100) + [event(8)]
+        #expect(heard[0] == expected && heard[1] == expected, "\(heard.map(\.count))")
         await nodes.stop()
     }
 }
