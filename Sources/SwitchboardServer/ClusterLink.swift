@@ -64,6 +64,11 @@ final class ClusterLink {
     /// and fills again with the names in use; a name larger than that is never kept.
     private var digests: [String: String] = [:]
     private var subjects: [SubjectKey: String] = [:]
+    /// What each channel held elsewhere is, as the holders' answers and beacons last told: the mark of
+    /// its method codec (``codecMark(_:)``), or `-` for another kind. It gives the form of the
+    /// `cancelled` answer this node gives for a call whose holder's node never answered the cancel, even
+    /// a call no beacon named. Kept in the same bounded cache as the subjects.
+    private var channelMarks: [String: Character] = [:]
     private(set) var cachedSubjectBytes = 0
     static let subjectCacheBytes = 2 << 20
     private enum SubjectKind: String { case event, call, cancel }
@@ -92,10 +97,6 @@ final class ClusterLink {
         /// When its caller cancelled it: from then on beacons renew it no more, so that a cancel the
         /// holder's node never heard still ends it within a lease.
         var cancelledAt: UInt64?
-        /// The method codec of the channel it reached, as the beacons naming it tell (nil: not a method
-        /// channel, or not named yet): the form of the `cancelled` answer this node gives if the holder's
-        /// node does not answer the cancel.
-        var methodCodec: (any MethodCodec)?
     }
     private var outgoing: [UInt64: OutgoingCall] = [:]
     private var nextCall: UInt64 = 0
@@ -384,6 +385,7 @@ final class ClusterLink {
         if cachedSubjectBytes + size > Self.subjectCacheBytes {
             digests = [:]
             subjects = [:]
+            channelMarks = [:]
             cachedSubjectBytes = 0
         }
         cachedSubjectBytes += size
@@ -523,6 +525,13 @@ final class ClusterLink {
         notePeer(node)
         for record in records {
             guard let call = outgoing.removeValue(forKey: record.id) else { continue }  // cancelled or expired meanwhile
+            if record.flags & RemoteReply.standardMethodFlag != 0 {
+                learn(call.channel, isMarked: "s")
+            } else if record.flags & RemoteReply.jsonMethodFlag != 0 {
+                learn(call.channel, isMarked: "j")
+            } else if record.flags & RemoteReply.otherKindFlag != 0 {
+                learn(call.channel, isMarked: "-")
+            }
             call.completion(.reply(RemoteReply(node: node, kind: record.kind, flags: record.flags, payload: record.payload)))
         }
     }
@@ -608,15 +617,16 @@ final class ClusterLink {
     }
 
     /// Sends the answer to the call `key` names (nil: it wants none) and stops naming it in beacons;
-    /// `startsStream` marks the success of an event channel's listen, which starts the caller node's stream.
-    func answer(_ key: CallKey?, with answer: Answer, startsStream: Bool = false) {
+    /// `startsStream` marks the success of an event channel's listen, which starts the caller node's
+    /// stream; `kindFlag` tells the caller's node what the channel is (``RemoteReply/kindFlag(methodCodec:)``).
+    func answer(_ key: CallKey?, with answer: Answer, startsStream: Bool = false, kindFlag: UInt8 = 0) {
         guard let key, !isClosed else { return }
         if served.removeValue(forKey: key) != nil { onServedAnswered?() }
         var (kind, isJSON, payload) = RemoteAnswer.encode(answer)
         if payload.count > recordRoom {  // what cannot cross is said, not lost
             (kind, isJSON, payload) = RemoteAnswer.encode(.error(.badPayload("the answer (\(payload.count) bytes) is larger than the cluster bus carries")))
         }
-        let flags = (isJSON ? RemoteReply.jsonFlag : 0) | (startsStream && kind == .success ? RemoteReply.streamFlag : 0)
+        let flags = (isJSON ? RemoteReply.jsonFlag : 0) | (startsStream && kind == .success ? RemoteReply.streamFlag : 0) | kindFlag
         let index = batch(.answers(caller: key.caller), adding: payload.count) { "switchboard.answers.\(key.caller)" }
         BatchRecord.append(id: key.id, kind: kind.rawValue, flags: flags, payload: payload, to: &batches[index].records)
     }
@@ -703,7 +713,7 @@ final class ClusterLink {
         for id in lapsedCalls {
             guard let call = outgoing.removeValue(forKey: id) else { continue }
             callsExpired += 1
-            call.completion(call.cancelledAt == nil ? .expired : .cancelled(methodCodec: call.methodCodec))
+            call.completion(call.cancelledAt == nil ? .expired : .cancelled(methodCodec: channelMarks[call.channel].flatMap(Self.methodCodec(marked:))))
         }
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {
@@ -743,6 +753,15 @@ final class ClusterLink {
         }
     }
 
+    /// Notes what a holder's node told of `channel`: its method codec's mark, or `-`.
+    private func learn(_ channel: String, isMarked mark: Character) {
+        if let known = channelMarks[channel] {
+            if known != mark { channelMarks[channel] = mark }
+        } else if makeRoom(channel.utf8.count + 1) {
+            channelMarks[channel] = mark
+        }
+    }
+
     /// Another node's beacon: it is alive, and so are the calls it names for this node.
     private func beacon(_ message: BusMessage) {
         let lines = String(decoding: message.payload, as: UTF8.self).split(separator: "\n")
@@ -767,9 +786,9 @@ final class ClusterLink {
             guard words.first.map(String.init) == instance else { continue }
             for word in words.dropFirst() {
                 let mark = word.last.flatMap { $0.isLetter ? $0 : nil }
-                guard let id = UInt64(mark == nil ? word : word.dropLast()), outgoing[id] != nil else { continue }
+                guard let id = UInt64(mark == nil ? word : word.dropLast()), let call = outgoing[id] else { continue }
                 outgoing[id]?.renewedAt = now
-                if let mark { outgoing[id]?.methodCodec = Self.methodCodec(marked: mark) }
+                learn(call.channel, isMarked: mark ?? "-")
             }
         }
         if let listeners { onListenerReport?(node, listeners) }

@@ -59,6 +59,18 @@ struct RemoteReply {
     /// Flags: the envelope is in the JSON method codec (else the standard one); the answer starts the
     /// caller node's stream (the success of a listen on an event channel).
     static let jsonFlag: UInt8 = 1, streamFlag: UInt8 = 2
+    /// Flags: what the holder's node knows the channel to be, from its holder's registration: a method
+    /// channel in the standard or the JSON method codec, or another kind (none: not told).
+    static let standardMethodFlag: UInt8 = 4, jsonMethodFlag: UInt8 = 8, otherKindFlag: UInt8 = 16
+
+    /// The flag telling a channel's kind, for a method channel in `codec` (nil: another kind).
+    static func kindFlag(methodCodec codec: (any MethodCodec)?) -> UInt8 {
+        switch codec {
+        case nil: otherKindFlag
+        case is JSONMethodCodec: jsonMethodFlag
+        default: standardMethodFlag
+        }
+    }
 
     var startsStream: Bool { flags & Self.streamFlag != 0 }
 }
@@ -326,9 +338,10 @@ extension ServerCore {
         }
         // An event channel's listen: its success starts the caller node's stream.
         let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
-        let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil,
-                                     methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil) {
-            [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens)
+        let methodCodec = registration.kind == .method ? registration.sharedMethodCodec : nil
+        let kindFlag = RemoteReply.kindFlag(methodCodec: methodCodec?.codec)
+        let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec) {
+            [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
         }
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))
         cluster.serve(key, by: request)

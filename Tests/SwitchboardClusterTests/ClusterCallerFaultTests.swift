@@ -259,6 +259,26 @@ struct ClusterCancelFormTests {
         await cluster.stop()
     }
 
+    @Test("a call no beacon named, cancelled while its holder's node is stopped, gets the method channel's error envelope all the same: the holder's earlier answers told the channel's codec")
+    func cancelOfAnUnnamedCall() async throws {
+        let cluster = try await StoppableHolder()
+        let caller = try RawConnection(port: cluster.callerNode.servers[0].port, receiveTimeout: 10)
+        #expect(try await reachesJobs(caller))  // answered by the holder: a success envelope
+        // The holder's node is stopped before the call is sent, so no beacon ever names it.
+        cluster.holderNode.signal(SIGSTOP)
+        try caller.send(.call(2, "jobs/resize", "wait"))
+        try caller.send(Frame(.cancel, id: 2, payload: nil))
+        let answer = try await caller.nextNonPing()
+        #expect(answer.kind == .reply && answer.id == 2, "\(answer)")
+        guard case .failure(let error)? = try? StandardMethodCodec().decodeEnvelope(answer.payload ?? []) else {
+            Issue.record("not an error envelope: \(answer)")
+            return await cluster.stop()
+        }
+        #expect(error.code == "cancelled")
+        #expect(try await caller.barrier().isEmpty, "one answer")
+        await cluster.stop()
+    }
+
     @Test("a remote caller that half-closes and outlives the drain timeout gets the cancel answer a caller on the holder's node gets")
     func drainTimeoutCancelOfRemoteCaller() async throws {
         let cluster = try await JobsCluster(nodes: 2)
