@@ -101,7 +101,8 @@ export class SwitchboardClient {
    * Connects (HELLO, then WELCOME) and resolves with the client; rejects with a PlatformException
    * (`connection_failed`, or the server's refusal such as `unauthorized`).
    * Options: `name` (sent in HELLO), `token`, `reconnect` (true or `{initialDelayMs, maxDelayMs}`;
-   * off by default), `WebSocket` (an implementation; default: the global one).
+   * off by default), `WebSocket` (an implementation; default: the global one). Without a WebSocket
+   * (Node 20 without --experimental-websocket) it rejects with a TypeError that says so.
    */
   static async connect(url, options = {}) {
     const client = new SwitchboardClient(url, options);
@@ -114,7 +115,12 @@ export class SwitchboardClient {
     return client;
   }
 
+  /** Throws a TypeError naming the fix when there is no WebSocket to use (Node 20 without its flag). */
   constructor(url, { name = 'switchboard-js', token, reconnect = false, WebSocket = globalThis.WebSocket } = {}) {
+    if (typeof WebSocket !== 'function') {
+      throw new TypeError('this JavaScript runtime has no WebSocket: run Node 20 with --experimental-websocket, '
+        + 'or use Node 22 or later (WebSocket is on by default), or pass an implementation as options.WebSocket');
+    }
     this.#url = url;
     this.#name = name;
     this.#token = token;

@@ -9,8 +9,9 @@ the URL is replaced by the server's port), and drives it as a person would: the 
 Pause, Resume and Stop) and Post forms, the live counters and chart, the channel and connection tables
 and a connection's Close button. Prints a PASS or FAIL line per check and exits nonzero on any failure,
 leaving a screenshot and the browser's console log in .build/console-test/. With SAVE_SCREENSHOT=1 a
-successful run saves docs/console.png (the README shows it). With --token, the server wants that token
-and the page is given it in `?token=`.
+successful run saves docs/console.png (the README shows it). With --token, the server wants that token:
+the page is given it in `?token=` (which must leave the address bar), then, in a tab without it, asks
+for it in the page, refuses a wrong one and connects with the right one.
 
 Needs Debian's chromium, chromium-driver and python3-selenium.
 """
@@ -152,7 +153,7 @@ def main():
     browser_log = []
     try:
         driver = open_browser()
-        exercise(run, driver, port, page_url(args, port), served_by_server=not args.page_url)
+        exercise(run, driver, port, page_url(args, port), served_by_server=not args.page_url, token=args.token)
         browser_log = driver.get_log("browser")
         errors = [e for e in browser_log if e.get("level") == "SEVERE"]
         run.check("no errors in the browser console", not errors, "; ".join(e.get("message", "") for e in errors)[:800])
@@ -310,10 +311,60 @@ def json_or_none(s):
         return None
 
 
-def exercise(run, driver, port, url, served_by_server):
+# Recorded from the page's first moment: when the badge first says connected and when the requests/s
+# counter first shows a number (times from performance.now()).
+FIRST_PAINT_RECORDER = """
+    window.firstPaint = {};
+    new MutationObserver(() => {
+        const state = document.getElementById('state'), rate = document.getElementById('stat-requests-rate');
+        if (state && state.textContent === 'connected' && firstPaint.connected == null) firstPaint.connected = performance.now();
+        if (rate && /\\d/.test(rate.textContent) && firstPaint.rates == null) firstPaint.rates = performance.now();
+    }).observe(document, {subtree: true, childList: true, characterData: true});"""
+POLL_MS = 1000  # the page's polling interval (POLL_MS in index.html)
+
+
+def exercise_token(run, driver, url, token):
+    """A server that wants a token: ?token= is read and leaves the address bar; without it the page asks."""
+    run.check("?token= is taken out of the address bar once read", "token" not in driver.current_url, driver.current_url)
+    run.check("the token is kept in sessionStorage (this tab only)",
+              token in driver.execute_script("return Object.values(sessionStorage)"), "not in sessionStorage")
+    # A fresh tab's state: no token anywhere. The page asks for it in a form of its own.
+    driver.execute_script("sessionStorage.clear()")
+    plain = re.sub(r"[?&]token=[^&]*", "", url)
+    driver.get(plain)
+    shown = lambda: driver.execute_script("const f = document.getElementById('token-form'); return !!f && f.offsetParent !== null")
+    run.wait("refused without a token, the page asks for one", lambda: (shown(), text(driver, "#banner")), timeout=15)
+    run.check("the badge does not say connected while refused", text(driver, "#state") != "connected", text(driver, "#state"))
+    driver.find_element(By.ID, "token-input").send_keys("not-" + token)
+    click(driver, "token-submit")
+    run.wait("a wrong token is refused and asked for again",
+             lambda: (shown() and "refused" in text(driver, "#banner"), text(driver, "#banner")), timeout=15)
+    field = driver.find_element(By.ID, "token-input")
+    field.clear()
+    field.send_keys(token)
+    click(driver, "token-submit")
+    run.wait("the right token connects", lambda: (text(driver, "#state") == "connected", text(driver, "#state")), timeout=15)
+    run.check("the form is gone once connected", not shown())
+    run.check("the typed token never reaches the address", "token" not in driver.current_url and token not in driver.current_url,
+              driver.current_url)
+    driver.refresh()
+    run.wait("a reload in the same tab connects without asking", lambda: (text(driver, "#state") == "connected" and not shown(),
+                                                                         text(driver, "#state")), timeout=15)
+
+
+def exercise(run, driver, port, url, served_by_server, token=None):
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": FIRST_PAINT_RECORDER})
     driver.get(url)
     run.check("the page loads", driver.title == "Switchboard console", f"title {driver.title!r}")
     run.wait("#state becomes connected", lambda: (text(driver, "#state") == "connected", text(driver, "#state")), timeout=15)
+    # The first paint: the page samples at once, so the rates are shown well before the first regular poll.
+    run.wait("the rates are shown", lambda: (driver.execute_script("return firstPaint.rates") is not None,
+                                              driver.execute_script("return firstPaint")), timeout=5)
+    painted = driver.execute_script("return firstPaint")
+    run.check(f"the first paint has rates within {POLL_MS} ms of connecting (sampled at once, not at the first poll)",
+              painted["rates"] - painted["connected"] < POLL_MS, repr(painted))
+    if token:
+        exercise_token(run, driver, url, token)
     run.wait("the header shows the server version from the WELCOME",
              lambda: (text(driver, "#server-version").startswith("switchboard/"), text(driver, "#server-version")))
     # The page the server serves carries its client inside (a data: URL in place of '../js/client.js')
@@ -427,6 +478,33 @@ def exercise(run, driver, port, url, served_by_server):
         mine = [r for r in rows if r.get("client") == "console" and r.get("transport") == "ws"]
         return len(mine) == 1, rows or text(driver, "#connections tbody")[:300]
     run.wait("its own connection (ws, client console) is in the connection table", own_row)
+    # At 1280 px every row's Close button is on screen, also beside a row as wide as real ones get (a
+    # long client name): brought into view vertically only, each is what a click at its centre hits
+    # (not cut off by the table's scroller, nor outside the window).
+    wide = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        wide_name = "orders-service integration tests, worker gw3"
+        hello = {"client": wide_name, **({"token": token} if token else {})}
+        wide.sendall(json.dumps({"id": 1, "hello": hello}).encode() + b"\n")
+        wide.recv(1000)
+        run.wait("a connection with a long client name is in the table",
+                 lambda: (any(r.get("client") == wide_name for r in table_rows(driver, "connections")), table_rows(driver, "connections")),
+                 timeout=5)
+        width = driver.execute_script("return window.innerWidth")
+        hidden = driver.execute_script("""
+            const hidden = [];
+            for (const button of document.querySelectorAll('#connections tbody button.close')) {
+                window.scrollBy(0, button.getBoundingClientRect().top - innerHeight / 2);
+                const r = button.getBoundingClientRect(), x = r.left + r.width / 2, y = r.top + r.height / 2;
+                if (document.elementFromPoint(x, y) !== button || r.right > innerWidth) {
+                    hidden.push({row: button.closest('tr').dataset.id, left: Math.round(r.left), right: Math.round(r.right)});
+                }
+            }
+            window.scrollTo(0, 0);
+            return hidden;""")
+        run.check(f"at {width} px the connection table's Close buttons are all visible", width == 1280 and hidden == [], repr(hidden))
+    finally:
+        wide.close()
     run.wait("the connection total is shown", lambda: (re.fullmatch(r"\d+ connections?", text(driver, "#connections-total")) is not None,
                                                        text(driver, "#connections-total")))
 

@@ -91,7 +91,7 @@ awk '/^\$ cat switchboard.json$/ { on = 1; next } /^\$ switchboard serve --confi
 start_server --config "$CONFIG"
 expected_forbidden=$(awk '/^\$ printf .*switchboard\/stats/ { getline; print; exit }' "$README")
 text_session "README: an anonymous stats call is forbidden" '{"id":1,"call":"switchboard/stats","method":"get"}\n' "$expected_forbidden"
-expected_user=$(awk '/^    \| nc -N 127.0.0.1 7420$/ { on = 1; next } on && /^```/ { exit } on' "$README")
+expected_user=$(awk '/^    \| nc -N 127\.0\.0\.1 [0-9]+$/ { on = 1; next } on && /^```/ { exit } on' "$README")
 text_session "README: the app user may send" '{"id":1,"hello":{"token":"app-secret"}}\n{"id":2,"send":"switchboard/message","message":"hi"}\n' \
     "$expected_user"
 stop_server

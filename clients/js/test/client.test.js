@@ -3,6 +3,9 @@ import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import {
   SwitchboardClient, MethodChannel, EventChannel, BasicMessageChannel, StandardMessageCodec, StringCodec,
   BinaryCodec, JSONMethodCodec, Float64, PlatformException, MissingPluginException, FormatError, FrameType,
@@ -316,12 +319,57 @@ describe('connecting', { timeout: 120_000 }, () => {
     assert.equal(await new MethodChannel('switchboard/echo', client).invokeMethod('echo', 'still here'), 'still here');
   });
 
+  test('without a global WebSocket (Node 20 without its flag), connecting names the flag rather than failing as a network error', async () => {
+    const client = new URL('../client.js', import.meta.url).href;
+    const script = `import { SwitchboardClient } from ${JSON.stringify(client)};
+      try { await SwitchboardClient.connect('ws://127.0.0.1:9/'); console.log('connected'); }
+      catch (e) { console.log(JSON.stringify({ name: e.name, code: e.code ?? null, message: e.message })); }`;
+    const child = spawn(process.execPath, ['--no-experimental-websocket', '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let out = '';
+    child.stdout.setEncoding('utf8').on('data', (chunk) => { out += chunk; });
+    await within(30_000, 'node without WebSocket', new Promise((done) => child.on('exit', done)));
+    const error = JSON.parse(out);
+    assert.equal(error.name, 'TypeError');
+    assert.equal(error.code, null, 'not a PlatformException: nothing was tried on the network');
+    assert.match(error.message, /--experimental-websocket/);
+    assert.match(error.message, /Node 22/);
+    assert.match(error.message, /options\.WebSocket|WebSocket option/);
+  });
+
   test('a server that is not there fails the connect', async () => {
     const server = await startServer();
     const { url } = server;
     server.process.kill('SIGKILL');
     await server.exited;
     await rejectsWithCode(SwitchboardClient.connect(url), 'connection_failed');
+  });
+});
+
+describe('refusals', { timeout: 120_000 }, () => {
+  test('forbidden and rate_limited reject with their code and the details (retryAfterMs); the connection goes on', async () => {
+    const config = join(mkdtempSync(join(tmpdir(), 'switchboard-js-')), 'config.json');
+    writeFileSync(config, JSON.stringify({
+      access: { anonymous: { allow: { call: ['switchboard/echo'], listen: [], send: [], register: [] } } },
+      rateLimits: [{ channels: ['switchboard/echo'], perConnection: { rate: 1, burst: 1 } }],
+    }));
+    const server = await startServer({ args: ['--config', config] });
+    const client = await connect(server);
+    const echo = new MethodChannel('switchboard/echo', client);
+    await assert.rejects(new MethodChannel('switchboard/stats', client).invokeMethod('get'), (error) => {
+      assert.ok(error instanceof PlatformException, `expected a PlatformException, got ${error}`);
+      assert.equal(error.code, 'forbidden');
+      assert.match(error.message, /may not call on switchboard\/stats/);
+      return true;
+    });
+    assert.equal(await echo.invokeMethod('echo', 1), 1);
+    await assert.rejects(echo.invokeMethod('echo', 2), (error) => {
+      assert.ok(error instanceof PlatformException, `expected a PlatformException, got ${error}`);
+      assert.equal(error.code, 'rate_limited');
+      const retryAfterMs = error.details?.get('retryAfterMs');
+      assert.ok(Number.isInteger(retryAfterMs) && retryAfterMs > 0 && retryAfterMs <= 1000, `details ${error.details}`);
+      return true;
+    });
+    assert.equal(client.state, 'connected');
   });
 });
 
