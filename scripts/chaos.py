@@ -35,7 +35,7 @@ Rules (PASS/FAIL each; exit 1 on any FAIL):
                  even while the bus is down);
   events-counted the events missing at listeners whose node and connection stayed up (broadcasts and the
                  held stream) are no more than the counted losses: per origin node, its eventsUnsent (and
-                 any possibly-lost counter) plus every node's eventsDropped and crossLoop.dropped, compared
+                 any possibly-lost counter) plus every node's eventsDropped, eventsMissed and crossLoop.dropped, compared
                  between one fault's start and the next's (from the stats sampled every 2 s). Events a
                  listener missed while its node's bus was disconnected or rejoining (its log says so) are
                  excused, as cluster.md documents (a node that rejoins gets the events from then on);
@@ -1020,7 +1020,7 @@ class Harness:
     def sum_losses(self, per_node):
         possibly = sorted({k for t in per_node.values() for k in t if "ossibl" in k})
         receiving = sum(v for t in per_node.values() for k, v in t.items()
-                        if k.startswith("eventsDropped.") or k == "crossLoop.dropped")
+                        if k.startswith("eventsDropped.") or k in ("crossLoop.dropped", "cluster.eventsMissed"))
         return {i: sum(t.get(f"cluster.{k}", 0) for k in LOSS_KEYS) + sum(t.get(k, 0) for k in possibly) + receiving
                 for i, t in per_node.items()}
 
@@ -1040,7 +1040,7 @@ class Harness:
         counted = self.sum_losses(per_node)
         show = ["cluster.eventsOut", "cluster.eventsIn", "cluster.eventsUnsent", "cluster.busDropped",
                 "cluster.busReconnects", "cluster.callsExpired", "cluster.callsNoHolder", "cluster.stalls",
-                "cluster.nodesLost", "crossLoop.dropped"] + possibly
+                "cluster.nodesLost", "cluster.eventsMissed", "crossLoop.dropped"] + possibly
         counters = {f"n{i + 1}": {k.split(".", 1)[-1]: t.get(k, 0) for k in show}
                     | {"eventsDropped": sum(v for k, v in t.items() if k.startswith("eventsDropped."))}
                     for i, t in per_node.items()}

@@ -82,6 +82,15 @@ final class ClusterLink {
     /// bus connection, the bus's send queue full), and messages on an event subject that were not such
     /// a frame for that channel.
     private(set) var eventsUnsent = 0, eventsMalformed = 0
+    /// Events this node sent on each channel, numbered (`Sb-Seq`), so that a node that listens sees a
+    /// gap where the bus lost some: a dead connection's unflushed messages, which no sender can count.
+    /// Kept in the bounded cache of subjects; emptied with it, the numbers start again, which a
+    /// receiver takes for a new start, not a gap.
+    private var sentCounts: [String: UInt64] = [:]
+    /// The last number received on each channel this node listens on, from each node that sent on it.
+    private var receivedNumbers: [String: [String: UInt64]] = [:]
+    /// Events from other nodes that never arrived: the gaps in their numbers.
+    private(set) var eventsMissed = 0
     /// Where remote events go: the channel, the envelope (nil: the end of the stream), the whole
     /// frame, and the node that sent it when the event came from a holder (nil: a broadcast).
     var onEvent: ((_ channel: String, _ envelope: [UInt8]?, _ frame: [UInt8], _ holderNode: String?) -> Void)?
@@ -303,6 +312,7 @@ final class ClusterLink {
         batchCalls = [:]
         bus.close()
         subscriptions = [:]
+        receivedNumbers = [:]
         listenerCounts = [:]
         outgoing = [:]
         served = [:]
@@ -329,13 +339,38 @@ final class ClusterLink {
         sendBatches()  // a listen's answer goes before the stream's first event
         let dropped = bus.counters.dropped
         do {
-            let headers = fromHolder ? nodeHeaders : siblingsMark.map { [$0] } ?? []
-            try bus.publish(subject(.event, event.channel), headers: headers, payload: frame)
+            let subject = subject(.event, event.channel)
+            var headers = fromHolder ? nodeHeaders : siblingsMark.map { [$0] } ?? []
+            headers.append(BusMessage.Header("Sb-Seq", "\(instance) \(number(of: event.channel))"))
+            try bus.publish(subject, headers: headers, payload: frame)
         } catch {
             eventsUnsent += 1
             return
         }
         if bus.counters.dropped == dropped { eventsOut += 1 } else { eventsUnsent += 1 }
+    }
+
+    /// The next number of this node's events on `channel` (1 first, and after the cache was emptied).
+    private func number(of channel: String) -> UInt64 {
+        if let count = sentCounts[channel] {
+            sentCounts[channel] = count &+ 1
+            return count &+ 1
+        }
+        if makeRoom(channel.utf8.count + 8) { sentCounts[channel] = 1 }
+        return 1
+    }
+
+    /// Takes the number of an event from another node on `channel` (`Sb-Seq: <n> <number>`): a gap
+    /// since the last one from that node counts its events as missed; a smaller number is a new start
+    /// (that node's cache was emptied) and counts nothing.
+    private func noteNumber(_ mark: String, on channel: String) {
+        let words = mark.split(separator: " ")
+        guard words.count == 2, Self.isInstance(words[0]), let number = UInt64(words[1]) else { return }
+        let origin = String(words[0])
+        if let last = receivedNumbers[channel]?[origin], number > last {
+            eventsMissed += Int(min(number - last - 1, 1 << 32))  // another node's number never makes the sum trap
+        }
+        receivedNumbers[channel, default: [:]][origin] = number
     }
 
     /// Interest: a local listener joined `channel`; the first one subscribes to it.
@@ -352,6 +387,7 @@ final class ClusterLink {
         guard let count = listenerCounts[channel] else { return }
         if count > 1 { listenerCounts[channel] = count - 1; return }
         listenerCounts.removeValue(forKey: channel)
+        receivedNumbers.removeValue(forKey: channel)  // what is sent while nobody here listens is not missed
         if let subscription = subscriptions.removeValue(forKey: channel) { bus.unsubscribe(subscription) }
     }
 
@@ -386,6 +422,7 @@ final class ClusterLink {
             digests = [:]
             subjects = [:]
             channelMarks = [:]
+            sentCounts = [:]
             cachedSubjectBytes = 0
         }
         cachedSubjectBytes += size
@@ -404,6 +441,7 @@ final class ClusterLink {
             return
         }
         eventsIn += 1
+        if let mark = message.header("Sb-Seq") { noteNumber(mark, on: channel) }
         onEvent?(channel, frame.payload, bytes, holderNode)
     }
 
@@ -718,6 +756,7 @@ final class ClusterLink {
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {
             peers.removeValue(forKey: node)
+            for channel in receivedNumbers.keys { receivedNumbers[channel]?.removeValue(forKey: node) }
             peersLost += 1
             endServedCalls(of: node)
             onPeerLost?(node)
@@ -802,6 +841,7 @@ final class ClusterLink {
         let bus = self.bus.counters
         let totals = [
             ("events_out", eventsOut), ("events_in", eventsIn), ("events_unsent", eventsUnsent), ("events_malformed", eventsMalformed),
+            ("events_missed", eventsMissed),
             ("batches_malformed", batchesMalformed),
             ("calls_out", callsOut), ("calls_in", callsIn), ("calls_no_holder", callsNoResponders), ("calls_expired", callsExpired),
             ("calls_forbidden", callsForbidden),
@@ -840,6 +880,7 @@ final class ClusterLink {
             "node": .string(node), "connected": .bool(self.bus.isConnected),
             "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn),
             "eventsUnsent": .int(eventsUnsent), "eventsMalformed": .int(eventsMalformed),
+            "eventsMissed": .int(eventsMissed),
             "batchesMalformed": .int(batchesMalformed),
             "channelsListened": .int(subscriptions.count),
             "channelsHeld": .int(held.count),

@@ -2,9 +2,11 @@ import Foundation
 import Synchronization
 import Testing
 import SwitchboardClient
+import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardServer
 import SwitchboardTesting
+import SwitchboardTransport
 import SwitchboardWire
 
 /// A holder of `slow` whose "wait" calls sleep until cancelled (counted) and whose "probe" answers at
@@ -314,6 +316,40 @@ struct StoppedNATSServerTests {
         #expect(stats["busPossiblyLost"]?.intValue ?? 0 >= 50, "the 50 posts (and beacons) since the last PONG: \(stats)")
         nats.signal(SIGCONT)
         for member in members { await member.client.close() }
+        await nodes.stop()
+    }
+}
+
+@Suite("Events the bus lost", .serialized, .needsNATSServer)
+struct MissedEventsTests {
+    @Test("a listening node counts the gaps in another node's event numbers as eventsMissed; a smaller number is a new start and counts nothing")
+    func gapsAreCounted() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, nats: nats)
+        let listener = try RawConnection(port: nodes.servers[0].port)
+        let watcher = try RawConnection(port: nodes.servers[0].port)
+        try listener.send(.call(1, "switchboard/room", "listen"))
+        #expect(try await listener.frame().kind == .reply)
+        #expect(try await eventually { try await clusterStats(watcher)["channelsListened"] == 1 })
+        // Another node, as the bus shows it: its events on the room's subject, numbered 1, 2, 5, then 1.
+        let harness = try BusHarness()
+        let other = try harness.bus("other", servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)])
+        #expect(harness.run { other.isConnected })
+        let subject = "switchboard.event." + Digest.sha256Hex(Array("switchboard/room".utf8))
+        for (number, byte) in [(1, 1), (2, 2), (5, 5), (1, 6)] as [(Int, UInt8)] {
+            let event = Frame(.message, id: 0, channel: "switchboard/room",
+                              payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([byte])))
+            try other.publish(subject, headers: [.init("Sb-Seq", "abc123 \(number)")], payload: event.bytes)
+        }
+        #expect(harness.run { other.counters.messagesOut == 4 })
+        harness.run(forMs: 100)  // the PONG: the server has them
+        var heard = 0
+        #expect(try await eventually {
+            heard += try await listener.barrier().filter { $0.channel == "switchboard/room" }.count
+            return heard == 4
+        })
+        // Before: no such counter, and the two events the numbers say were lost went unseen.
+        #expect(try await clusterStats(watcher)["eventsMissed"] == 2)
         await nodes.stop()
     }
 }
