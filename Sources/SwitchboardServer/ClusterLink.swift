@@ -44,6 +44,8 @@ final class ClusterLink {
     private let loop: EventLoop
     private let logger: Logger
     private let beaconTimer: Timer?
+    /// Whether this link joins nodes (with liveness), not the loops of one server.
+    private let joinsNodes: Bool
     /// When the last beacon went, and how often the loop stalled past a lease between two (a stopped
     /// or starved process: the other nodes took this one for gone, and NATS may have dropped its
     /// connection as a slow consumer).
@@ -84,6 +86,7 @@ final class ClusterLink {
     private(set) var eventsUnsent = 0, eventsMalformed = 0
     /// Events this node sent on each channel, numbered (`Sb-Seq`), so that a node that listens sees a
     /// gap where the bus lost some: a dead connection's unflushed messages, which no sender can count.
+    /// Only between nodes: the loops of one server lose nothing uncounted between them.
     /// Kept in the bounded cache of subjects; emptied with it, the numbers start again, which a
     /// receiver takes for a new start, not a gap.
     private var sentCounts: [String: UInt64] = [:]
@@ -271,6 +274,7 @@ final class ClusterLink {
         self.loop = loop
         self.logger = logger
         beaconTimer = liveness ? try Timer(loop: loop) : nil
+        joinsNodes = liveness
         callerHeaders = [.init("Sb-Caller", instance)]
         nodeHeaders = [.init("Sb-Node", instance)]
         // Subjects are checked here once: these are made of hex digits and fixed words.
@@ -341,7 +345,7 @@ final class ClusterLink {
         do {
             let subject = subject(.event, event.channel)
             var headers = fromHolder ? nodeHeaders : siblingsMark.map { [$0] } ?? []
-            headers.append(BusMessage.Header("Sb-Seq", "\(instance) \(number(of: event.channel))"))
+            if joinsNodes { headers.append(BusMessage.Header("Sb-Seq", "\(instance) \(number(of: event.channel))")) }
             try bus.publish(subject, headers: headers, payload: frame)
         } catch {
             eventsUnsent += 1
