@@ -66,6 +66,42 @@ public struct ServerConfiguration: Sendable {
 
     /// The defaults of wire-v1.
     public init() {}
+
+    /// Any settings by name, the others at their defaults (those of ``init()``, which each default
+    /// argument reads): `ServerConfiguration(port: 0, loops: 4)`.
+    public init(host: String = Self().host, port: Int = Self().port, maxFrame: UInt32 = Self().maxFrame,
+                outboundLimit: Int = Self().outboundLimit, slowConsumerGraceMs: UInt64 = Self().slowConsumerGraceMs,
+                heartbeatMs: UInt64 = Self().heartbeatMs, token: String? = nil, drainTimeoutMs: UInt64 = Self().drainTimeoutMs,
+                eventQueueLimit: Int = Self().eventQueueLimit,
+                maxRegistrationsPerConnection: Int = Self().maxRegistrationsPerConnection,
+                maxOpenRequests: Int = Self().maxOpenRequests, tls: TLSSettings? = nil, httpEndpoints: Bool = Self().httpEndpoints,
+                webSocketOrigins: [String]? = nil, metrics: MetricsSettings = Self().metrics, cluster: ClusterSettings? = nil,
+                loops: Int = Self().loops, firstFrameTimeoutMs: UInt64 = Self().firstFrameTimeoutMs,
+                frameTimeoutMs: UInt64 = Self().frameTimeoutMs, maxConnections: Int = Self().maxConnections,
+                maxConnectionsPerAddress: Int = Self().maxConnectionsPerAddress, capsLoopback: Bool = Self().capsLoopback) {
+        self.host = host
+        self.port = port
+        self.maxFrame = maxFrame
+        self.outboundLimit = outboundLimit
+        self.slowConsumerGraceMs = slowConsumerGraceMs
+        self.heartbeatMs = heartbeatMs
+        self.token = token
+        self.drainTimeoutMs = drainTimeoutMs
+        self.eventQueueLimit = eventQueueLimit
+        self.maxRegistrationsPerConnection = maxRegistrationsPerConnection
+        self.maxOpenRequests = maxOpenRequests
+        self.tls = tls
+        self.httpEndpoints = httpEndpoints
+        self.webSocketOrigins = webSocketOrigins
+        self.metrics = metrics
+        self.cluster = cluster
+        self.loops = loops
+        self.firstFrameTimeoutMs = firstFrameTimeoutMs
+        self.frameTimeoutMs = frameTimeoutMs
+        self.maxConnections = maxConnections
+        self.maxConnectionsPerAddress = maxConnectionsPerAddress
+        self.capsLoopback = capsLoopback
+    }
 }
 
 /// The server's TLS port (wire-v1 section 8): the same connections as on the plain port, inside TLS.
