@@ -17,6 +17,8 @@ let package = Package(
         .library(name: "SwitchboardTesting", targets: ["SwitchboardTesting"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
         .executable(name: "broker-example", targets: ["BrokerExample"]),
+        .executable(name: "server-example", targets: ["ServerExample"]),
+        .executable(name: "client-example", targets: ["ClientExample"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
@@ -95,6 +97,8 @@ let package = Package(
             ]
         ),
         .executableTarget(name: "BrokerExample", dependencies: ["SwitchboardClient"], path: "Examples/BrokerExample"),
+        .executableTarget(name: "ServerExample", dependencies: ["SwitchboardServer"], path: "Examples/ServerExample"),
+        .executableTarget(name: "ClientExample", dependencies: ["SwitchboardClient"], path: "Examples/ClientExample"),
         .testTarget(
             name: "SwitchboardCodecTests",
             dependencies: ["SwitchboardCodec", .product(name: "PropertyBased", package: "swift-property-based")]

@@ -9,7 +9,7 @@ import SwitchboardTransport
 /// text-mode clients on one port.
 ///
 /// Create it, attach channels (``MethodChannel``, ``EventChannel``, ``BasicMessageChannel``), then
-/// ``run(handlingSignals:)`` on the current thread or ``start()`` on a thread of its own.
+/// `try await` ``run(handlingSignals:)``, or ``start()`` it and go on.
 public final class Server: Sendable {
     /// The methods of the built-in channels that are operators' powers: a right grants one only by
     /// naming it (`switchboard/connections#close`), never through a pattern or an absent right
@@ -81,19 +81,42 @@ public final class Server: Sendable {
         core.onLoop { $0.watch(signal, body) }
     }
 
+    /// Binds and serves until shut down, every loop on a thread of its own; returns after a graceful stop
+    /// of every loop. The calling task only waits, so the caller's actor stays free: from top-level code
+    /// (the main actor) the `Task { … }`s started before it keep running. Cancelling the calling task
+    /// begins a graceful shutdown, as ``shutdown()`` does.
+    public func run(handlingSignals: Bool = false) async throws(UVError) {
+        try bindAll()
+        if handlingSignals { try core.value.handleSignals() }
+        logListening()
+        for core in group.cores { runOnThread(core) }
+        await withTaskCancellationHandler { await waitUntilStopped() } onCancel: { shutdown() }
+    }
+
     /// Binds and serves until shut down, loop 0 on the calling thread and every other loop on a thread
     /// of its own; returns after a graceful stop of every loop.
-    public func run(handlingSignals: Bool = false) throws(UVError) {
+    ///
+    /// It holds the calling thread all that time: called on the main thread, it holds the main actor too,
+    /// and no `Task { … }` of top-level code ever runs. It is for programs that keep loop 0 on the main
+    /// thread on purpose (`switchboard serve`, which valgrind follows there); everyone else awaits
+    /// ``run(handlingSignals:)``. The compiler refuses it in async code.
+    @available(*, noasync, message: "it holds the thread, and the main actor with it: use try await run(handlingSignals:)")
+    public func runOnCurrentThread(handlingSignals: Bool = false) throws(UVError) {
         try bindAll()
         let core = self.core.value
         if handlingSignals { try core.handleSignals() }
-        core.logger.notice("listening on \(configuration.host):\(port)\(configuration.loops > 1 ? " with \(configuration.loops) loops" : "")")
-        if let tlsPort = core.tlsPort { core.logger.notice("listening for TLS on \(configuration.host):\(tlsPort)") }
+        logListening()
         for sibling in group.cores.dropFirst() { runOnThread(sibling) }
         core.eventLoop.run(beforeClosing: core.releaseAll)
         group.loopStopped()
         while group.stoppedLoops < group.count { usleep(1000) }  // the others stopped first (loop 0 waited for them)
         markStopped()
+    }
+
+    private func logListening() {
+        let core = self.core.value
+        core.logger.notice("listening on \(configuration.host):\(port)\(configuration.loops > 1 ? " with \(configuration.loops) loops" : "")")
+        if let tlsPort = core.tlsPort { core.logger.notice("listening for TLS on \(configuration.host):\(tlsPort)") }
     }
 
     /// Binds, then serves on new threads (one per loop); returns the bound port.

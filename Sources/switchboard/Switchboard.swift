@@ -172,7 +172,7 @@ struct Serve: ParsableCommand {
         if !noDemo { server.installDemoChannels() }
         if !noIntrospection { server.installIntrospectionChannels() }
         if let path = self.config { try loadPlugins(from: path, into: server) }
-        try server.run(handlingSignals: true)
+        try server.runOnCurrentThread(handlingSignals: true)
     }
 
     /// Loads the plugins the file asks for, and reloads it on SIGHUP (off the loop: it reads a file).

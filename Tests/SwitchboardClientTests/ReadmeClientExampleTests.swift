@@ -8,6 +8,7 @@ import Testing
 import SwitchboardClient
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 
 /// A callback-based source, like a sensor SDK.
 final class Sensor {
@@ -16,21 +17,21 @@ final class Sensor {
 }
 
 @Suite struct ReadmeClientExamples {
-    @Test func clientInTenLines() async throws {
+    static let root = String(#filePath.dropLast("Tests/SwitchboardClientTests/ReadmeClientExampleTests.swift".count))
+
+    /// The README shows `Examples/ClientExample/main.swift` whole.
+    @Test func readmeShowsTheExample() throws {
+        let readme = try String(contentsOfFile: Self.root + "README.md", encoding: .utf8)
+        let example = try String(contentsOfFile: Self.root + "Examples/ClientExample/main.swift", encoding: .utf8)
+        #expect(readme.contains("## A client in Swift\n\n```swift\n" + example + "```\n"))
+    }
+
+    /// The client example, built as `client-example` (it imports only SwitchboardClient), run as a user runs it.
+    @Test func clientExampleRuns() async throws {
         let server = try startServer()
-        // README client begins (port from the test server)
-        let client = try await Client.connect(ClientConfiguration(host: "127.0.0.1", port: server.port))
-        let echo = SwitchboardClient.MethodChannel(name: "switchboard/echo", client: client)
-        let reply = try await echo.invokeMethod("echo", arguments: ["hello": [1, 2, 3]])
-        var ticks: [ChannelValue] = []
-        for try await tick in SwitchboardClient.EventChannel(name: "switchboard/ticker", client: client)
-            .receiveBroadcastStream(arguments: ["count": 3, "intervalMs": 10]) {
-            ticks.append(tick)
-        }
-        await client.close()
-        // README client ends
-        #expect(reply == ["hello": [1, 2, 3]])
-        #expect(ticks == [0, 1, 2])
+        let example = try ProgramRun(ProgramRun.builtExecutable("client-example"), ["\(server.port)"])
+        #expect(try await example.remainder() == "{\"hello\":[1,2,3]}\n0\n1\n2\n")
+        #expect(example.exitCode() == 0)
         await stop(server)
     }
 

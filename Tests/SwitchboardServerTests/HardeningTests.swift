@@ -97,14 +97,14 @@ import SwitchboardWire
         let holder = try Server(configuration: config)
         config.port = try holder.start()
         defer { holder.shutdown() }
-        _ = try? Server(configuration: config).run()
+        _ = try? Server(configuration: config).runOnCurrentThread()
         var growths: [Int] = []
         for _ in 0..<3 {
             let before = openDescriptors()
             for _ in 0..<60 {
                 let server = try Server(configuration: config)
                 server.installDemoChannels()
-                #expect(throws: UVError.self) { try server.run() }
+                #expect(throws: UVError.self) { try server.runOnCurrentThread() }
             }
             growths.append(openDescriptors() - before)
         }
