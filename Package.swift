@@ -94,8 +94,11 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "Logging", package: "swift-log"),
-            ]
+            ],
+            exclude: ["commit.txt"],
+            plugins: ["BuildInfo"]
         ),
+        .plugin(name: "BuildInfo", capability: .buildTool()),
         .executableTarget(name: "BrokerExample", dependencies: ["SwitchboardClient"], path: "Examples/BrokerExample"),
         .executableTarget(name: "ServerExample", dependencies: ["SwitchboardServer"], path: "Examples/ServerExample"),
         .executableTarget(name: "ClientExample", dependencies: ["SwitchboardClient"], path: "Examples/ClientExample"),

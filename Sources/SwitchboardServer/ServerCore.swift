@@ -344,7 +344,7 @@ final class ServerCore {
     }
 
     var welcome: ChannelValue {
-        .stringMap(["version": 1, "server": .string("switchboard/\(switchboardVersion)"),
+        .stringMap(["version": 1, "server": .string(switchboardServerName),
                     "maxFrame": .int(Int(config.maxFrame)), "heartbeatMs": .int(Int(config.heartbeatMs))])
     }
 
@@ -773,6 +773,7 @@ final class ServerCore {
 
     private var localStats: ChannelValue {
         .stringMap([
+            "server": .string(switchboardServerName),
             "connections": .int(connections.count),
             "framesIn": .int(stats.framesIn), "framesOut": .int(stats.framesOut),
             "bytesIn": .int(stats.bytesIn), "bytesOut": .int(stats.bytesOut),
@@ -793,5 +794,8 @@ final class ServerCore {
     }
 }
 
-/// The server's version, reported in WELCOME.
+/// The server's version.
 public let switchboardVersion = "0.1.0"
+/// The server's name and version, as WELCOME's `server`, `switchboard/stats`' `server` and the first word
+/// of `switchboard --version` give it.
+public let switchboardServerName = "switchboard/\(switchboardVersion)"

@@ -14,6 +14,7 @@ struct Switchboard: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "switchboard",
         abstract: "Flutter platform channels over TCP.",
+        version: versionText,
         subcommands: [Serve.self, Call.self, Listen.self, Send.self, Ping.self, Top.self, Bench.self]
     )
 
@@ -35,6 +36,14 @@ struct Switchboard: ParsableCommand {
         do { try command.run() } catch { exit(withError: error) }
     }
 }
+
+/// What `switchboard --version` prints: the name WELCOME and stats give, the commit built (`unknown`
+/// outside a clone or a `git archive` tarball), and the libraries this process runs with.
+let versionText = """
+    \(switchboardServerName) (commit \(buildCommit))
+    libuv \(LinkedLibraries.libuv)
+    \(LinkedLibraries.openSSL)
+    """
 
 struct Serve: ParsableCommand {
     static let configuration = CommandConfiguration(
