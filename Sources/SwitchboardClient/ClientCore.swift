@@ -338,7 +338,8 @@ final class ClientCore {
         case .reply: pending.removeValue(forKey: frame.id)?.reply(.success(frame.payload))
         case .error:
             let body = frame.payload.flatMap { try? JSONText.parse($0) } ?? .null
-            let error = ClientError.server(code: body["code"]?.stringValue ?? "error", message: body["message"]?.stringValue ?? "")
+            let error = ClientError(code: body["code"]?.stringValue ?? "error", message: body["message"]?.stringValue ?? "",
+                                    details: body["details"] ?? .null)
             if let entry = pending.removeValue(forKey: frame.id) {
                 entry.reply(.failure(error))
             } else if state == .connecting {  // refused at HELLO: retrying cannot help

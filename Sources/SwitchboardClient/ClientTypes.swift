@@ -73,8 +73,12 @@ public enum ClientError: Error, Equatable, Sendable {
     case connectionLost
     /// No answer within the time limit (a CANCEL was sent).
     case timedOut
-    /// The server answered with an ERROR frame.
+    /// The server answered with an ERROR frame (other than a refusal).
     case server(code: String, message: String)
+    /// The server refused the request (ERROR `forbidden` or `rate_limited`, ``refusalCodes``): the
+    /// connection is fine, the request was not allowed. `details` is what the ERROR carried (null if
+    /// nothing): `rate_limited` carries `retryAfterMs`, also read as ``retryAfter``.
+    case refused(code: String, message: String, details: ChannelValue)
     /// The client was closed.
     case closed
     /// The answer could not be decoded.
@@ -95,13 +99,32 @@ public struct MissingImplementation: Error, Equatable, Sendable {
     }
 }
 
+extension ClientError {
+    /// The ERROR codes that are refusals rather than failures: a plugin said no to this one request.
+    public static let refusalCodes: Set<String> = ["forbidden", "rate_limited"]
+
+    /// The error an ERROR frame's `code`, `message` and `details` stand for.
+    init(code: String, message: String, details: ChannelValue) {
+        self = Self.refusalCodes.contains(code)
+            ? .refused(code: code, message: message, details: details)
+            : .server(code: code, message: message)
+    }
+
+    /// How long to wait before sending a refused request again: a `rate_limited` refusal's
+    /// `details.retryAfterMs`; nil for every other error.
+    public var retryAfter: Duration? {
+        guard case .refused(_, _, let details) = self, let ms = details["retryAfterMs"]?.intValue, ms >= 0 else { return nil }
+        return .milliseconds(ms)
+    }
+}
+
 extension ClientError: CustomStringConvertible {
     public var description: String {
         switch self {
         case .connectionFailed(let reason): "connection failed: \(reason)"
         case .connectionLost: "the connection was lost"
         case .timedOut: "no answer in time"
-        case .server(let code, let message): "\(code): \(message)"
+        case .server(let code, let message), .refused(let code, let message, _): "\(code): \(message)"
         case .closed: "the client is closed"
         case .badReply(let reason): "bad reply: \(reason)"
         }

@@ -8,6 +8,8 @@ enum ClientExit {
     static let errorEnvelope = ExitCode(1)
     static let notImplemented = ExitCode(2)
     static let connectionFailed = ExitCode(3)
+    /// Refused by the server (ERROR `forbidden` or `rate_limited`): the connection worked.
+    static let refused = ExitCode(4)
     static let badArguments = ExitCode.validationFailure  // 64
 }
 
@@ -73,9 +75,20 @@ func printJSON(_ value: ChannelValue) {
 }
 
 func errorJSON(_ error: ChannelError) -> ChannelValue {
-    .stringMap(["error": .stringMap(["code": .string(error.code), "message": error.message.map(ChannelValue.string) ?? .null,
-                                     "details": error.details])])
+    errorJSON(code: error.code, message: error.message, details: error.details)
 }
+
+func errorJSON(code: String, message: String?, details: ChannelValue) -> ChannelValue {
+    .stringMap(["error": .stringMap(["code": .string(code), "message": message.map(ChannelValue.string) ?? .null, "details": details])])
+}
+
+/// The exit codes of `call`, `listen` and `send`, for their `--help`.
+let clientExitCodes = """
+    Exit codes: 0 success, 1 error envelope (printed as {"error":…}), 2 not implemented,
+    3 connection failure, 4 refused by the server (forbidden, rate_limited: printed as
+    {"error":{"code":…,"message":…,"details":…}}, details.retryAfterMs when rate limited),
+    64 bad arguments.
+    """
 
 /// Connects, runs `body`, closes the client on every path, and turns failures into the documented
 /// exit codes (the error envelope on stdout as JSON, other messages on stderr).
@@ -93,6 +106,9 @@ func withClient(_ connection: ConnectionOptions, _ body: (Client) async throws -
         case let error as MissingImplementation:
             printError("switchboard: \(error.channel) does not implement \(error.method)\n")
             throw ClientExit.notImplemented
+        case ClientError.refused(let code, let message, let details):
+            printJSON(errorJSON(code: code, message: message, details: details))
+            throw ClientExit.refused
         case let error as ClientError:
             printError("switchboard: \(error)\n")
             throw ClientExit.connectionFailed
@@ -109,8 +125,7 @@ struct Call: AsyncParsableCommand {
             Example:
               switchboard call switchboard/echo echo '{"hello":[1,2,3]}'
               {"hello":[1,2,3]}
-            Exit codes: 0 result, 1 error envelope (printed as {"error":…}), 2 not implemented,
-            3 connection failure, 64 bad arguments.
+            \(clientExitCodes)
             """)
 
     @OptionGroup var connection: ConnectionOptions
@@ -139,6 +154,7 @@ struct Listen: AsyncParsableCommand {
               1
               2
             An error event is printed as {"error":{…}} and ends the command with exit code 1.
+            \(clientExitCodes)
             """)
 
     @OptionGroup var connection: ConnectionOptions
@@ -174,6 +190,7 @@ struct Send: AsyncParsableCommand {
               switchboard send switchboard/message.string 'plain text' --codec string
               switchboard send switchboard/room.post 'hello room' --codec binary
             With --codec binary, MESSAGE is a JSON array of bytes, or else its text's UTF-8 bytes.
+            \(clientExitCodes)
             """)
 
     @OptionGroup var connection: ConnectionOptions
