@@ -36,17 +36,25 @@ import Synchronization
 
 let arguments = CommandLine.arguments
 let port = arguments.firstIndex(of: "--port").flatMap { Int(arguments[$0 + 1]) } ?? 7420
-let client = try await Client.connect(ClientConfiguration(host: "127.0.0.1", port: port))
-
-try await MethodChannel(name: "greeter/hello", client: client).setMethodCallHandler { call in
-    guard call.method == "hello", let name = call.arguments.stringValue else {
-        throw MissingImplementation(channel: "greeter/hello", method: call.method)
+do {
+    let client = try await Client.connect(ClientConfiguration(host: "127.0.0.1", port: port))
+    try await MethodChannel(name: "greeter/hello", client: client).setMethodCallHandler { call in
+        guard call.method == "hello", let name = call.arguments.stringValue else {
+            throw MissingImplementation(channel: "greeter/hello", method: call.method)
+        }
+        return .string("Hello, \(name)!")
     }
-    return .string("Hello, \(name)!")
-}
-try await EventChannel(name: "greeter/clock", client: client).setStreamHandler(Clock())
-print("serving greeter/hello and greeter/clock through 127.0.0.1:\(port); Ctrl-C to stop")
+    try await EventChannel(name: "greeter/clock", client: client).setStreamHandler(Clock())
+    print("serving greeter/hello and greeter/clock through 127.0.0.1:\(port); Ctrl-C to stop")
 
-for await state in client.stateUpdates() {  // runs until the client closes; reconnects on its own
-    print("connection: \(state)")
+    for await state in client.stateUpdates() {  // runs until the client closes; reconnects on its own
+        print("connection: \(state)")
+    }
+} catch {
+    // Expected failures (no server; greeter/* held by someone else) get one line and an exit code, not a crash.
+    let hint = if case ClientError.server("channel_taken", _) = error { " (is another broker-example running?)" } else { "" }
+    let line = Array("broker-example: \(error)\(hint)\n".utf8)
+    _ = line.withUnsafeBytes { write(2, $0.baseAddress, $0.count) }  // standard error
+    if case ClientError.connectionFailed = error { exit(3) }
+    exit(1)
 }

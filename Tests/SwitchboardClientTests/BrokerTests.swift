@@ -303,3 +303,26 @@ final class Counter: EventProducer {
         await stop(server)
     }
 }
+
+/// Examples/BrokerExample as a user runs it.
+@Suite struct BrokerExampleProgram {
+    /// Someone else holds greeter/hello: one line saying so, and an exit code, not a crash.
+    @Test func channelTakenIsOneLineAndAnExitCode() async throws {
+        let server = try startServer()
+        let holder = try await connect(server)
+        try await RemoteMethods(name: "greeter/hello", client: holder).setMethodCallHandler { _ in 1 }
+        let example = try ProgramRun(ProgramRun.builtExecutable("broker-example"), ["--port", "\(server.port)"])
+        #expect(try await example.remainder(of: .standardError)
+            == "broker-example: channel_taken: the channel already has a handler (is another broker-example running?)\n")
+        #expect(example.exitCode() == 1)
+        await holder.close()
+        await stop(server)
+    }
+
+    @Test func noServerIsOneLineAndAnExitCode() async throws {
+        let example = try ProgramRun(ProgramRun.builtExecutable("broker-example"), ["--port", "1"])
+        let message = try await example.remainder(of: .standardError)
+        #expect(message.hasPrefix("broker-example: connection failed") && message.split(separator: "\n").count == 1, "\(message)")
+        #expect(example.exitCode() == 3)
+    }
+}
