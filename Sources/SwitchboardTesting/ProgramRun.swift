@@ -47,8 +47,20 @@ public final class ProgramRun {
         }
         let envp: [UnsafeMutablePointer<CChar>?] = (inherited + environment.map { "\($0.key)=\($0.value)" }).map { strdup($0) } + [nil]
         defer { for pointer in argv + envp { free(pointer) } }
+        // As from a shell: no signal blocked, every signal at its default. The spawning thread is one of
+        // Swift's cooperative pool, which blocks SIGINT and SIGTERM: inherited, they would never reach
+        // the program's handlers, and a SIGTERM would wait forever.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var none = sigset_t(), all = sigset_t()
+        sigemptyset(&none)
+        sigfillset(&all)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         var pid: pid_t = 0
-        let rc = posix_spawn(&pid, path, &actions, nil, argv, envp)
+        let rc = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
         close(out[1])
         close(err[1])
         guard rc == 0 else {
@@ -112,11 +124,22 @@ public final class ProgramRun {
         return String(decoding: buffers[stream.rawValue], as: UTF8.self)
     }
 
-    /// Its exit code once it has exited (128 + the signal if a signal ended it).
-    public func exitCode() -> Int32 {
+    /// Its exit code once it has exited (128 + the signal if a signal ended it). One that has not exited
+    /// within `timeout` is killed, and that is an error.
+    public func exitCode(timeout: Duration = .seconds(60)) async throws -> Int32 {
         if let status { return status }
+        let deadline = ContinuousClock.now + timeout
         var raw: Int32 = 0
-        while waitpid(pid, &raw, 0) < 0, errno == EINTR {}
+        while true {
+            let waited = waitpid(pid, &raw, WNOHANG)
+            if waited == pid { break }
+            guard waited == 0 || errno == EINTR else { throw TestFailure("waitpid failed: errno \(errno)") }
+            guard ContinuousClock.now < deadline else {
+                kill(pid, SIGKILL)
+                throw TestFailure("the program did not exit within \(timeout)")
+            }
+            try await Task.sleep(for: .milliseconds(2))  // a child's exit cannot be awaited: poll it
+        }
         let code = raw & 0x7f == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
         status = code
         return code
@@ -128,7 +151,8 @@ public final class ProgramRun {
     deinit {
         if status == nil {
             kill(pid, SIGKILL)
-            _ = exitCode()
+            var raw: Int32 = 0
+            while waitpid(pid, &raw, 0) < 0, errno == EINTR {}
         }
         for fd in pipes { close(fd) }
     }

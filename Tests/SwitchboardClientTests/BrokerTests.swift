@@ -314,7 +314,7 @@ final class Counter: EventProducer {
         let example = try ProgramRun(ProgramRun.builtExecutable("broker-example"), ["--port", "\(server.port)"])
         #expect(try await example.remainder(of: .standardError)
             == "broker-example: channel_taken: the channel already has a handler (is another broker-example running?)\n")
-        #expect(example.exitCode() == 1)
+        #expect(try await example.exitCode() == 1)
         await holder.close()
         await stop(server)
     }
@@ -323,6 +323,6 @@ final class Counter: EventProducer {
         let example = try ProgramRun(ProgramRun.builtExecutable("broker-example"), ["--port", "1"])
         let message = try await example.remainder(of: .standardError)
         #expect(message.hasPrefix("broker-example: connection failed") && message.split(separator: "\n").count == 1, "\(message)")
-        #expect(example.exitCode() == 3)
+        #expect(try await example.exitCode() == 3)
     }
 }

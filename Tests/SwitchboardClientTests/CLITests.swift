@@ -14,7 +14,7 @@ import SwitchboardTesting
     @Test func versionAgreesWithWelcomeAndStats() async throws {
         let cli = try ProgramRun(Self.binary, ["--version"])
         let lines = try await cli.remainder().split(separator: "\n").map(String.init)
-        #expect(cli.exitCode() == 0)
+        #expect(try await cli.exitCode() == 0)
         try #require(lines.count == 3, "\(lines)")
         let first = lines[0].split(separator: " ").map(String.init)  // switchboard/0.1.0 (commit abc…)
         try #require(first.count == 3 && first[1] == "(commit" && first[2].hasSuffix(")"), "\(lines[0])")

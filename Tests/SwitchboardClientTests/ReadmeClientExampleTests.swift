@@ -31,7 +31,7 @@ final class Sensor {
         let server = try startServer()
         let example = try ProgramRun(ProgramRun.builtExecutable("client-example"), ["\(server.port)"])
         #expect(try await example.remainder() == "{\"hello\":[1,2,3]}\n0\n1\n2\n")
-        #expect(example.exitCode() == 0)
+        #expect(try await example.exitCode() == 0)
         await stop(server)
     }
 

@@ -39,7 +39,7 @@ import SwitchboardWire
         }
         #expect(readings[1] == readings[0] + 0.5)
         example.signal(SIGTERM)
-        #expect(example.exitCode() == 0)
+        #expect(try await example.exitCode() == 0)
     }
 
     /// The README's "Testing" snippet, as written there.
