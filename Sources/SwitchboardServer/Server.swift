@@ -119,6 +119,12 @@ public final class Server: Sendable {
         if let tlsPort = core.tlsPort { core.logger.notice("listening for TLS on \(configuration.host):\(tlsPort)") }
     }
 
+    /// Runs `body` on loop 0's thread once the server listens, when ``port`` and ``tlsPort`` are known
+    /// (which matters with port 0); soon after, on that thread, if it already listens.
+    public func whenListening(_ body: @escaping @Sendable () -> Void) {
+        core.onLoop { _ in body() }
+    }
+
     /// Binds, then serves on new threads (one per loop); returns the bound port.
     @discardableResult
     public func start() throws(UVError) -> Int {

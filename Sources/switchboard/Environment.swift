@@ -11,11 +11,20 @@ func environment(_ name: String) -> String? {
 
 /// Writes `text` to standard error, unbuffered.
 func printError(_ text: String) {
+    _ = writeAll(text, to: 2)
+}
+
+/// Writes all of `text` to `descriptor`, unbuffered (no stdio buffer holds it back from a pipe); false
+/// if it could not.
+@discardableResult
+func writeAll(_ text: String, to descriptor: Int32) -> Bool {
     let bytes = Array(text.utf8)
     var offset = 0
     while offset < bytes.count {
-        let n = bytes[offset...].withUnsafeBytes { write(2, $0.baseAddress, $0.count) }
-        guard n > 0 else { return }
+        let n = bytes[offset...].withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        if n < 0, errno == EINTR { continue }
+        guard n > 0 else { return false }
         offset += n
     }
+    return true
 }

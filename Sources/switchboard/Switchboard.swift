@@ -55,11 +55,16 @@ struct Serve: ParsableCommand {
             SIGINT or SIGTERM drains gracefully (GOAWAY, in-flight replies, end of streams) and exits 0.
             With --config, SIGHUP reloads the file (a file that does not parse keeps the old settings);
             a bad file at start-up exits 78 (EX_CONFIG) with a message naming the line or key.
+            Once it listens it prints "switchboard: listening on HOST:PORT" on stdout (then, with TLS,
+            "switchboard: listening for TLS on HOST:PORT"), whatever the log level: with --port 0, read
+            the port there or from --port-file.
             """
     )
 
     @Option(help: "Address or host name to listen on (0.0.0.0 or :: for every interface).") var host = "127.0.0.1"
-    @Option(help: "Port to listen on (0 = any free port).") var port = 7420
+    @Option(help: "Port to listen on (0 = any free port: the \"listening on HOST:PORT\" line on stdout names it).") var port = 7420
+    @Option(help: "Once listening, write the port (and the TLS port on a second line) to this file, removed on exit; a file that cannot be written exits 73 (EX_CANTCREAT).")
+    var portFile: String?
     @Option(help: "Largest frame or text line in bytes (at most 1 GiB).") var maxFrame: UInt32 = 16 << 20
     @Option(help: "Bytes queued per connection before events wait, reading pauses and the slow-consumer clock starts.")
     var outboundLimit = 8 << 20
@@ -177,10 +182,13 @@ struct Serve: ParsableCommand {
                 throw ExitCode(78)  // EX_CONFIG
             }
         }
+        let announcement = ListeningAnnouncement(host: host, portFile: portFile)
+        defer { announcement.withdraw() }
         let server = try Server(configuration: config)
         if !noDemo { server.installDemoChannels() }
         if !noIntrospection { server.installIntrospectionChannels() }
         if let path = self.config { try loadPlugins(from: path, into: server) }
+        server.whenListening { announcement.announce(server) }
         try server.runOnCurrentThread(handlingSignals: true)
     }
 

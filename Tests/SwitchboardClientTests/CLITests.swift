@@ -31,4 +31,46 @@ import SwitchboardTesting
         #expect(try await wire.line()["result"]?["server"] == .string(first[0]))
         await stop(server)
     }
+
+    /// `serve --port 0`: the documented "listening on" line on stdout and the port file name the port.
+    @Test func servesOnAFreePortAndSaysWhich() async throws {
+        let portFile = "/tmp/switchboard-port-\(getpid())"
+        defer { unlink(portFile) }
+        let server = try ProgramRun(Self.binary, ["serve", "--port", "0", "--port-file", portFile, "--loops", "1",
+                                                  "--log-level", "error"])
+        let line = try #require(try await server.line())
+        let port = try #require(line.split(separator: "switchboard: listening on 127.0.0.1:").first.flatMap { Int($0) }, "\(line)")
+        #expect(try readFile(portFile) == "\(port)\n")
+        let wire = try RawConnection(port: port)
+        try wire.send(line: #"{"id":1,"ping":true}"#)
+        #expect(try await wire.line() == ["id": 1, "pong": true])
+        server.signal(SIGTERM)
+        #expect(try await server.exitCode() == 0)
+        #expect(access(portFile, F_OK) != 0, "the port file outlived the server")
+    }
+
+    /// A port file that cannot be written stops the server before it listens: a script waiting for it
+    /// would otherwise wait forever.
+    @Test func unwritablePortFileIsAnError() async throws {
+        let server = try ProgramRun(Self.binary, ["serve", "--port", "0", "--port-file", "/nonexistent/dir/port"])
+        #expect(try await server.remainder(of: .standardError).contains("/nonexistent/dir/port"))
+        #expect(try await server.exitCode() == 73)  // EX_CANTCREAT
+    }
+
+    @Test func serveHelpDocumentsThePortFileAndTheListeningLine() async throws {
+        let cli = try ProgramRun(Self.binary, ["serve", "--help"])
+        let help = try await cli.remainder()
+        #expect(help.contains("--port-file"))
+        #expect(help.contains("listening on HOST:PORT"))
+    }
+}
+
+/// The whole text of the file at `path`.
+func readFile(_ path: String) throws -> String {
+    guard let file = fopen(path, "r") else { throw TestFailure("cannot open \(path)") }
+    defer { fclose(file) }
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while case let count = fread(&chunk, 1, chunk.count, file), count > 0 { bytes += chunk[..<count] }
+    return String(decoding: bytes, as: UTF8.self)
 }
