@@ -16,6 +16,15 @@ import SwitchboardWire
         #expect(readme.contains("## A server in Swift\n\n```swift\n" + example + "```\n"))
     }
 
+    /// The README and Package.swift state the Swift version that the manifest's tools version asks for.
+    @Test func swiftVersionIsStated() throws {
+        let manifest = try String(contentsOfFile: Self.root + "Package.swift", encoding: .utf8)
+        let readme = try String(contentsOfFile: Self.root + "README.md", encoding: .utf8)
+        let tools = try #require(manifest.split(separator: "\n").first?.split(separator: " ").last)  // swift-tools-version: 6.2
+        #expect(manifest.contains("// Swift \(tools) or later"))
+        #expect(readme.contains("Swift \(tools) or later"))
+    }
+
     /// Top-level code whose `Task` runs on the main actor: its broadcasts reach a listener while the
     /// server runs, and SIGTERM ends the program with 0.
     @Test func exampleServesAndBroadcasts() async throws {
