@@ -3,9 +3,7 @@ import Glibc
 #endif
 
 /// An executable of this package (`switchboard`, an example) run as a user runs it: a process of its
-/// own, its standard output and error read through pipes, its exit status checked. Started with
-/// `posix_spawn`, not Foundation's `Process` (on Linux its `run()` can crash reading `/proc/self/fd`,
-/// swift-corelibs-foundation #5472). The child gets no descriptor of this process but its pipes.
+/// own (``StartedProgram``), its standard output and error read through pipes, its exit status checked.
 public final class ProgramRun {
     /// The process id.
     public let pid: pid_t
@@ -26,63 +24,13 @@ public final class ProgramRun {
 
     /// Starts `path` with `arguments`, and `environment` added to this process's.
     public init(_ path: String, _ arguments: [String], environment: [String: String] = [:]) throws {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        var out: [Int32] = [-1, -1], err: [Int32] = [-1, -1]
-        guard pipe(&out) == 0, pipe(&err) == 0 else { throw TestFailure("pipe failed: \(errno)") }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, out[1], 1)
-        posix_spawn_file_actions_adddup2(&actions, err[1], 2)
-        // The child closes every other descriptor, those of programs other tests start meanwhile too:
-        // one held open by a stray child would keep a pipe from ever reaching its end.
-        guard Self.addCloseFrom(&actions, 3) == 0 else { throw TestFailure("posix_spawn_file_actions_addclosefrom_np is missing") }
-        let argv: [UnsafeMutablePointer<CChar>?] = ([path] + arguments).map { strdup($0) } + [nil]
-        var inherited: [String] = []
-        var entry = environ
-        while let variable = entry.pointee {
-            let text = String(cString: variable)
-            if environment[String(text.prefix { $0 != "=" })] == nil { inherited.append(text) }
-            entry += 1
-        }
-        let envp: [UnsafeMutablePointer<CChar>?] = (inherited + environment.map { "\($0.key)=\($0.value)" }).map { strdup($0) } + [nil]
-        defer { for pointer in argv + envp { free(pointer) } }
-        // As from a shell: no signal blocked, every signal at its default. The spawning thread is one of
-        // Swift's cooperative pool, which blocks SIGINT and SIGTERM: inherited, they would never reach
-        // the program's handlers, and a SIGTERM would wait forever.
-        var attributes = posix_spawnattr_t()
-        posix_spawnattr_init(&attributes)
-        defer { posix_spawnattr_destroy(&attributes) }
-        var none = sigset_t(), all = sigset_t()
-        sigemptyset(&none)
-        sigfillset(&all)
-        posix_spawnattr_setsigmask(&attributes, &none)
-        posix_spawnattr_setsigdefault(&attributes, &all)
-        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
-        var pid: pid_t = 0
-        let rc = posix_spawn(&pid, path, &actions, &attributes, argv, envp)
-        close(out[1])
-        close(err[1])
-        guard rc == 0 else {
-            close(out[0])
-            close(err[0])
-            throw TestFailure("cannot start \(path): \(String(cString: strerror(rc)))")
-        }
-        for fd in [out[0], err[0]] {
+        let started = try StartedProgram(path, arguments, environment: environment, standardOutput: .pipe, standardError: .pipe)
+        pid = started.pid
+        pipes = [started.standardOutput!, started.standardError!]
+        for fd in pipes {
             _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
         }
-        self.pid = pid
-        pipes = [out[0], err[0]]
     }
-
-    /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34 on), which Swift's Glibc module does not
-    /// declare.
-    private static let addCloseFrom: @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32 = {
-        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np") else {
-            return { _, _ in -1 }
-        }
-        return unsafeBitCast(symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
-    }()
 
     /// Reads what `stream` has; false at its end.
     private func fill(_ stream: Stream, until deadline: ContinuousClock.Instant) async throws -> Bool {
