@@ -19,6 +19,7 @@ struct ListeningAnnouncement: Sendable {
         let probe = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard probe >= 0 else { Self.failToWrite(portFile ?? "") }
         close(probe)
+        unlink(temporary)
         withdraw()
     }
 

@@ -49,6 +49,19 @@ import SwitchboardTesting
         #expect(access(portFile, F_OK) != 0, "the port file outlived the server")
     }
 
+    /// A server that cannot listen leaves no port file, nor the file it writes it under.
+    @Test func aServerThatCannotListenLeavesNoFiles() async throws {
+        let directory = "/tmp/switchboard-port-dir-\(getpid())"
+        mkdir(directory, 0o755)
+        defer { rmdir(directory) }
+        let holder = try startServer()
+        let server = try ProgramRun(Self.binary, ["serve", "--port", "\(holder.port)", "--port-file", directory + "/port"])
+        #expect(try await server.remainder(of: .standardError).contains("\(holder.port)"))
+        #expect(try await server.exitCode() != 0)
+        #expect(rmdir(directory) == 0, "files were left in \(directory)")
+        await stop(holder)
+    }
+
     /// A port file that cannot be written stops the server before it listens: a script waiting for it
     /// would otherwise wait forever.
     @Test func unwritablePortFileIsAnError() async throws {
