@@ -152,4 +152,19 @@ import SwitchboardWire
             #expect(cachedLeft.allSatisfy { $0 == 0 }, "names of channels let go still cached: \(cachedLeft) bytes")
         }
     }
+
+    @Test("a removal that shrinks the storage returns what it removed and keeps every entry left, in a dictionary and in a set")
+    func shrinkingRemovalKeepsTheRest() {
+        var table = Dictionary(uniqueKeysWithValues: (0..<40_000).map { ("name/\($0)", $0) })
+        var names = Set(table.keys)
+        let full = (table.capacity, names.capacity)
+        var wrong = 0
+        for n in 0..<39_990 {
+            if table.removeValueShrinking(forKey: "name/\(n)") != n { wrong += 1 }
+            if names.removeShrinking("name/\(n)") != "name/\(n)" { wrong += 1 }
+        }
+        #expect(wrong == 0 && table.removeValueShrinking(forKey: "name/0") == nil && names.removeShrinking("name/0") == nil)
+        #expect(table == Dictionary(uniqueKeysWithValues: (39_990..<40_000).map { ("name/\($0)", $0) }) && names == Set(table.keys))
+        #expect(table.capacity < shrinkableRoom && names.capacity < shrinkableRoom, "full: \(full)")
+    }
 }
