@@ -17,7 +17,7 @@ public final class LoopBusHub: Sendable {
     public let inboxLimit: Int
     private let mayDrop: @Sendable (BusMessage) -> Bool
     private let inboxes: [Inbox]
-    private let table = Mutex(Table())
+    let table = Mutex(Table())
 
     struct Subscriber: Sendable {
         let loop: Int
@@ -25,7 +25,7 @@ public final class LoopBusHub: Sendable {
         let queue: String?
     }
 
-    private struct Table: ~Copyable {
+    struct Table: ~Copyable {
         var exact: [String: [Subscriber]] = [:]
         /// Subscriptions to `<prefix>.*` (a reply inbox), by prefix: a subject's is found without a scan.
         var prefixed: [Substring: [Subscriber]] = [:]
@@ -100,7 +100,7 @@ public final class LoopBusHub: Sendable {
             }
             guard var subscribers = table.exact[subject] else { return }
             subscribers.removeAll { $0.loop == loop && $0.id == id }
-            table.exact[subject] = subscribers.isEmpty ? nil : subscribers
+            if subscribers.isEmpty { table.exact.removeValueShrinking(forKey: subject) } else { table.exact[subject] = subscribers }
         }
     }
 
@@ -205,7 +205,7 @@ public final class LoopBus: ClusterBus {
 
     private let hub: LoopBusHub
     private let index: Int
-    private var subscriptions: [UInt64: (subject: String, handler: (BusMessage) -> Void)] = [:]
+    private(set) var subscriptions: [UInt64: (subject: String, handler: (BusMessage) -> Void)] = [:]
     private var nextID: UInt64 = 0
     private var isClosed = false
     public private(set) var counters = BusCounters()
@@ -271,7 +271,7 @@ public final class LoopBus: ClusterBus {
     }
 
     public func unsubscribe(_ subscription: BusSubscription) {
-        guard let removed = subscriptions.removeValue(forKey: subscription.id) else { return }
+        guard let removed = subscriptions.removeValueShrinking(forKey: subscription.id) else { return }
         hub.remove(removed.subject, loop: index, id: subscription.id)
     }
 

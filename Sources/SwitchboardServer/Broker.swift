@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardTransport
 import SwitchboardWire
 
 /// The codec a client declared for a channel it holds (wire-v1 section 6), for bridging text clients.
@@ -202,9 +203,9 @@ extension ServerCore {
 
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
-        registrations.removeValue(forKey: registration.name)
+        registrations.removeValueShrinking(forKey: registration.name)
         releasedSinceTrim += Registration.footprint + registration.name.utf8.count
-        registration.holder.held.remove(registration.name)
+        registration.holder.held.removeShrinking(registration.name)
         labeledHeld.remove(registration.name)
         if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)

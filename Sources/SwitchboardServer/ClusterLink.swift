@@ -35,7 +35,7 @@ public struct ClusterSettings: Sendable {
 final class ClusterLink {
     /// This node's name, as the stats show it.
     let node: String
-    private let bus: any ClusterBus
+    let bus: any ClusterBus
     /// This node's id on the bus: random, so that two nodes never share one (their names may); 15 hex
     /// digits at most, so that Swift keeps it inline.
     let instance = String(UInt64.random(in: 1..<(1 << 60)), radix: 16)
@@ -221,8 +221,8 @@ final class ClusterLink {
     private(set) var callsIn = 0
     /// Channels held here: their subscriptions (calls, while calls are taken; cancels), and the name
     /// of each digest.
-    private var held: [String: (calls: BusSubscription?, cancels: BusSubscription?)] = [:]
-    private var heldByDigest: [String: String] = [:]
+    private(set) var held: [String: (calls: BusSubscription?, cancels: BusSubscription?)] = [:]
+    private(set) var heldByDigest: [String: String] = [:]
     /// Where calls from other nodes go, and who hears that one of them was answered (the drain of a
     /// shutdown waits for them as for its own clients' requests).
     var onCalls: ((_ channel: String, _ calls: [IncomingCall]) -> Void)?
@@ -400,7 +400,7 @@ final class ClusterLink {
         let key = SubjectKey(kind: kind, channel: channel)
         if let subject = subjects[key] { return subject }
         let subject = "switchboard.\(kind.rawValue).\(digest(channel))"
-        if makeRoom(channel.utf8.count + subject.utf8.count) { subjects[key] = subject }
+        if makeRoom(Self.cacheCost(channel, subject)) { subjects[key] = subject }
         return subject
     }
 
@@ -413,14 +413,28 @@ final class ClusterLink {
     private func digest(_ channel: String) -> String {
         if let digest = digests[channel] { return digest }
         let digest = Digest.sha256Hex(Array(channel.utf8))
-        if makeRoom(channel.utf8.count + digest.utf8.count) { digests[channel] = digest }
+        if makeRoom(Self.cacheCost(channel, digest)) { digests[channel] = digest }
         return digest
     }
 
-    /// Whether an entry of `bytes` (and a dictionary slot's worth more) may be cached, emptying the
-    /// cache of digests and subjects first if it would pass ``subjectCacheBytes``.
-    private func makeRoom(_ bytes: Int) -> Bool {
-        let size = bytes + 64
+    /// What the cache counts for an entry: the name, the string made of it, and a dictionary slot's worth.
+    private static func cacheCost(_ channel: String, _ made: String) -> Int { channel.utf8.count + made.utf8.count + 64 }
+
+    /// Drops what ``hold(_:)`` cached for `channel` (its digest, its call and cancel subjects): a channel
+    /// let go is mostly gone for good, and the names of a flood of them would stay cached, scattered
+    /// through the heap.
+    private func uncacheHeld(_ channel: String) {
+        if let digest = digests.removeValueShrinking(forKey: channel) { cachedSubjectBytes -= Self.cacheCost(channel, digest) }
+        for kind in [SubjectKind.call, .cancel] {
+            if let subject = subjects.removeValueShrinking(forKey: SubjectKey(kind: kind, channel: channel)) {
+                cachedSubjectBytes -= Self.cacheCost(channel, subject)
+            }
+        }
+    }
+
+    /// Whether an entry of `size` (``cacheCost(_:_:)``) may be cached, emptying the cache of digests and
+    /// subjects first if it would pass ``subjectCacheBytes``.
+    private func makeRoom(_ size: Int) -> Bool {
         guard size <= Self.subjectCacheBytes else { return false }
         if cachedSubjectBytes + size > Self.subjectCacheBytes {
             digests = [:]
@@ -626,8 +640,9 @@ final class ClusterLink {
 
     /// The holder of `channel` let it go.
     func letGo(_ channel: String) {
-        guard let subscriptions = held.removeValue(forKey: channel) else { return }
-        heldByDigest.removeValue(forKey: digest(channel))
+        guard let subscriptions = held.removeValueShrinking(forKey: channel) else { return }
+        heldByDigest.removeValueShrinking(forKey: digest(channel))
+        uncacheHeld(channel)
         for subscription in [subscriptions.calls, subscriptions.cancels] { subscription.map(bus.unsubscribe) }
     }
 

@@ -14,7 +14,7 @@ final class LoopGroup: Sendable {
     let cores: [LoopBound<ServerCore>]
     /// Which loop holds each client-held channel (one loop at most, so that `channel_taken` holds
     /// server-wide), and what its holder declared it to be.
-    private let claims = Mutex<[String: Claim]>([:])
+    let claims = Mutex<[String: Claim]>([:])
 
     /// A client-held channel's loop, and the kind and codec its holder declared: every loop judges a
     /// request on it by what it is there (protocol/plugins.md), and an event channel's listens and
@@ -98,7 +98,7 @@ final class LoopGroup: Sendable {
     /// Loop `index` let `channel` go.
     func release(_ channel: String, by index: Int) {
         claims.withLock { claims in
-            if claims[channel]?.loop == index { claims.removeValue(forKey: channel) }
+            if claims[channel]?.loop == index { claims.removeValueShrinking(forKey: channel) }
         }
     }
 

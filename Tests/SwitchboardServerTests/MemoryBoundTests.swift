@@ -1,6 +1,7 @@
 import Testing
 import SwitchboardCodec
 import SwitchboardPlugins
+@testable import SwitchboardCluster
 @testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport
@@ -108,5 +109,62 @@ import SwitchboardWire
             #expect(cached.allSatisfy { $0 <= ClusterLink.subjectCacheBytes }, "\(cached)")
             #expect(cached.reduce(0, +) > 0)
         }
+    }
+
+    /// The room (``Dictionary/capacity``) of every table that holds an entry per channel a client holds:
+    /// on each loop, its registrations, its link's channels and digests and its bus's subscriptions;
+    /// then the claims and the loop bus's subjects, which the loops share. And the bytes of names each
+    /// loop's link caches.
+    private func channelTableRoom(_ server: Server) async -> (room: [Int], cached: [Int]) {
+        let perLoop = await withCheckedContinuation { (done: CheckedContinuation<[[Int]], Never>) in
+            server.group.gather(from: 0, { core in
+                [core.registrations.capacity, core.cluster?.held.capacity ?? 0, core.cluster?.heldByDigest.capacity ?? 0,
+                 (core.cluster?.bus as? LoopBus)?.subscriptions.capacity ?? 0, core.cluster?.cachedSubjectBytes ?? 0]
+            }) { done.resume(returning: $0.map { $0 ?? [] }) }
+        }
+        let shared = [server.group.claims.withLock { $0.capacity }, server.group.hub?.table.withLock { $0.exact.capacity } ?? 0]
+        return (perLoop.flatMap { $0.dropLast() } + shared, perLoop.compactMap(\.last))
+    }
+
+    @Test("the tables of held channels give their room back once a flood of channels is let go (Dictionary never shrinks by itself), and the bus link caches none of their names")
+    func channelTablesShrinkAfterMassRelease() async throws {
+        let perHolder = 5_000
+        try await withServer({ $0.loops = max(2, $0.loops); $0.maxRegistrationsPerConnection = perHolder }) { server, port in
+            let loops = server.group.count
+            let holders = try (0..<loops).map { _ in try RawConnection(port: port) }  // connections are dealt round the loops
+            for (h, holder) in holders.enumerated() {
+                var batch: [UInt8] = []
+                for n in 0..<perHolder { batch += Frame(.register, id: 0, channel: "flood/\(h)/\(n)", payload: nil).bytes }
+                try holder.send(batch)
+                _ = try await holder.barrier()
+            }
+            let wire = try RawConnection(port: port)
+            #expect(try await stats(wire, id: 1)["registrations"]?.intValue == loops * perHolder)
+            let (full, cachedFull) = await channelTableRoom(server)
+            #expect(full.allSatisfy { $0 >= perHolder }, "\(full)")
+            #expect(cachedFull.allSatisfy { $0 > 0 }, "\(cachedFull)")
+
+            for holder in holders { holder.reset() }
+            var id: UInt32 = 2
+            while try await stats(wire, id: id)["registrations"]?.intValue != 0 { id += 1 }
+            let (left, cachedLeft) = await channelTableRoom(server)
+            #expect(left.allSatisfy { $0 <= shrinkableRoom }, "room left after every channel went: \(left), full: \(full)")
+            #expect(cachedLeft.allSatisfy { $0 == 0 }, "names of channels let go still cached: \(cachedLeft) bytes")
+        }
+    }
+
+    @Test("a removal that shrinks the storage returns what it removed and keeps every entry left, in a dictionary and in a set")
+    func shrinkingRemovalKeepsTheRest() {
+        var table = Dictionary(uniqueKeysWithValues: (0..<40_000).map { ("name/\($0)", $0) })
+        var names = Set(table.keys)
+        let full = (table.capacity, names.capacity)
+        var wrong = 0
+        for n in 0..<39_990 {
+            if table.removeValueShrinking(forKey: "name/\(n)") != n { wrong += 1 }
+            if names.removeShrinking("name/\(n)") != "name/\(n)" { wrong += 1 }
+        }
+        #expect(wrong == 0 && table.removeValueShrinking(forKey: "name/0") == nil && names.removeShrinking("name/0") == nil)
+        #expect(table == Dictionary(uniqueKeysWithValues: (39_990..<40_000).map { ("name/\($0)", $0) }) && names == Set(table.keys))
+        #expect(table.capacity < shrinkableRoom && names.capacity < shrinkableRoom, "full: \(full)")
     }
 }
