@@ -41,7 +41,7 @@ Thresholds (an attack FAILs when any is broken):
     connection over its limit should stop being read). A hard cap (HARD_CAP_MIB) ends an attack early;
   * RSS after: <= baseline + max(32 MiB, 25 % of baseline, 2 % of the attack's peak growth) once the
     attack's connections are gone and RSS has settled: the server must give back what an attack made it
-    take, less some slack for allocator caches and tables that keep their capacity;
+    take, less some slack for allocator caches and the pages of the binary the attack touched;
   * the server is still up, and its connection count is back to 1 (the stats reader);
   * 5-7: every slow starter was closed by its deadline within SLOW_HOLD_MAX s, and told why.
 """

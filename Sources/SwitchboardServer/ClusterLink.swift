@@ -360,7 +360,7 @@ final class ClusterLink {
             sentCounts[channel] = count &+ 1
             return count &+ 1
         }
-        if makeRoom(channel.utf8.count + 8) { sentCounts[channel] = 1 }
+        if makeRoom(channel.utf8.count + 64) { sentCounts[channel] = 1 }
         return 1
     }
 
@@ -432,8 +432,8 @@ final class ClusterLink {
         }
     }
 
-    /// Whether an entry of `size` (``cacheCost(_:_:)``) may be cached, emptying the cache of digests and
-    /// subjects first if it would pass ``subjectCacheBytes``.
+    /// Whether an entry of `size` (``cacheCost(_:_:)``, or a name and 64 bytes) may be cached, emptying
+    /// the cache (digests, subjects, channel marks, event numbers) first if it would pass ``subjectCacheBytes``.
     private func makeRoom(_ size: Int) -> Bool {
         guard size <= Self.subjectCacheBytes else { return false }
         if cachedSubjectBytes + size > Self.subjectCacheBytes {
@@ -815,7 +815,7 @@ final class ClusterLink {
     private func learn(_ channel: String, isMarked mark: Character) {
         if let known = channelMarks[channel] {
             if known != mark { channelMarks[channel] = mark }
-        } else if makeRoom(channel.utf8.count + 1) {
+        } else if makeRoom(channel.utf8.count + 64) {
             channelMarks[channel] = mark
         }
     }
