@@ -70,6 +70,29 @@ import SwitchboardTesting
         #expect(try await server.exitCode() == 73)  // EX_CANTCREAT
     }
 
+    /// The port file is written under PATH.PID.tmp, a name anyone can work out: another user of a
+    /// shared directory such as /tmp plants a symlink there, and serve must not write (or truncate)
+    /// the file it points at.
+    @Test func portFileWriteFollowsNoSymlink() async throws {
+        let directory = "/tmp/switchboard-symlink-\(getpid())"
+        mkdir(directory, 0o777)
+        let victim = directory + "/victim", portFile = directory + "/port"
+        let file = try #require(fopen(victim, "w"))
+        fputs("precious\n", file)
+        fclose(file)
+        defer {
+            for name in [victim, portFile] { unlink(name) }
+            rmdir(directory)
+        }
+        // The shell's pid is the server's (exec keeps it), so the symlink is in place before serve starts.
+        let server = try ProgramRun("/bin/sh", ["-c", "ln -s \(victim) \(portFile).$$.tmp && exec \"$0\" serve --port 0 --port-file \(portFile) --loops 1 --log-level error", Self.binary])
+        _ = try await server.line()  // listening, or gone
+        #expect(try readFile(victim) == "precious\n", "serve wrote through the symlink planted at \(portFile).PID.tmp")
+        server.signal(SIGTERM)
+        _ = try await server.exitCode()
+        unlink("\(portFile).\(server.pid).tmp")
+    }
+
     @Test func serveHelpDocumentsThePortFileAndTheListeningLine() async throws {
         let cli = try ProgramRun(Self.binary, ["serve", "--help"])
         let help = try await cli.remainder()
