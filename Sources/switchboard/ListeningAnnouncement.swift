@@ -15,16 +15,24 @@ struct ListeningAnnouncement: Sendable {
     init(host: String, portFile: String?) {
         self.host = host
         self.portFile = portFile
-        guard portFile != nil else { return }
-        let probe = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard probe >= 0 else { Self.failToWrite(portFile ?? "") }
+        guard let portFile else { return }
+        guard let (probe, name) = Self.makeTemporary(beside: portFile) else { Self.failToWrite(portFile) }
         close(probe)
-        unlink(temporary)
+        unlink(name)
         withdraw()
     }
 
-    /// The port file is written under this name, then renamed: a reader never sees half of it.
-    private var temporary: String { "\(portFile ?? "").\(getpid()).tmp" }
+    /// A new file to write the port file under, then rename: a reader never sees half of it. Its name
+    /// (`PATH.XXXXXX`) is random and made exclusively (mkstemp: O_CREAT | O_EXCL), so that another user
+    /// of a shared directory such as /tmp cannot have a symlink or a file of theirs there first; nil if
+    /// it cannot be made.
+    private static func makeTemporary(beside path: String) -> (descriptor: Int32, name: String)? {
+        var template = Array("\(path).XXXXXX".utf8CString)
+        let descriptor = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
+        guard descriptor >= 0 else { return nil }
+        _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)  // Glibc's module has no mkostemp
+        return (descriptor, String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self))
+    }
 
     /// Writes the lines and the port file; once `server` listens.
     func announce(_ server: Server) {
@@ -34,10 +42,15 @@ struct ListeningAnnouncement: Sendable {
         writeAll(lines, to: 1)
         guard let portFile else { return }
         let text = "\(server.port)\n" + (server.tlsPort != 0 ? "\(server.tlsPort)\n" : "")
-        let file = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        let written = file >= 0 && writeAll(text, to: file)
-        if file >= 0 { close(file) }
-        guard written, rename(temporary, portFile) == 0 else { Self.failToWrite(portFile) }
+        guard let (file, temporary) = Self.makeTemporary(beside: portFile) else { Self.failToWrite(portFile) }
+        let written = fchmod(file, 0o644) == 0 && writeAll(text, to: file)
+        close(file)
+        guard written, rename(temporary, portFile) == 0 else {
+            let error = errno
+            unlink(temporary)
+            errno = error
+            Self.failToWrite(portFile)
+        }
     }
 
     /// Removes the port file: the server has stopped (or not started).

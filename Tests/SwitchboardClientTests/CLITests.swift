@@ -70,9 +70,9 @@ import SwitchboardTesting
         #expect(try await server.exitCode() == 73)  // EX_CANTCREAT
     }
 
-    /// The port file is written under PATH.PID.tmp, a name anyone can work out: another user of a
-    /// shared directory such as /tmp plants a symlink there, and serve must not write (or truncate)
-    /// the file it points at.
+    /// Another user of a shared directory such as /tmp plants a symlink where serve once wrote its port
+    /// file before the rename (PATH.PID.tmp, a name anyone can work out): serve must not write (or
+    /// truncate) the file it points at.
     @Test func portFileWriteFollowsNoSymlink() async throws {
         let directory = "/tmp/switchboard-symlink-\(getpid())"
         mkdir(directory, 0o777)
