@@ -366,16 +366,23 @@ final class ClusterLink {
 
     /// Takes the number of an event from another node on `channel` (`Sb-Seq: <n> <number>`): a gap
     /// since the last one from that node counts its events as missed; a smaller number is a new start
-    /// (that node's cache was emptied) and counts nothing.
+    /// (that node's cache was emptied) and counts nothing. Only a node this one knows (``peers``) is
+    /// numbered: what anyone else on the bus makes up is neither kept nor counted, and a node's numbers
+    /// go when it does.
     private func noteNumber(_ mark: String, on channel: String) {
         let words = mark.split(separator: " ")
-        guard words.count == 2, Self.isInstance(words[0]), let number = UInt64(words[1]) else { return }
+        guard words.count == 2, let number = UInt64(words[1]) else { return }
         let origin = String(words[0])
+        guard peers[origin] != nil else { return }
         if let last = receivedNumbers[channel]?[origin], number > last {
-            eventsMissed += Int(min(number - last - 1, 1 << 32))  // another node's number never makes the sum trap
+            eventsMissed = min(eventsMissed + Int(min(number - last - 1, 1 << 32)), Self.missedCeiling)
         }
         receivedNumbers[channel, default: [:]][origin] = number
     }
+
+    /// The most ``eventsMissed`` counts: far below `Int.max`, so that neither a gap a node makes up
+    /// nor the sum of every loop's count in stats and metrics can trap.
+    static let missedCeiling = 1 << 48
 
     /// Interest: a local listener joined `channel`; the first one subscribes to it.
     func listenerAdded(on channel: String) {
