@@ -36,6 +36,8 @@ import SwitchboardWire
         let wire = try RawConnection(port: try #require(port))
         try wire.send(.call(1, "math", "square", 12))
         #expect(try await wire.frame().envelope() == .success(144))
+        try wire.send(.call(4, "math", "square", .int(1 << 32)))  // a square past Int.max: an error, never a trap
+        if case .failure(let error)? = try? await wire.frame().envelope() { #expect(error.code == "out_of_range") } else { Issue.record("no error envelope") }
         try wire.send(.call(2, "math", "cube", 3))
         #expect(try await wire.frame().payload == nil)
         try wire.send(.call(3, "sensors/temperature", "listen"))
