@@ -6,7 +6,9 @@ let server = try Server(configuration: ServerConfiguration(port: port))
 
 MethodChannel(name: "math", server: server).setMethodCallHandler { call in
     guard call.method == "square", let n = call.arguments.intValue else { throw MethodNotImplemented() }
-    return .int(n * n)
+    let (square, overflow) = n.multipliedReportingOverflow(by: n)  // a client's number must never trap
+    if overflow { throw ChannelError(code: "out_of_range", message: "the square of \(n) does not fit in 64 bits") }
+    return .int(square)
 }
 
 let temperature = EventChannel(name: "sensors/temperature", server: server)
