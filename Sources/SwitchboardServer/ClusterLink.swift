@@ -369,15 +369,17 @@ final class ClusterLink {
 
     /// Takes the number of an event from another node on `channel` (`Sb-Seq: <n> <number>`): a gap
     /// since the last one from that node counts its events as missed; a smaller number is a new start
-    /// (that node's cache was emptied) and counts nothing. Only a node this one knows (``peers``) is
-    /// numbered: what anyone else on the bus makes up is neither kept nor counted, and a node's numbers
-    /// go when it does.
+    /// (that node's cache was emptied) and counts nothing. Only a node this one knows (``peers``) starts
+    /// being numbered: what anyone else on the bus makes up is neither kept nor counted, and a node's
+    /// numbers go when it does. (After a stall, which forgets every peer until its next beacon, the
+    /// numbers kept go on: what comes meanwhile is not taken for missed.)
     private func noteNumber(_ mark: String, on channel: String) {
         let words = mark.split(separator: " ")
         guard words.count == 2, let number = UInt64(words[1]) else { return }
         let origin = String(words[0])
-        guard peers[origin] != nil else { return }
-        if let last = receivedNumbers[channel]?[origin], number > last {
+        let known = receivedNumbers[channel]?[origin]
+        guard known != nil || peers[origin] != nil else { return }
+        if let last = known, number > last {
             eventsMissed = min(eventsMissed + Int(min(number - last - 1, 1 << 32)), Self.missedCeiling)
         }
         receivedNumbers[channel, default: [:]][origin] = number

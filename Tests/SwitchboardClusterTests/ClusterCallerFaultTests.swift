@@ -380,6 +380,47 @@ struct MissedEventsTests {
         #expect(try await clusterStats(watcher)["eventsMissed"] == 2)
         await nodes.stop()
     }
+
+    @Test("a listening node that stalled past the lease (it forgets every node until its next beacon) takes the events it reads before that beacon for arrived, not missed")
+    func numbersOutliveAStall() async throws {
+        let nats = try NATSServerProcess()
+        let node = try NodeProcess(nats: nats, node: "listener")
+        let listener = try RawConnection(port: node.port)
+        let watcher = try RawConnection(port: node.port)
+        try listener.send(.call(1, "switchboard/room", "listen"))
+        #expect(try await listener.frame().kind == .reply)
+        #expect(try await eventually { try await clusterStats(watcher)["channelsListened"] == 1 })
+        let harness = try BusHarness()
+        let other = try harness.bus("other", servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)])
+        #expect(harness.run { other.isConnected })
+        let subject = "switchboard.event." + Digest.sha256Hex(Array("switchboard/room".utf8))
+        let beacon = Array("abc123 0 other\nL\n".utf8)
+        func event(_ number: Int) throws {
+            let frame = Frame(.message, id: 0, channel: "switchboard/room",
+                              payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([UInt8(number)])))
+            try other.publish(subject, headers: [.init("Sb-Seq", "abc123 \(number)")], payload: frame.bytes)
+        }
+        try other.publish("switchboard.beacon", headers: [], payload: beacon)
+        try event(1)
+        #expect(harness.run { other.counters.messagesOut == 2 })
+        harness.run(forMs: 100)
+        #expect(try await eventually { try await clusterStats(watcher)["eventsIn"] == 1 })
+        // The node stalls past the lease (1.5 s); once it has noticed, events 2 to 5 come before the
+        // other node's next beacon, then 6.
+        node.signal(SIGSTOP)
+        harness.run(forMs: 2000)
+        node.signal(SIGCONT)
+        #expect(try await eventually { try await clusterStats(watcher)["stalls"] == 1 })
+        for number in 2...5 { try event(number) }
+        harness.run(forMs: 100)
+        try other.publish("switchboard.beacon", headers: [], payload: beacon)
+        try event(6)
+        harness.run(forMs: 100)
+        #expect(try await eventually { try await clusterStats(watcher)["eventsIn"] == 6 })
+        let stats = try await clusterStats(watcher)
+        #expect(stats["stalls"] == 1 && stats["eventsMissed"] == 0, "\(stats)")
+        node.signal(SIGKILL)
+    }
 }
 
 @Suite("A stopped member of a queue group", .serialized, .needsNATSServer)
