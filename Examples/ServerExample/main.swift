@@ -6,7 +6,9 @@ let server = try Server(configuration: ServerConfiguration(port: port))
 
 MethodChannel(name: "math", server: server).setMethodCallHandler { call in
     guard call.method == "square", let n = call.arguments.intValue else { throw MethodNotImplemented() }
-    return .int(n * n)
+    let (square, overflow) = n.multipliedReportingOverflow(by: n)  // a client's number never traps the server
+    guard !overflow else { throw ChannelError(code: "bad_arguments", message: "\(n) squared is out of range") }
+    return .int(square)
 }
 
 let temperature = EventChannel(name: "sensors/temperature", server: server)

@@ -22,4 +22,12 @@ import SwitchboardTesting
         #expect(try await example.exitCode() == 0)
         await stop(server)
     }
+
+    /// Without a server it says so in one line and exits 1 (before, a crash with a backtrace).
+    @Test func clientExampleWithoutAServer() async throws {
+        let example = try ProgramRun(ProgramRun.builtExecutable("client-example"), ["1"])
+        let output = try await example.remainder()
+        #expect(output.hasPrefix("client-example: ") && output.hasSuffix("(is scripts/serve running on port 1?)\n"), "\(output)")
+        #expect(try await example.exitCode() == 1)
+    }
 }

@@ -63,6 +63,9 @@ import SwitchboardWire
         let wire = try RawConnection(port: try #require(port))
         try wire.send(.call(1, "math", "square", 12))
         #expect(try await wire.frame().envelope() == .success(144))
+        try wire.send(.call(4, "math", "square", 4_294_967_296))
+        guard case .failure(let tooLarge) = try await wire.frame().envelope() else { throw TestFailure("expected an error envelope") }
+        #expect(tooLarge.code == "bad_arguments")  // 2^64 does not fit; before, the server trapped
         try wire.send(.call(2, "math", "cube", 3))
         #expect(try await wire.frame().payload == nil)
         try wire.send(.call(3, "sensors/temperature", "listen"))
