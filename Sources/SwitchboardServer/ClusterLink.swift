@@ -69,8 +69,11 @@ final class ClusterLink {
     /// What each channel held elsewhere is, as the holders' answers and beacons last told: the mark of
     /// its method codec, or `-` for another kind (``channelMark(methodCodec:)``). It gives the form of the
     /// `cancelled` answer this node gives for a call whose holder's node never answered the cancel, even
-    /// a call no beacon named. Kept in the same bounded cache as the subjects.
+    /// a call no beacon named. Bounded on its own (``channelMarkBytes``), not with the subjects: any
+    /// client can empty that cache by calling names nobody holds, but only held channels fill this one.
     private var channelMarks: [String: Character] = [:]
+    private var channelMarkBytes = 0
+    static let channelMarkCacheBytes = 2 << 20
     private(set) var cachedSubjectBytes = 0
     static let subjectCacheBytes = 2 << 20
     private enum SubjectKind: String { case event, call, cancel }
@@ -441,13 +444,12 @@ final class ClusterLink {
     }
 
     /// Whether an entry of `size` (``cacheCost(_:_:)``, or a name and 64 bytes) may be cached, emptying
-    /// the cache (digests, subjects, channel marks, event numbers) first if it would pass ``subjectCacheBytes``.
+    /// the cache (digests, subjects, event numbers) first if it would pass ``subjectCacheBytes``.
     private func makeRoom(_ size: Int) -> Bool {
         guard size <= Self.subjectCacheBytes else { return false }
         if cachedSubjectBytes + size > Self.subjectCacheBytes {
             digests = [:]
             subjects = [:]
-            channelMarks = [:]
             sentCounts = [:]
             cachedSubjectBytes = 0
         }
@@ -824,9 +826,13 @@ final class ClusterLink {
     private func learn(_ channel: String, isMarked mark: Character) {
         if let known = channelMarks[channel] {
             if known != mark { channelMarks[channel] = mark }
-        } else if makeRoom(channel.utf8.count + 64) {
-            channelMarks[channel] = mark
+            return
         }
+        let cost = channel.utf8.count + 64
+        guard cost <= Self.channelMarkCacheBytes else { return }
+        if channelMarkBytes + cost > Self.channelMarkCacheBytes { (channelMarks, channelMarkBytes) = ([:], 0) }
+        channelMarks[channel] = mark
+        channelMarkBytes += cost
     }
 
     /// Another node's beacon: it is alive, and so are the calls it names for this node.
