@@ -6,8 +6,8 @@ let server = try Server(configuration: ServerConfiguration(port: port))
 
 MethodChannel(name: "math", server: server).setMethodCallHandler { call in
     guard call.method == "square", let n = call.arguments.intValue else { throw MethodNotImplemented() }
-    let (square, overflow) = n.multipliedReportingOverflow(by: n)  // a client's number must never trap
-    if overflow { throw ChannelError(code: "out_of_range", message: "the square of \(n) does not fit in 64 bits") }
+    let (square, overflow) = n.multipliedReportingOverflow(by: n)  // a client's number never traps the server
+    guard !overflow else { throw ChannelError(code: "bad_arguments", message: "\(n) squared is out of range") }
     return .int(square)
 }
 

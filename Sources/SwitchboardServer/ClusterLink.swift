@@ -67,13 +67,13 @@ final class ClusterLink {
     private var digests: [String: String] = [:]
     private var subjects: [SubjectKey: String] = [:]
     /// What each channel held elsewhere is, as the holders' answers and beacons last told: the mark of
-    /// its method codec (``codecMark(_:)``), or `-` for another kind. It gives the form of the
+    /// its method codec, or `-` for another kind (``channelMark(methodCodec:)``). It gives the form of the
     /// `cancelled` answer this node gives for a call whose holder's node never answered the cancel, even
-    /// a call no beacon named. Bounded apart from the subjects (at ``channelMarkBytes``, emptied once
-    /// full): the names any client routes to the bus empty that cache, and must not erase these.
+    /// a call no beacon named. Bounded on its own (``channelMarkBytes``), not with the subjects: any
+    /// client can empty that cache by calling names nobody holds, but only held channels fill this one.
     private var channelMarks: [String: Character] = [:]
-    private var channelMarkBytesUsed = 0
-    static let channelMarkBytes = 1 << 20
+    private var channelMarkBytes = 0
+    static let channelMarkCacheBytes = 2 << 20
     private(set) var cachedSubjectBytes = 0
     static let subjectCacheBytes = 2 << 20
     private enum SubjectKind: String { case event, call, cancel }
@@ -112,6 +112,9 @@ final class ClusterLink {
         /// When its caller cancelled it: from then on beacons renew it no more, so that a cancel the
         /// holder's node never heard still ends it within a lease.
         var cancelledAt: UInt64?
+        /// What its channel is (``channelMarks``), as known when it was sent or told since: the form of
+        /// the `cancelled` answer this node gives if the holder's node does not answer the cancel.
+        var channelMark: Character?
     }
     private var outgoing: [UInt64: OutgoingCall] = [:]
     private var nextCall: UInt64 = 0
@@ -139,6 +142,8 @@ final class ClusterLink {
     private let callerHeaders: [BusMessage.Header], nodeHeaders: [BusMessage.Header]
     /// On a loop of a server with several: the mark of its process on the broadcasts it publishes.
     private var siblingsMark: BusMessage.Header?
+    /// The headers of a broadcast: the mark, if any.
+    private var siblingHeaders: [BusMessage.Header] = []
 
     /// How a call to another node ended.
     enum CallOutcome {
@@ -266,7 +271,10 @@ final class ClusterLink {
             if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
         }
         try self.init(bus: bus, node: settings.node, liveness: true, loop: loop, logger: logger)
-        if index != nil { siblingsMark = .init("Sb-Process", process) }
+        if index != nil {
+            siblingsMark = .init("Sb-Process", process)
+            siblingHeaders = [.init("Sb-Process", process)]
+        }
     }
 
     /// A link over `bus`. Without `liveness` (the loops of one server, which stop together and lose
@@ -345,26 +353,26 @@ final class ClusterLink {
         guard let frame = event.binaryFrame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
         sendBatches()  // a listen's answer goes before the stream's first event
         let dropped = bus.counters.dropped
+        // Numbered only between nodes; a number is used only by an event that left, so that what the
+        // sender counts as unsent is never counted again as missed where it did not arrive.
+        let number = joinsNodes ? (sentCounts[event.channel] ?? 0) &+ 1 : nil
         do {
             let subject = subject(.event, event.channel)
-            var headers = fromHolder ? nodeHeaders : siblingsMark.map { [$0] } ?? []
-            if joinsNodes { headers.append(BusMessage.Header("Sb-Seq", "\(instance) \(number(of: event.channel))")) }
+            var headers = fromHolder ? nodeHeaders : siblingHeaders
+            if let number { headers.append(BusMessage.Header("Sb-Seq", "\(instance) \(number)")) }
             try bus.publish(subject, headers: headers, payload: frame)
         } catch {
             eventsUnsent += 1
             return
         }
-        if bus.counters.dropped == dropped { eventsOut += 1 } else { eventsUnsent += 1 }
+        guard bus.counters.dropped == dropped else { eventsUnsent += 1; return }
+        eventsOut += 1
+        if let number { noteSent(number, on: event.channel) }
     }
 
-    /// The next number of this node's events on `channel` (1 first, and after the cache was emptied).
-    private func number(of channel: String) -> UInt64 {
-        if let count = sentCounts[channel] {
-            sentCounts[channel] = count &+ 1
-            return count &+ 1
-        }
-        if makeRoom(channel.utf8.count + 64) { sentCounts[channel] = 1 }
-        return 1
+    /// `number` went out on `channel`: the next event there is `number + 1` (1 after the cache was emptied).
+    private func noteSent(_ number: UInt64, on channel: String) {
+        if sentCounts[channel] != nil || makeRoom(channel.utf8.count + 64) { sentCounts[channel] = number }
     }
 
     /// Takes the number of an event from another node on `channel` (`Sb-Seq: <n> <number>`): a gap
@@ -508,7 +516,7 @@ final class ClusterLink {
             nextCall += 1
             id = nextCall
             callsOut += 1
-            outgoing[id] = OutgoingCall(channel: channel, completion: completion, renewedAt: loop.now)
+            outgoing[id] = OutgoingCall(channel: channel, completion: completion, renewedAt: loop.now, channelMark: channelMarks[channel])
         }
         let index = batch(.calls(channel: channel, node: node), adding: payload.count) {
             node.map { "switchboard.node.\($0).call.\(digest(channel))" } ?? subject(.call, channel)
@@ -592,13 +600,7 @@ final class ClusterLink {
         notePeer(node)
         for record in records {
             guard let call = outgoing.removeValue(forKey: record.id) else { continue }  // cancelled or expired meanwhile
-            if record.flags & RemoteReply.standardMethodFlag != 0 {
-                learn(call.channel, isMarked: "s")
-            } else if record.flags & RemoteReply.jsonMethodFlag != 0 {
-                learn(call.channel, isMarked: "j")
-            } else if record.flags & RemoteReply.otherKindFlag != 0 {
-                learn(call.channel, isMarked: "-")
-            }
+            if let mark = RemoteReply.mark(flags: record.flags) { learn(call.channel, isMarked: mark) }
             call.completion(.reply(RemoteReply(node: node, kind: record.kind, flags: record.flags, payload: record.payload)))
         }
     }
@@ -781,7 +783,7 @@ final class ClusterLink {
         for id in lapsedCalls {
             guard let call = outgoing.removeValue(forKey: id) else { continue }
             callsExpired += 1
-            call.completion(call.cancelledAt == nil ? .expired : .cancelled(methodCodec: channelMarks[call.channel].flatMap(Self.methodCodec(marked:))))
+            call.completion(call.cancelledAt == nil ? .expired : .cancelled(methodCodec: (call.channelMark ?? channelMarks[call.channel]).flatMap(Self.methodCodec(marked:))))
         }
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {
@@ -804,14 +806,21 @@ final class ClusterLink {
         }
     }
 
-    /// How a beacon marks a call to a method channel, after its id: `s` for the standard method codec,
-    /// `j` for the JSON one; nothing for any other channel.
-    private static func codecMark(_ codec: (any MethodCodec)?) -> String {
+    /// What a channel whose method codec is `codec` (nil: not a method channel) is, as one mark: `s`
+    /// the standard method codec, `j` the JSON one, `-` any other channel. Beacons put it after a
+    /// call's id (but `-`), and answer records carry it as a flag (``RemoteReply/kindFlag(mark:)``).
+    static func channelMark(methodCodec codec: (any MethodCodec)?) -> Character {
         switch codec {
         case is StandardMethodCodec: "s"
         case is JSONMethodCodec: "j"
-        default: ""
+        default: "-"
         }
+    }
+
+    /// How a beacon marks a call, after its id: nothing for a channel that is not a method channel.
+    private static func codecMark(_ codec: (any MethodCodec)?) -> String {
+        let mark = channelMark(methodCodec: codec)
+        return mark == "-" ? "" : String(mark)
     }
 
     private static func methodCodec(marked mark: Character) -> (any MethodCodec)? {
@@ -828,14 +837,11 @@ final class ClusterLink {
             if known != mark { channelMarks[channel] = mark }
             return
         }
-        let size = channel.utf8.count + 64
-        guard size <= Self.channelMarkBytes else { return }
-        if channelMarkBytesUsed + size > Self.channelMarkBytes {
-            channelMarks = [:]
-            channelMarkBytesUsed = 0
-        }
-        channelMarkBytesUsed += size
+        let cost = channel.utf8.count + 64
+        guard cost <= Self.channelMarkCacheBytes else { return }
+        if channelMarkBytes + cost > Self.channelMarkCacheBytes { (channelMarks, channelMarkBytes) = ([:], 0) }
         channelMarks[channel] = mark
+        channelMarkBytes += cost
     }
 
     /// Another node's beacon: it is alive, and so are the calls it names for this node.
@@ -864,6 +870,7 @@ final class ClusterLink {
                 let mark = word.last.flatMap { $0.isLetter ? $0 : nil }
                 guard let id = UInt64(mark == nil ? word : word.dropLast()), let call = outgoing[id] else { continue }
                 outgoing[id]?.renewedAt = now
+                outgoing[id]?.channelMark = mark ?? "-"
                 learn(call.channel, isMarked: mark ?? "-")
             }
         }

@@ -63,13 +63,20 @@ struct RemoteReply {
     /// channel in the standard or the JSON method codec, or another kind (none: not told).
     static let standardMethodFlag: UInt8 = 4, jsonMethodFlag: UInt8 = 8, otherKindFlag: UInt8 = 16
 
-    /// The flag telling a channel's kind, for a method channel in `codec` (nil: another kind).
-    static func kindFlag(methodCodec codec: (any MethodCodec)?) -> UInt8 {
-        switch codec {
-        case nil: otherKindFlag
-        case is JSONMethodCodec: jsonMethodFlag
-        default: standardMethodFlag
+    /// The flag telling a channel's kind, from its mark (``ClusterLink/channelMark(methodCodec:)``).
+    static func kindFlag(mark: Character) -> UInt8 {
+        switch mark {
+        case "s": standardMethodFlag
+        case "j": jsonMethodFlag
+        default: otherKindFlag
         }
+    }
+
+    /// The mark a record's flags tell, if they tell one.
+    static func mark(flags: UInt8) -> Character? {
+        if flags & standardMethodFlag != 0 { return "s" }
+        if flags & jsonMethodFlag != 0 { return "j" }
+        return flags & otherKindFlag != 0 ? "-" : nil
     }
 
     var startsStream: Bool { flags & Self.streamFlag != 0 }
@@ -339,7 +346,7 @@ extension ServerCore {
         // An event channel's listen: its success starts the caller node's stream.
         let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
         let methodCodec = registration.kind == .method ? registration.sharedMethodCodec : nil
-        let kindFlag = RemoteReply.kindFlag(methodCodec: methodCodec?.codec)
+        let kindFlag = RemoteReply.kindFlag(mark: ClusterLink.channelMark(methodCodec: methodCodec?.codec))
         let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec) {
             [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
         }

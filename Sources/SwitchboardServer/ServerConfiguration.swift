@@ -67,18 +67,21 @@ public struct ServerConfiguration: Sendable {
     /// The defaults of wire-v1.
     public init() {}
 
-    /// Any settings by name, the others at their defaults (those of ``init()``, which each default
-    /// argument reads): `ServerConfiguration(port: 0, loops: 4)`.
-    public init(host: String = Self().host, port: Int = Self().port, maxFrame: UInt32 = Self().maxFrame,
-                outboundLimit: Int = Self().outboundLimit, slowConsumerGraceMs: UInt64 = Self().slowConsumerGraceMs,
-                heartbeatMs: UInt64 = Self().heartbeatMs, token: String? = nil, drainTimeoutMs: UInt64 = Self().drainTimeoutMs,
-                eventQueueLimit: Int = Self().eventQueueLimit,
-                maxRegistrationsPerConnection: Int = Self().maxRegistrationsPerConnection,
-                maxOpenRequests: Int = Self().maxOpenRequests, tls: TLSSettings? = nil, httpEndpoints: Bool = Self().httpEndpoints,
-                webSocketOrigins: [String]? = nil, metrics: MetricsSettings = Self().metrics, cluster: ClusterSettings? = nil,
-                loops: Int = Self().loops, firstFrameTimeoutMs: UInt64 = Self().firstFrameTimeoutMs,
-                frameTimeoutMs: UInt64 = Self().frameTimeoutMs, maxConnections: Int = Self().maxConnections,
-                maxConnectionsPerAddress: Int = Self().maxConnectionsPerAddress, capsLoopback: Bool = Self().capsLoopback) {
+    /// The defaults of ``init()``, made once for the default arguments below.
+    @usableFromInline static let defaults = ServerConfiguration()
+
+    /// Any settings by name, the others at their defaults (those of ``init()``, made once, which each
+    /// default argument reads; the metrics get a registry of their own): `ServerConfiguration(port: 0, loops: 4)`.
+    public init(host: String = Self.defaults.host, port: Int = Self.defaults.port, maxFrame: UInt32 = Self.defaults.maxFrame,
+                outboundLimit: Int = Self.defaults.outboundLimit, slowConsumerGraceMs: UInt64 = Self.defaults.slowConsumerGraceMs,
+                heartbeatMs: UInt64 = Self.defaults.heartbeatMs, token: String? = nil, drainTimeoutMs: UInt64 = Self.defaults.drainTimeoutMs,
+                eventQueueLimit: Int = Self.defaults.eventQueueLimit,
+                maxRegistrationsPerConnection: Int = Self.defaults.maxRegistrationsPerConnection,
+                maxOpenRequests: Int = Self.defaults.maxOpenRequests, tls: TLSSettings? = nil, httpEndpoints: Bool = Self.defaults.httpEndpoints,
+                webSocketOrigins: [String]? = nil, metrics: MetricsSettings = .prometheus(), cluster: ClusterSettings? = nil,
+                loops: Int = Self.defaults.loops, firstFrameTimeoutMs: UInt64 = Self.defaults.firstFrameTimeoutMs,
+                frameTimeoutMs: UInt64 = Self.defaults.frameTimeoutMs, maxConnections: Int = Self.defaults.maxConnections,
+                maxConnectionsPerAddress: Int = Self.defaults.maxConnectionsPerAddress, capsLoopback: Bool = Self.defaults.capsLoopback) {
         self.host = host
         self.port = port
         self.maxFrame = maxFrame

@@ -713,7 +713,7 @@ final class ServerCore {
             waited += 10
             closingConnections.removeAll { !$0.transport.isOpen }
             guard closingConnections.isEmpty || waited >= 2000 else { return }
-            // Loop 0 stops last, so that ``Server/runOnCurrentThread(handlingSignals:)`` returns when all have.
+            // Loop 0 stops last, so that ``Server/run(handlingSignals:)`` and ``Server/runOnCurrentThread(handlingSignals:)`` return when all have.
             if index == 0, let group, group.count > 1, group.stoppedLoops < group.count - 1, waited < 4000 { return }
             for connection in closingConnections { connection.close(.shutdown) }
             cluster?.close()

@@ -182,7 +182,7 @@ struct Serve: ParsableCommand {
                 throw ExitCode(78)  // EX_CONFIG
             }
         }
-        let announcement = ListeningAnnouncement(host: host, portFile: portFile)
+        let announcement = try ListeningAnnouncement(host: host, portFile: portFile)
         defer { announcement.withdraw() }
         let server = try Server(configuration: config)
         if !noDemo { server.installDemoChannels() }
@@ -190,6 +190,7 @@ struct Serve: ParsableCommand {
         if let path = self.config { try loadPlugins(from: path, into: server) }
         server.whenListening { announcement.announce(server) }
         try server.runOnCurrentThread(handlingSignals: true)
+        try announcement.check()
     }
 
     /// Loads the plugins the file asks for, and reloads it on SIGHUP (off the loop: it reads a file).

@@ -70,6 +70,18 @@ import SwitchboardTesting
         #expect(try await server.exitCode() == 73)  // EX_CANTCREAT
     }
 
+    /// A directory in place of the port file is found before anything listens (rename would fail only
+    /// once the server listened), and nothing is left beside it.
+    @Test func aDirectoryAsPortFileIsAnError() async throws {
+        let directory = "/tmp/switchboard-port-is-dir-\(getpid())"
+        mkdir(directory, 0o755)
+        defer { rmdir(directory) }
+        let server = try ProgramRun(Self.binary, ["serve", "--port", "0", "--port-file", directory])
+        #expect(try await server.remainder() == "", "it listened first")
+        #expect(try await server.exitCode() == 73)  // EX_CANTCREAT
+        #expect(access(directory + ".\(server.pid).tmp", F_OK) != 0, "the file it writes first was left")
+    }
+
     /// Another user of a shared directory such as /tmp plants a symlink where serve once wrote its port
     /// file before the rename (PATH.PID.tmp, a name anyone can work out): serve must not write (or
     /// truncate) the file it points at.

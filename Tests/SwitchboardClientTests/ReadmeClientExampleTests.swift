@@ -1,20 +1,8 @@
-#if canImport(Combine)
-import Combine
-#else
-import OpenCombine
-#endif
-import Synchronization
 import Testing
 import SwitchboardClient
 import SwitchboardCodec
 import SwitchboardServer
 import SwitchboardTesting
-
-/// A callback-based source, like a sensor SDK.
-final class Sensor {
-    var onReading: ((Double) -> Void)?
-    func emit(_ value: Double) { onReading?(value) }
-}
 
 @Suite struct ReadmeClientExamples {
     static let root = String(#filePath.dropLast("Tests/SwitchboardClientTests/ReadmeClientExampleTests.swift".count))
@@ -35,33 +23,11 @@ final class Sensor {
         await stop(server)
     }
 
-    @Test func passthroughSubjectFeedsAServerEventChannel() async throws {
-        let sensor = Sensor()
-        var forwarding: AnyCancellable?
-        let server = try startServer { server in
-            // README subject begins
-            let readings = PassthroughSubject<Double, Never>()
-            let temperature = SwitchboardServer.EventChannel(name: "sensors/temperature", server: server)
-            temperature.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
-            forwarding = readings.sink { temperature.broadcast(.float64($0)) }  // broadcast is thread-safe
-            sensor.onReading = { readings.send($0) }
-            // README subject ends
-        }
-        let client = try await connect(server)
-        let received = Mutex<[ChannelValue]>([])
-        let listening = Task {
-            for try await value in SwitchboardClient.EventChannel(name: "sensors/temperature", client: client)
-                .receiveBroadcastStream() {
-                received.withLock { $0.append(value) }
-            }
-        }
-        try await Task.sleep(for: .milliseconds(100))
-        for reading in [20.5, 21.0, 21.5] { sensor.emit(reading) }
-        for _ in 0..<200 where received.withLock({ $0.count }) < 3 { try await Task.sleep(for: .milliseconds(5)) }
-        #expect(received.withLock { $0 } == [20.5, 21.0, 21.5])
-        listening.cancel()
-        forwarding?.cancel()
-        await client.close()
-        await stop(server)
+    /// Without a server it says so in one line and exits 1 (before, a crash with a backtrace).
+    @Test func clientExampleWithoutAServer() async throws {
+        let example = try ProgramRun(ProgramRun.builtExecutable("client-example"), ["1"])
+        let output = try await example.remainder()
+        #expect(output.hasPrefix("client-example: ") && output.hasSuffix("(is scripts/serve running on port 1?)\n"), "\(output)")
+        #expect(try await example.exitCode() == 1)
     }
 }

@@ -370,7 +370,7 @@ struct MissedEventsTests {
             try other.publish(subject, headers: [.init("Sb-Seq", "abc123 \(number)")], payload: event.bytes)
         }
         #expect(harness.run { other.counters.messagesOut == 5 })
-        harness.run(forMs: 100)  // the PONG: the server has them
+        harness.run(forMs: 100)  // the harness's loop turns only when it is run: it writes them out here
         var heard = 0
         #expect(try await eventually {
             heard += try await listener.barrier().filter { $0.channel == "switchboard/room" }.count
@@ -378,6 +378,36 @@ struct MissedEventsTests {
         })
         // Before: no such counter, and the two events the numbers say were lost went unseen.
         #expect(try await clusterStats(watcher)["eventsMissed"] == 2)
+        await nodes.stop()
+    }
+
+    @Test("an event its sender could not send (over max_payload) is counted there as unsent, and not again as missed where it did not arrive")
+    func unsentIsNotMissed() async throws {
+        let nats = try NATSServerProcess(configuration: "max_payload: 2048\n")
+        let nodes = try ClusterNodes(2, nats: nats)
+        let listener = try RawConnection(port: nodes.servers[1].port)
+        let poster = try RawConnection(port: nodes.servers[0].port)
+        try listener.send(.call(1, "switchboard/room", "listen"))
+        #expect(try await listener.frame().kind == .reply)
+        #expect(try await eventually {
+            try poster.send(Frame(.message, id: 2, channel: "switchboard/room.post", payload: [0]))
+            return try await listener.barrier().contains { $0.channel == "switchboard/room" }
+        })
+        let unsentBefore = try await clusterStats(poster)["eventsUnsent"]?.intValue ?? 0
+        for (id, byte, size) in [(3, 2, 1), (4, 9, 4000), (5, 3, 1)] as [(UInt32, UInt8, Int)] {
+            try poster.send(Frame(.message, id: id, channel: "switchboard/room.post", payload: Array(repeating: byte, count: size)))
+        }
+        let expected = try [2, 3].map { (byte: UInt8) in
+            Frame(.message, id: 0, channel: "switchboard/room", payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([byte])))
+        }
+        var heard: [Frame] = []
+        #expect(try await eventually {
+            heard += try await listener.barrier().filter { expected.contains($0) }
+            return heard == expected
+        }, "\(heard)")
+        let sent = try await clusterStats(poster)
+        #expect(sent["eventsUnsent"]?.intValue == unsentBefore + 1, "\(sent)")
+        #expect(try await clusterStats(listener)["eventsMissed"] == 0, "the unsent one was numbered")
         await nodes.stop()
     }
 
