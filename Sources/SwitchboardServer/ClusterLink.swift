@@ -93,7 +93,8 @@ final class ClusterLink {
     /// Kept in the bounded cache of subjects; emptied with it, the numbers start again, which a
     /// receiver takes for a new start, not a gap.
     private var sentCounts: [String: UInt64] = [:]
-    /// The last number received on each channel this node listens on, from each node that sent on it.
+    /// The last number received from each node that sent on a channel this node listens on, by sender
+    /// and channel: a node that goes silent is forgotten in one removal.
     private var receivedNumbers: [String: [String: UInt64]] = [:]
     /// Events from other nodes that never arrived: the gaps in their numbers.
     private(set) var eventsMissed = 0
@@ -385,12 +386,12 @@ final class ClusterLink {
         let words = mark.split(separator: " ")
         guard words.count == 2, let number = UInt64(words[1]) else { return }
         let origin = String(words[0])
-        let known = receivedNumbers[channel]?[origin]
+        let known = receivedNumbers[origin]?[channel]
         guard known != nil || peers[origin] != nil else { return }
         if let last = known, number > last {
             eventsMissed = min(eventsMissed + Int(min(number - last - 1, 1 << 32)), Self.missedCeiling)
         }
-        receivedNumbers[channel, default: [:]][origin] = number
+        receivedNumbers[origin, default: [:]][channel] = number
     }
 
     /// The most ``eventsMissed`` counts: far below `Int.max`, so that neither a gap a node makes up
@@ -411,7 +412,10 @@ final class ClusterLink {
         guard let count = listenerCounts[channel] else { return }
         if count > 1 { listenerCounts[channel] = count - 1; return }
         listenerCounts.removeValue(forKey: channel)
-        receivedNumbers.removeValue(forKey: channel)  // what is sent while nobody here listens is not missed
+        for origin in Array(receivedNumbers.keys) {  // what is sent while nobody here listens is not missed
+            receivedNumbers[origin]?.removeValue(forKey: channel)
+            if receivedNumbers[origin]?.isEmpty == true { receivedNumbers.removeValue(forKey: origin) }
+        }
         if let subscription = subscriptions.removeValue(forKey: channel) { bus.unsubscribe(subscription) }
     }
 
@@ -788,7 +792,7 @@ final class ClusterLink {
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {
             peers.removeValue(forKey: node)
-            for channel in receivedNumbers.keys { receivedNumbers[channel]?.removeValue(forKey: node) }
+            receivedNumbers.removeValue(forKey: node)
             peersLost += 1
             endServedCalls(of: node)
             onPeerLost?(node)
