@@ -35,7 +35,7 @@ final class Clock: EventProducer {
 import Synchronization
 
 let arguments = CommandLine.arguments
-let port = arguments.firstIndex(of: "--port").flatMap { Int(arguments[$0 + 1]) } ?? 7420
+let port = arguments.firstIndex(of: "--port").flatMap { arguments.dropFirst($0 + 1).first.flatMap { Int($0) } } ?? 7420
 do {
     let client = try await Client.connect(ClientConfiguration(host: "127.0.0.1", port: port))
     try await MethodChannel(name: "greeter/hello", client: client).setMethodCallHandler { call in
