@@ -335,6 +335,8 @@ def exercise_token(run, driver, url, token):
     shown = lambda: driver.execute_script("const f = document.getElementById('token-form'); return !!f && f.offsetParent !== null")
     run.wait("refused without a token, the page asks for one", lambda: (shown(), text(driver, "#banner")), timeout=15)
     run.check("the badge does not say connected while refused", text(driver, "#state") != "connected", text(driver, "#state"))
+    run.check("the request for a token names the server's address, in the page's own words",
+              re.search(r"The server at wss?://[^ ]+ wants a token\.", text(driver, "#banner")) is not None, text(driver, "#banner"))
     driver.find_element(By.ID, "token-input").send_keys("not-" + token)
     click(driver, "token-submit")
     run.wait("a wrong token is refused and asked for again",
