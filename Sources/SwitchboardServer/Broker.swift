@@ -62,6 +62,22 @@ final class Registration {
     var remoteListeners: [String: Int] = [:]
     /// Nodes whose beacons reported fewer listeners than counted here, and in how many beacons in a row.
     var listenerShortfalls: [String: Int] = [:]
+    /// Nodes whose listeners were forgotten when they went silent, and how many events the stream had
+    /// had then: if one was only taken for gone, its beacons bring its listeners back, and the events
+    /// since are what they missed. At most ``forgottenLimit`` nodes.
+    private(set) var forgottenAt: [String: Int] = [:]
+    static let forgottenLimit = 64
+
+    /// `node`'s listeners are forgotten (it went silent).
+    func noteForgotten(_ node: String) {
+        if forgottenAt.count >= Self.forgottenLimit { forgottenAt = [:] }  // nodes that never came back
+        forgottenAt[node] = counts.events
+    }
+
+    /// The events `node`'s forgotten listeners missed, if they were forgotten; forgets that they were.
+    func eventsMissedSinceForgotten(by node: String) -> Int? {
+        forgottenAt.removeValue(forKey: node).map { max(0, counts.events - $0) }
+    }
     var upstream = Upstream.idle
     let counts = ChannelCounts()
     /// ``Pipeline/gateEpoch`` when the gates last allowed its holder to hold it (Revocation.swift).

@@ -371,6 +371,10 @@ final class ClusterLink {
         if let number { noteSent(number, on: event.channel) }
     }
 
+    /// Events of a channel held here that a node's listeners missed because this node had forgotten
+    /// them (``ServerCore/reconcileListeners(of:_:)``): counted as unsent.
+    func countUnsent(_ events: Int) { eventsUnsent += events }
+
     /// `number` went out on `channel`: the next event there is `number + 1` (1 after the cache was emptied).
     private func noteSent(_ number: UInt64, on channel: String) {
         if sentCounts[channel] != nil || makeRoom(channel.utf8.count + 64) { sentCounts[channel] = number }

@@ -356,8 +356,15 @@ extension ServerCore {
 
     /// `node`'s beacon told how many listeners it has on channels held here. Fewer than counted here
     /// in two beacons in a row (one could precede a listen's answer reaching it) means `leave`s were
-    /// lost: the count follows the beacon, and the holder hears `cancel` if no listener is left.
+    /// lost: the count follows the beacon, and the holder hears `cancel` if no listener is left. More
+    /// than counted (never so otherwise: this node counts a listener before that node does, and forgets
+    /// it after) means this node forgot them: see ``rejoin(_:node:listeners:)``.
     func reconcileListeners(of node: String, _ counts: [String: Int]) {
+        for (name, reported) in counts {
+            guard let registration = registrations[name], registration.events != nil,
+                  reported > registration.remoteListeners[node] ?? 0 else { continue }
+            rejoin(registration, node: node, listeners: reported)
+        }
         for registration in registrations.values {
             guard let counted = registration.remoteListeners[node] else { continue }
             let reported = counts[registration.name] ?? 0
@@ -377,6 +384,28 @@ extension ServerCore {
         }
     }
 
+    /// `node` has listeners on `registration`'s stream that this node forgot: it took `node` for gone
+    /// (as a node that stalls past the lease takes every other), while `node` went on and even listened
+    /// again. They are counted again, and the events they missed meanwhile are counted as unsent; if the
+    /// holder's stream has ended meanwhile, theirs are ended (`handler_gone`, then the end), so that their
+    /// clients listen again. Either way no stream waits for events that never come.
+    private func rejoin(_ registration: Registration, node: String, listeners: Int) {
+        let missed = registration.eventsMissedSinceForgotten(by: node)
+        guard case .active = registration.upstream else {
+            logger.notice("a node follows a stream of a channel held here that has ended: ended there too",
+                          metadata: ["channel": "\(registration.name)", "instance": "\(node)"])
+            if let events = registration.events {
+                for event in endListeners(of: events) { cluster?.publish(event, fromHolder: true) }
+            }
+            return
+        }
+        logger.notice("a node's listeners were more than counted: this node had taken it for gone",
+                      metadata: ["channel": "\(registration.name)", "instance": "\(node)"])
+        if let missed { cluster?.countUnsent(missed) }
+        registration.remoteListeners[node] = listeners
+        registration.listenerShortfalls[node] = nil
+    }
+
     // MARK: A node going silent
 
     /// `node` sent no beacon for a lease: this node's listeners of channels held there get
@@ -389,6 +418,7 @@ extension ServerCore {
         }
         for registration in Array(registrations.values) {
             guard let count = registration.remoteListeners[node] else { continue }
+            registration.noteForgotten(node)
             remoteListenerLeft(registration, node: node, arguments: .null, count: count)
         }
     }

@@ -1,5 +1,6 @@
 import Testing
 import SwitchboardClient
+import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardServer
 import SwitchboardTesting
@@ -38,6 +39,40 @@ extension ClusterInputTests {
         let stats = try await member.cluster()
         #expect(stats["eventsMissed"] == 0, "one forged message: \(stats["eventsMissed"] ?? .null) events missed")
         await member.client.close()
+        await nodes.stop()
+    }
+
+    /// A node that stalled past the lease takes every other node for gone and forgets their listeners
+    /// of its holders' channels, while those nodes may have kept their streams, or even listened again
+    /// just before. Their beacons still report the listeners: the holder's node counts them again, so
+    /// that their streams do not wait for events that never come (the chaos run's held feed, stuck for
+    /// 37 s after its holder's node was stopped).
+    @Test("a node whose beacons report listeners on a channel held here that this node does not count gets the holder's events again")
+    func reportedListenersAreCountedAgain() async throws {
+        let nats = try NATSServerProcess()
+        let (nodes, producer, holder) = try await feedOnOneNode(nats)
+        let local = try RawConnection(port: nodes.servers[0].port)  // the holder's stream goes on for it
+        try local.send(.call(1, "feed", "listen"))
+        #expect(try await local.nextNonPing().kind == .reply)
+        let harness = try BusHarness()
+        let other = try harness.bus("other", servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)])
+        var holderInstance: String?, received = 0
+        _ = try other.subscribe("switchboard.beacon", queue: nil) { message in
+            holderInstance = holderInstance ?? String(decoding: message.payload, as: UTF8.self).split(separator: " ").first.map(String.init)
+        }
+        let digest = Digest.sha256Hex(Array("feed".utf8))
+        _ = try other.subscribe("switchboard.event.\(digest)", queue: nil) { _ in received += 1 }
+        #expect(harness.run { holderInstance != nil })
+        producer.send(1)
+        harness.run(forMs: 200)
+        #expect(received == 0, "no other node counted as listening: nothing goes to the bus")
+        for _ in 0..<3 {  // the other node's beacons: one listener on feed, through the holder's node
+            try other.publish("switchboard.beacon", headers: [], payload: Array("abc123 0 other\nL \(holderInstance ?? "") \(digest) 1\nL\n".utf8))
+            harness.run(forMs: 250)
+        }
+        producer.send(2)
+        #expect(harness.run { received >= 1 }, "before, the holder's node never sent that node another event")
+        await holder.close()
         await nodes.stop()
     }
 }
