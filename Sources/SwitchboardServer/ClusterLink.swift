@@ -94,8 +94,10 @@ final class ClusterLink {
     /// receiver takes for a new start, not a gap.
     private var sentCounts: [String: UInt64] = [:]
     /// The last number received from each node that sent on a channel this node listens on, by sender
-    /// and channel: a node that goes silent is forgotten in one removal.
+    /// and channel. A node that goes silent keeps its numbers: a bus outage makes every node seem gone,
+    /// and what the bus lost then shows as a gap once they are back. At most ``numberedSenders``.
     private var receivedNumbers: [String: [String: UInt64]] = [:]
+    static let numberedSenders = 1024
     /// Events from other nodes that never arrived: the gaps in their numbers.
     private(set) var eventsMissed = 0
     /// Where remote events go: the channel, the envelope (nil: the end of the stream), the whole
@@ -383,9 +385,8 @@ final class ClusterLink {
     /// Takes the number of an event from another node on `channel` (`Sb-Seq: <n> <number>`): a gap
     /// since the last one from that node counts its events as missed; a smaller number is a new start
     /// (that node's cache was emptied) and counts nothing. Only a node this one knows (``peers``) starts
-    /// being numbered: what anyone else on the bus makes up is neither kept nor counted, and a node's
-    /// numbers go when it does. (After a stall, which forgets every peer until its next beacon, the
-    /// numbers kept go on: what comes meanwhile is not taken for missed.)
+    /// being numbered: what anyone else on the bus makes up is neither kept nor counted. (After a stall
+    /// or an outage, which forget every peer until its next beacon, the numbers kept go on.)
     private func noteNumber(_ mark: String, on channel: String) {
         let words = mark.split(separator: " ")
         guard words.count == 2, let number = UInt64(words[1]) else { return }
@@ -394,6 +395,9 @@ final class ClusterLink {
         guard known != nil || peers[origin] != nil else { return }
         if let last = known, number > last {
             eventsMissed = min(eventsMissed + Int(min(number - last - 1, 1 << 32)), Self.missedCeiling)
+        }
+        if known == nil, receivedNumbers[origin] == nil, receivedNumbers.count >= Self.numberedSenders {
+            receivedNumbers = [:]  // nodes long gone (each restart is a new instance): start again
         }
         receivedNumbers[origin, default: [:]][channel] = number
     }
@@ -796,7 +800,6 @@ final class ClusterLink {
         let lost = peers.filter { now - $0.value.lastSeen > Self.leaseMs }.keys.sorted()
         for node in lost {
             peers.removeValue(forKey: node)
-            receivedNumbers.removeValue(forKey: node)
             peersLost += 1
             endServedCalls(of: node)
             onPeerLost?(node)

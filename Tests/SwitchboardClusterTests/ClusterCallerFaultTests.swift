@@ -381,6 +381,42 @@ struct MissedEventsTests {
         await nodes.stop()
     }
 
+    @Test("a sender that seemed gone for a while (a bus outage makes every node seem so) keeps its numbers: what was lost meanwhile is counted once it is back")
+    func numbersOutliveASilence() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, nats: nats)
+        let listener = try RawConnection(port: nodes.servers[0].port)
+        let watcher = try RawConnection(port: nodes.servers[0].port)
+        try listener.send(.call(1, "switchboard/room", "listen"))
+        #expect(try await listener.frame().kind == .reply)
+        #expect(try await eventually { try await clusterStats(watcher)["channelsListened"] == 1 })
+        let harness = try BusHarness()
+        let other = try harness.bus("other", servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)])
+        #expect(harness.run { other.isConnected })
+        let subject = "switchboard.event." + Digest.sha256Hex(Array("switchboard/room".utf8))
+        func send(_ number: Int) throws {
+            let event = Frame(.message, id: 0, channel: "switchboard/room",
+                              payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([UInt8(number)])))
+            try other.publish(subject, headers: [.init("Sb-Seq", "abc123 \(number)")], payload: event.bytes)
+        }
+        try other.publish("switchboard.beacon", headers: [], payload: Array("abc123 0 other\nL\n".utf8))
+        try send(1)
+        harness.run(forMs: 100)
+        // No beacon for longer than the lease: the listening node takes it for gone.
+        #expect(try await eventually { try await clusterStats(watcher)["nodesLost"] == 1 })
+        try other.publish("switchboard.beacon", headers: [], payload: Array("abc123 0 other\nL\n".utf8))
+        try send(4)  // 2 and 3 were lost meanwhile
+        harness.run(forMs: 100)
+        var heard = 0
+        #expect(try await eventually {
+            heard += try await listener.barrier().filter { $0.channel == "switchboard/room" }.count
+            return heard == 2
+        })
+        // Before, its numbers went with it, and 4 was taken for a new start.
+        #expect(try await clusterStats(watcher)["eventsMissed"] == 2)
+        await nodes.stop()
+    }
+
     @Test("an event its sender could not send (over max_payload) is counted there as unsent, and not again as missed where it did not arrive")
     func unsentIsNotMissed() async throws {
         let nats = try NATSServerProcess(configuration: "max_payload: 2048\n")
