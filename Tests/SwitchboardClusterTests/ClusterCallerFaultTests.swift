@@ -347,74 +347,77 @@ struct StoppedNATSServerTests {
 
 @Suite("Events the bus lost", .serialized, .needsNATSServer)
 struct MissedEventsTests {
+    /// A node with a listener on the room, and another node as the bus shows it: its beacons, and its
+    /// events on the room's subject with the numbers the test gives them.
+    private final class NumberedSender {
+        let nats: NATSServerProcess
+        let nodes: ClusterNodes
+        let listener: RawConnection, watcher: RawConnection
+        let harness: BusHarness
+        let other: NATSBus
+        private let subject = "switchboard.event." + Digest.sha256Hex(Array("switchboard/room".utf8))
+        private var heard = 0
+
+        init() async throws {
+            let nats = try NATSServerProcess(), nodes = try ClusterNodes(1, nats: nats)
+            let listener = try RawConnection(port: nodes.servers[0].port), watcher = try RawConnection(port: nodes.servers[0].port)
+            try listener.send(.call(1, "switchboard/room", "listen"))
+            #expect(try await listener.frame().kind == .reply)
+            #expect(try await eventually { try await clusterStats(watcher)["channelsListened"] == 1 })
+            let harness = try BusHarness()
+            let other = try harness.bus("other", servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)])
+            #expect(harness.run { other.isConnected })
+            (self.nats, self.nodes, self.listener, self.watcher, self.harness, self.other) = (nats, nodes, listener, watcher, harness, other)
+        }
+
+        /// Its beacon: numbers count only from a node the listening node knows (the bus keeps one
+        /// connection's order, so a beacon goes before the events after it).
+        func beacon() throws { try other.publish("switchboard.beacon", headers: [], payload: Array("abc123 0 other\nL\n".utf8)) }
+
+        func send(_ numbers: Int...) throws {
+            for number in numbers {
+                let event = Frame(.message, id: 0, channel: "switchboard/room",
+                                  payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([UInt8(truncatingIfNeeded: number)])))
+                try other.publish(subject, headers: [.init("Sb-Seq", "abc123 \(number)")], payload: event.bytes)
+            }
+            harness.run(forMs: 100)  // the harness's loop turns only when it is run: it writes them out here
+        }
+
+        /// Whether the listener has heard `count` events in all.
+        func heard(_ count: Int) async throws -> Bool {
+            try await eventually {
+                heard += try await listener.barrier().filter { $0.channel == "switchboard/room" }.count
+                return heard == count
+            }
+        }
+
+        func eventsMissed() async throws -> ChannelValue? { try await clusterStats(watcher)["eventsMissed"] }
+    }
+
     @Test("a listening node counts the gaps in another node's event numbers as eventsMissed; a smaller number is a new start and counts nothing")
     func gapsAreCounted() async throws {
-        let nats = try NATSServerProcess()
-        let nodes = try ClusterNodes(1, nats: nats)
-        let listener = try RawConnection(port: nodes.servers[0].port)
-        let watcher = try RawConnection(port: nodes.servers[0].port)
-        try listener.send(.call(1, "switchboard/room", "listen"))
-        #expect(try await listener.frame().kind == .reply)
-        #expect(try await eventually { try await clusterStats(watcher)["channelsListened"] == 1 })
-        // Another node, as the bus shows it: its events on the room's subject, numbered 1, 2, 5, then 1.
-        let harness = try BusHarness()
-        let other = try harness.bus("other", servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)])
-        #expect(harness.run { other.isConnected })
-        // Its beacon first (the bus keeps one connection's order): numbers count only from a node the
-        // listening node knows.
-        try other.publish("switchboard.beacon", headers: [], payload: Array("abc123 0 other\nL\n".utf8))
-        let subject = "switchboard.event." + Digest.sha256Hex(Array("switchboard/room".utf8))
-        for (number, byte) in [(1, 1), (2, 2), (5, 5), (1, 6)] as [(Int, UInt8)] {
-            let event = Frame(.message, id: 0, channel: "switchboard/room",
-                              payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([byte])))
-            try other.publish(subject, headers: [.init("Sb-Seq", "abc123 \(number)")], payload: event.bytes)
-        }
-        #expect(harness.run { other.counters.messagesOut == 5 })
-        harness.run(forMs: 100)  // the harness's loop turns only when it is run: it writes them out here
-        var heard = 0
-        #expect(try await eventually {
-            heard += try await listener.barrier().filter { $0.channel == "switchboard/room" }.count
-            return heard == 4
-        })
+        let bus = try await NumberedSender()
+        try bus.beacon()
+        try bus.send(1, 2, 5, 1)
+        #expect(try await bus.heard(4))
         // Before: no such counter, and the two events the numbers say were lost went unseen.
-        #expect(try await clusterStats(watcher)["eventsMissed"] == 2)
-        await nodes.stop()
+        #expect(try await bus.eventsMissed() == 2)
+        await bus.nodes.stop()
     }
 
     @Test("a sender that seemed gone for a while (a bus outage makes every node seem so) keeps its numbers: what was lost meanwhile is counted once it is back")
     func numbersOutliveASilence() async throws {
-        let nats = try NATSServerProcess()
-        let nodes = try ClusterNodes(1, nats: nats)
-        let listener = try RawConnection(port: nodes.servers[0].port)
-        let watcher = try RawConnection(port: nodes.servers[0].port)
-        try listener.send(.call(1, "switchboard/room", "listen"))
-        #expect(try await listener.frame().kind == .reply)
-        #expect(try await eventually { try await clusterStats(watcher)["channelsListened"] == 1 })
-        let harness = try BusHarness()
-        let other = try harness.bus("other", servers: [NATSBus.Server(host: "127.0.0.1", port: nats.port)])
-        #expect(harness.run { other.isConnected })
-        let subject = "switchboard.event." + Digest.sha256Hex(Array("switchboard/room".utf8))
-        func send(_ number: Int) throws {
-            let event = Frame(.message, id: 0, channel: "switchboard/room",
-                              payload: try StandardMethodCodec().encodeSuccessEnvelope(.uint8List([UInt8(number)])))
-            try other.publish(subject, headers: [.init("Sb-Seq", "abc123 \(number)")], payload: event.bytes)
-        }
-        try other.publish("switchboard.beacon", headers: [], payload: Array("abc123 0 other\nL\n".utf8))
-        try send(1)
-        harness.run(forMs: 100)
+        let bus = try await NumberedSender()
+        try bus.beacon()
+        try bus.send(1)
         // No beacon for longer than the lease: the listening node takes it for gone.
-        #expect(try await eventually { try await clusterStats(watcher)["nodesLost"] == 1 })
-        try other.publish("switchboard.beacon", headers: [], payload: Array("abc123 0 other\nL\n".utf8))
-        try send(4)  // 2 and 3 were lost meanwhile
-        harness.run(forMs: 100)
-        var heard = 0
-        #expect(try await eventually {
-            heard += try await listener.barrier().filter { $0.channel == "switchboard/room" }.count
-            return heard == 2
-        })
+        #expect(try await eventually { try await clusterStats(bus.watcher)["nodesLost"] == 1 })
+        try bus.beacon()
+        try bus.send(4)  // 2 and 3 were lost meanwhile
+        #expect(try await bus.heard(2))
         // Before, its numbers went with it, and 4 was taken for a new start.
-        #expect(try await clusterStats(watcher)["eventsMissed"] == 2)
-        await nodes.stop()
+        #expect(try await bus.eventsMissed() == 2)
+        await bus.nodes.stop()
     }
 
     @Test("an event its sender could not send (over max_payload) is counted there as unsent, and not again as missed where it did not arrive")
