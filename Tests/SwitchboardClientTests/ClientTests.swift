@@ -152,12 +152,12 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
         let clock = ContinuousClock()
         let started = clock.now
         await #expect(throws: ClientError.timedOut) { try await slow.invokeMethod("x", timeout: .milliseconds(100)) }
-        #expect(clock.now - started < .seconds(2))
+        #expect(clock.now - started < .seconds(10))  // at once: far sooner than the handler's 30 s, even on a loaded machine
         let call = Task { try await slow.invokeMethod("y") }
         try await Task.sleep(for: .milliseconds(50))
         call.cancel()
         await #expect(throws: CancellationError.self) { try await call.value }
-        for _ in 0..<200 where (cancellations.current ?? 0) < 2 { try await Task.sleep(for: .milliseconds(10)) }
+        for _ in 0..<1000 where (cancellations.current ?? 0) < 2 { try await Task.sleep(for: .milliseconds(10)) }
         #expect(cancellations.current == 2)  // the server's handler saw both CANCELs
         let stillWorks: ChannelValue = try await SwitchboardClient.MethodChannel(name: "switchboard/echo", client: client)
             .invokeMethod("echo", arguments: 1)
