@@ -16,7 +16,7 @@ import SwitchboardWire
         #expect(readme.contains("## A server in Swift\n\n```swift\n" + example + "```\n"))
     }
 
-    /// The README and the guides in docs/: the pages whose Swift blocks are checked here.
+    /// The README and the guides in docs/: the pages whose Swift blocks and links are checked here.
     static func pages() throws -> [(path: String, text: String)] {
         let guides = try FileManager.default.contentsOfDirectory(atPath: root + "docs").filter { $0.hasSuffix(".md") }.sorted()
         return try (["README.md"] + guides.map { "docs/" + $0 }).map { ($0, try String(contentsOfFile: root + $0, encoding: .utf8)) }
@@ -44,6 +44,38 @@ import SwitchboardWire
             }
         }
         #expect(count >= 6)
+    }
+
+    /// Every relative link of the README and of docs/ leads to a file or folder of the repository, and a
+    /// link to a heading of a Markdown page (`page.md#heading`) to a heading that page has.
+    @Test func everyRelativeLinkLeadsSomewhere() throws {
+        let link = #/\]\(([^)\s]+)\)/#
+        for (path, text) in try Self.pages() {
+            let folder = (path as NSString).deletingLastPathComponent
+            for match in text.matches(of: link) {
+                let target = String(match.1)
+                if target.contains("://") || target.hasPrefix("mailto:") { continue }
+                let parts = target.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+                let file = parts[0].isEmpty ? path : (folder as NSString).appendingPathComponent(parts[0])
+                let resolved = (Self.root + file as NSString).standardizingPath
+                #expect(FileManager.default.fileExists(atPath: resolved), "\(path) links to \(target), which does not exist")
+                guard parts.count == 2, file.hasSuffix(".md"), let page = try? String(contentsOfFile: resolved, encoding: .utf8) else { continue }
+                #expect(Self.anchors(page).contains(parts[1]), "\(path) links to \(target): no such heading there")
+            }
+        }
+    }
+
+    /// The anchors GitHub gives a page's headings: lower case, spaces as hyphens, other punctuation gone.
+    private static func anchors(_ page: String) -> Set<String> {
+        var inCode = false
+        var anchors = Set<String>()
+        for line in page.split(separator: "\n", omittingEmptySubsequences: false) {
+            if line.hasPrefix("```") { inCode.toggle() }
+            guard !inCode, line.hasPrefix("#") else { continue }
+            let title = line.drop { $0 == "#" }.trimmingCharacters(in: .whitespaces).lowercased()
+            anchors.insert(String(title.compactMap { $0 == " " ? "-" : ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") ? $0 : nil }))
+        }
+        return anchors
     }
 
     /// The lines of `text` without their indentation, and without empty ones and imports (a file has

@@ -3,14 +3,14 @@
 # (terminal 1, ports 7420 and 7421), each page in order and the pages side by side: a walk-through that
 # starts a server gives it a port of its own (on every page) and says in which terminal, none starts a
 # second scripts/serve in the background, and the CLI is the installed `switchboard`, which each page
-# shows how to install before its first use.
+# shows how to install before its first use. Every relative link of these pages leads to a file.
 source "$(dirname "$0")/lib.bash"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 while read -r verdict name detail; do
     if [ "$verdict" = PASS ]; then PASSED=$((PASSED + 1)); echo "PASS ${name//_/ }"
     else FAILED=$((FAILED + 1)); echo "FAIL ${name//_/ }: $detail"; fi
 done < <(cd "$ROOT" && python3 - README.md docs/*.md <<'PY'
-import re, sys
+import os, re, sys
 
 pages = {path: open(path).read() for path in sys.argv[1:]}
 blocks = [(path, m.start(), m.group(1)) for path, text in pages.items()
@@ -50,6 +50,14 @@ for path, text in pages.items():
         problems.append(f"{path}: first `$ switchboard` line comes before any mention of scripts/install")
 report("each page shows scripts/install before its first switchboard command", problems)
 
+problems = []
+for path, text in pages.items():
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if "://" in target or target.startswith("mailto:") or target.startswith("#"):
+            continue
+        if not os.path.exists(os.path.join(os.path.dirname(path), target.split("#")[0])):
+            problems.append(f"{path}: {target}")
+report("every relative link of the README and docs/ leads to a file", problems)
 PY
 )
 finish
