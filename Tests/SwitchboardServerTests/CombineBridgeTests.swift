@@ -409,12 +409,12 @@ extension InMemoryTransport {
         #expect(try caller.frames().isEmpty)
     }
 
-    // MARK: The README's example
+    // MARK: The example in docs/embedding.md
 
     @Test func readmeExample() throws {
         let embedded = try EmbeddedServer()
         let server = embedded.server
-        // README (Combine) begins
+        // docs/embedding.md begins
         let readings = PassthroughSubject<ChannelValue, Never>()  // the callback calls readings.send(.float64(celsius))
         EventChannel(name: "sensors/outside", server: server)     // every listener; asks only for what the queue has room for
             .setStreamHandler(broadcasting: readings.buffer(size: 64, prefetch: .keepFull, whenFull: .dropOldest))
@@ -423,7 +423,7 @@ extension InMemoryTransport {
         MethodChannel(name: "dice", server: server).setMethodCallHandler { _ in
             Future<ChannelValue, Never> { promise in promise(.success(.int(Int.random(in: 1...6)))) }
         }
-        // README (Combine) ends
+        // docs/embedding.md ends
         embedded.run()
         let client = embedded.connect()
         try client.listen(on: "sensors/outside", in: embedded)

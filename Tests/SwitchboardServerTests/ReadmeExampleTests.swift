@@ -16,25 +16,66 @@ import SwitchboardWire
         #expect(readme.contains("## A server in Swift\n\n```swift\n" + example + "```\n"))
     }
 
-    /// Every Swift block in the README is a file, or a run of lines of one, that a test builds: the
-    /// examples (run as programs), and the snippets that tests compile and run (compared line by line,
-    /// indentation and imports aside).
+    /// The README and the guides in docs/: the pages whose Swift blocks and links are checked here.
+    static func pages() throws -> [(path: String, text: String)] {
+        let guides = try FileManager.default.contentsOfDirectory(atPath: root + "docs").filter { $0.hasSuffix(".md") }.sorted()
+        return try (["README.md"] + guides.map { "docs/" + $0 }).map { ($0, try String(contentsOfFile: root + $0, encoding: .utf8)) }
+    }
+
+    /// Every Swift block in the README and in docs/ is a file, or a run of lines of one, that a test
+    /// builds: the examples (run as programs), and the snippets that tests compile and run (compared
+    /// line by line, indentation and imports aside).
     @Test func everySwiftBlockIsBuiltByATest() throws {
-        let readme = try String(contentsOfFile: Self.root + "README.md", encoding: .utf8)
         let sources = try ["Examples/ServerExample/main.swift", "Examples/ClientExample/main.swift",
                            "Examples/BrokerExample/main.swift", "Tests/SwitchboardServerTests/ReadmeExampleTests.swift",
                            "Tests/SwitchboardServerTests/CombineBridgeTests.swift"].map {
             Self.lines(try String(contentsOfFile: Self.root + $0, encoding: .utf8))
         }
-        let blocks = readme.components(separatedBy: "```swift\n").dropFirst().map { $0.components(separatedBy: "```")[0] }
-        #expect(blocks.count >= 6)
-        for block in blocks {
-            let wanted = Self.lines(block)
-            let found = sources.contains { source in
-                source.indices.contains { start in source[start...].starts(with: wanted) }
+        var count = 0
+        for (path, text) in try Self.pages() {
+            let blocks = text.components(separatedBy: "```swift\n").dropFirst().map { $0.components(separatedBy: "```")[0] }
+            count += blocks.count
+            for block in blocks {
+                let wanted = Self.lines(block)
+                let found = sources.contains { source in
+                    source.indices.contains { start in source[start...].starts(with: wanted) }
+                }
+                #expect(found, "a Swift block of \(path) no test builds:\n\(block)")
             }
-            #expect(found, "a Swift block of the README no test builds:\n\(block)")
         }
+        #expect(count >= 6)
+    }
+
+    /// Every relative link of the README and of docs/ leads to a file or folder of the repository, and a
+    /// link to a heading of a Markdown page (`page.md#heading`) to a heading that page has.
+    @Test func everyRelativeLinkLeadsSomewhere() throws {
+        let link = #/\]\(([^)\s]+)\)/#
+        for (path, text) in try Self.pages() {
+            let folder = (path as NSString).deletingLastPathComponent
+            for match in text.matches(of: link) {
+                let target = String(match.1)
+                if target.contains("://") || target.hasPrefix("mailto:") { continue }
+                let parts = target.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+                let file = parts[0].isEmpty ? path : (folder as NSString).appendingPathComponent(parts[0])
+                let resolved = (Self.root + file as NSString).standardizingPath
+                #expect(FileManager.default.fileExists(atPath: resolved), "\(path) links to \(target), which does not exist")
+                guard parts.count == 2, file.hasSuffix(".md"), let page = try? String(contentsOfFile: resolved, encoding: .utf8) else { continue }
+                #expect(Self.anchors(page).contains(parts[1]), "\(path) links to \(target): no such heading there")
+            }
+        }
+    }
+
+    /// The anchors GitHub gives a page's headings: lower case, spaces as hyphens, other punctuation gone.
+    private static func anchors(_ page: String) -> Set<String> {
+        var inCode = false
+        var anchors = Set<String>()
+        for line in page.split(separator: "\n", omittingEmptySubsequences: false) {
+            if line.hasPrefix("```") { inCode.toggle() }
+            guard !inCode, line.hasPrefix("#") else { continue }
+            let title = line.drop { $0 == "#" }.trimmingCharacters(in: .whitespaces).lowercased()
+            anchors.insert(String(title.compactMap { $0 == " " ? "-" : ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") ? $0 : nil }))
+        }
+        return anchors
     }
 
     /// The lines of `text` without their indentation, and without empty ones and imports (a file has
@@ -81,7 +122,7 @@ import SwitchboardWire
         #expect(try await example.exitCode() == 0)
     }
 
-    /// The README's "Testing" snippet, as written there.
+    /// The testing guide's snippet (docs/testing.md), as written there.
     @Test func embeddedServerExample() throws {
         let embedded = try EmbeddedServer()          // the demo channels, served over in-memory transports
         let peer = embedded.connect()
@@ -94,7 +135,7 @@ import SwitchboardWire
     }
 }
 
-// README plugin begins
+// the plugin guide begins
 /// Orders are read-only today, and only the `support` user sees customers' e-mail addresses.
 struct ReadOnlyOrders: Plugin {
     let name = "read-only-orders"
@@ -120,21 +161,21 @@ struct ReadOnlyOrders: Plugin {
         }
     }
 }
-// README plugin ends
+// the plugin guide ends
 
-/// Identifies a client as `support` when its token says so (the README's plugin reads identities).
+/// Identifies a client as `support` when its token says so (the guide's plugin reads identities).
 struct TokenIsIdentity: Plugin {
     let name = "token-is-identity"
     func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication { hello.token.map { .identity($0) } ?? .pass }
 }
 
 @Suite struct ReadmePluginExample {
-    /// The README's plugin source, compared with the copy above.
-    @Test func readmeShowsThisPlugin() throws {
-        let readme = try String(contentsOfFile: #filePath.replacingOccurrences(of: "Tests/SwitchboardServerTests/ReadmeExampleTests.swift", with: "README.md"), encoding: .utf8)
+    /// The plugin guide's source (docs/plugins-and-security.md), compared with the copy above.
+    @Test func guideShowsThisPlugin() throws {
+        let guide = try String(contentsOfFile: ReadmeExample.root + "docs/plugins-and-security.md", encoding: .utf8)
         let source = try String(contentsOfFile: #filePath, encoding: .utf8)
-        let plugin = source.components(separatedBy: "// README plugin begins\n")[1].components(separatedBy: "// README plugin ends")[0]
-        #expect(readme.contains("import SwitchboardServer\n\n" + plugin))
+        let plugin = source.components(separatedBy: "// the plugin guide begins\n")[1].components(separatedBy: "// the plugin guide ends")[0]
+        #expect(guide.contains("```swift\nimport SwitchboardServer\n\n" + plugin + "```\n"))
     }
 
     @Test func refusesWritesAndHidesEmails() throws {

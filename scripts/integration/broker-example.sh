@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's broker section: Examples/BrokerExample serves channels that other clients use.
+# The broker walk-through of docs/clients.md: Examples/BrokerExample serves channels that other clients use.
 source "$(dirname "$0")/lib.bash"
 EXAMPLE="$(dirname "$SWITCHBOARD")/broker-example"
 start_server

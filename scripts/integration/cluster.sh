@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two nodes over a nats-server, driven as the README's "Scaling" walk-through does: a post to the room on
+# Two nodes over a nats-server, driven as the walk-through of docs/scaling-and-cluster.md does: a post to the room on
 # one node reaches a listener on the other; the broker example holds channels on one node and the CLI
 # and nc use them from the other; stats show the bus.
 source "$(dirname "$0")/lib.bash"
@@ -39,7 +39,7 @@ check "a post on node a reaches a listener on node b" \
 kill "$LISTENER" 2>/dev/null || true
 rm -f "$ROOM"
 
-# The README's broker walk-through: the example holds greeter/* on node a, node b's clients use them.
+# The guide's broker walk-through: the example holds greeter/* on node a, node b's clients use them.
 "$(dirname "$SWITCHBOARD")/broker-example" --port "$PORT_A" >/dev/null 2>&1 &
 EXAMPLE=$!
 trap 'stop_server; kill "$EXAMPLE" "$NODE_B" "$NATS_PID" 2>/dev/null; wait 2>/dev/null; rm -f "$LOG" "$LOG_B"' EXIT

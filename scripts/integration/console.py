@@ -9,7 +9,7 @@ the URL is replaced by the server's port), and drives it as a person would: the 
 Pause, Resume and Stop) and Post forms, the live counters and chart, the channel and connection tables
 and a connection's Close button. Prints a PASS or FAIL line per check and exits nonzero on any failure,
 leaving a screenshot and the browser's console log in .build/console-test/. With SAVE_SCREENSHOT=1 a
-successful run saves docs/console.png (the README shows it). With --token, the server wants that token:
+successful run saves docs/console.png (docs/operations.md shows it). With --token, the server wants that token:
 the page is given it in `?token=` (which must leave the address bar), then, in a tab without it, asks
 for it in the page, refuses a wrong one and connects with the right one.
 

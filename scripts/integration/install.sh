@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/install puts a working `switchboard` on the PATH (the debug build here, into a temporary
-# prefix): the README's CLI lines then work from any directory.
+# prefix): the CLI lines of the README and docs/ then work from any directory.
 source "$(dirname "$0")/lib.bash"
 start_server
 prefix=$(mktemp -d)

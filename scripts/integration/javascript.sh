@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The JavaScript client under Node 20: its test suite (node --test, against servers it starts itself)
-# and the README's snippet against a live server.
+# and the snippet of docs/clients.md against a live server.
 source "$(dirname "$0")/lib.bash"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SWITCHBOARD_ABS=$(cd "$(dirname "$SWITCHBOARD")" && pwd)/$(basename "$SWITCHBOARD")
@@ -14,9 +14,9 @@ fi
 
 start_server
 SNIPPET=$(mktemp --suffix .mjs)
-awk '/^## In the browser/ {on=1} on && /^```js/ {grab=1; next} grab && /^```/ {exit} grab' "$ROOT/README.md" |
+awk '/^## JavaScript/ {on=1} on && /^```js/ {grab=1; next} grab && /^```/ {exit} grab' "$ROOT/docs/clients.md" |
     sed -e "s|127.0.0.1:7420|127.0.0.1:$PORT|" -e "s|'./clients/js/|'file://$ROOT/clients/js/|" >"$SNIPPET"
-check "the README's JavaScript snippet" "Map(1) { 'hello' => [ 1, 2.5, 'x' ] }
+check "the JavaScript snippet of docs/clients.md" "Map(1) { 'hello' => [ 1, 2.5, 'x' ] }
 0
 1
 2" "$(timeout 20 node --experimental-websocket --no-warnings "$SNIPPET" 2>&1)"

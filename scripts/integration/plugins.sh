@@ -2,7 +2,7 @@
 # Plugins from a --config file, driven with nc: access control (forbidden, a user's token, deny wins),
 # a rate limit (rate_limited with retryAfterMs), an alias, SIGHUP reloads (a live connection's rights
 # change; a broken file keeps the old settings), a broken file at start-up (exit 78, EX_CONFIG), and
-# the README's example config with the answers it shows.
+# the plugin guide's example config (docs/plugins-and-security.md) with the answers it shows.
 source "$(dirname "$0")/lib.bash"
 CONFIG=$(mktemp --suffix .json)
 trap 'stop_server; rm -f "$LOG" "$CONFIG"' EXIT
@@ -85,14 +85,14 @@ grep -q 'config reload failed, keeping the previous configuration: .*line 1, col
     || check "a broken reload is logged with its line" "a log line" "$(cat "$LOG")"
 stop_server
 
-# The README's example, as printed there: its config file, and the answers its two nc commands show.
-README=$(dirname "$0")/../../README.md
-awk '/^\$ cat switchboard.json$/ { on = 1; next } /^\$ switchboard serve --config/ { on = 0 } on' "$README" >"$CONFIG"
+# The plugin guide's example, as printed there: its config file, and the answers its two nc commands show.
+GUIDE=$(dirname "$0")/../../docs/plugins-and-security.md
+awk '/^\$ cat switchboard.json$/ { on = 1; next } /^\$ switchboard serve --config/ { on = 0 } on' "$GUIDE" >"$CONFIG"
 start_server --config "$CONFIG"
-expected_forbidden=$(awk '/^\$ printf .*switchboard\/stats/ { getline; print; exit }' "$README")
-text_session "README: an anonymous stats call is forbidden" '{"id":1,"call":"switchboard/stats","method":"get"}\n' "$expected_forbidden"
-expected_user=$(awk '/^    \| nc -N 127\.0\.0\.1 [0-9]+$/ { on = 1; next } on && /^```/ { exit } on' "$README")
-text_session "README: the app user may send" '{"id":1,"hello":{"token":"app-secret"}}\n{"id":2,"send":"switchboard/message","message":"hi"}\n' \
+expected_forbidden=$(awk '/^\$ printf .*switchboard\/stats/ { getline; print; exit }' "$GUIDE")
+text_session "the guide: an anonymous stats call is forbidden" '{"id":1,"call":"switchboard/stats","method":"get"}\n' "$expected_forbidden"
+expected_user=$(awk '/^    \| nc -N 127\.0\.0\.1 [0-9]+$/ { on = 1; next } on && /^```/ { exit } on' "$GUIDE")
+text_session "the guide: the app user may send" '{"id":1,"hello":{"token":"app-secret"}}\n{"id":2,"send":"switchboard/message","message":"hi"}\n' \
     "$expected_user"
 stop_server
 

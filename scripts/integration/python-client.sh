@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python client (clients/python) as a test author uses it: `pip install` into .build/venv (offline:
-# scripts/setup put pytest and the build backend there), then its pytest suite and the README's example,
+# scripts/setup put pytest and the build backend there), then its pytest suite and the example of docs/clients.md,
 # whose servers the installed plugin starts from $SWITCHBOARD. A run that collects no test, or skips
 # one, fails.
 source "$(dirname "$0")/lib.bash"

@@ -72,9 +72,9 @@ evil origin: 1008
 TEXT
 check "binary and text over ws:// and wss://, a stream, pings as heartbeat, close codes" "$EXPECTED" \
     "$(timeout 30 "$PYTHON" -c "$CLIENT" "$PORT" "$TLS_PORT" "$CERTS/ca.pem")"
-README_SNIPPET=$(awk '/^## WebSocket, health and metrics/ {on=1} on && /^```python/ {grab=1; next} grab && /^```/ {exit} grab' "$ROOT/README.md")
-check "the README's Python snippet" '{"id":1,"result":"hi"}' \
-    "$(timeout 10 "$PYTHON" -c "${README_SNIPPET//127.0.0.1:7420/127.0.0.1:$PORT}")"
+GUIDE_SNIPPET=$(awk '/^## WebSocket/ {on=1} on && /^```python/ {grab=1; next} grab && /^```/ {exit} grab' "$ROOT/docs/tls-and-websocket.md")
+check "the Python snippet of docs/tls-and-websocket.md" '{"id":1,"result":"hi"}' \
+    "$(timeout 10 "$PYTHON" -c "${GUIDE_SNIPPET//127.0.0.1:7420/127.0.0.1:$PORT}")"
 check "curl /healthz" '{"status":"serving"' "$(curl -s "http://127.0.0.1:$PORT/healthz" | cut -c1-19)"
 check "curl /healthz over TLS" "200" "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$CERTS/ca.pem" "https://127.0.0.1:$TLS_PORT/healthz")"
 check "curl: anything else is 404" "404" "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/other")"

@@ -102,9 +102,9 @@ def test_the_readme_example_is_the_example_file_and_passes(pytester):
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=example.count("\nasync def test_"))
 
 
-def test_the_main_readme_snippet_passes(pytester):
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("## A client in Python, for tests\n", 1)[1]
+def test_the_clients_guide_snippet_passes(pytester):
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "clients.md").read_text()
+    section = guide.split("## Python, for tests\n", 1)[1]
     snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
-    pytester.makepyfile(test_main_readme="import pytest\nimport switchboard\n\n" + snippet)
+    pytester.makepyfile(test_clients_guide="import pytest\nimport switchboard\n\n" + snippet)
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
