@@ -1,7 +1,10 @@
-# Shared by scripts/soak and scripts/attacks (source it from the repository root): builds the release
-# server and runs it on a free loopback port. Sets SERVER_PID and PORT; stop_server on EXIT.
+# Shared by the scripts that put a release server under load: scripts/soak, attacks and chaos, and the
+# bench-* scripts (source it from the repository root). A scratch directory $WORK; start_server runs
+# the release server on a free loopback port and sets SERVER_PID and PORT; on EXIT, cleanup stops it and
+# every other process the script left running in the background, and removes $WORK.
 SERVER_PID=
 SERVER_LOG=
+WORK=$(mktemp -d)
 
 build_server() {
     scripts/setup
@@ -36,4 +39,20 @@ stop_server() {
     rm -f "$SERVER_LOG"
     return "$status"
 }
-trap 'stop_server || true' EXIT
+
+# free_port: a loopback TCP port that nothing listens on now (for a server that needs its port in advance).
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# cpu_ticks "PID…": the processes' user + system CPU time so far, in clock ticks.
+cpu_ticks() { local pid total=0; for pid in $1; do total=$(( total + $(awk '{print $14 + $15}' "/proc/$pid/stat") )); done; echo "$total"; }
+
+# cleanup: stops the server of start_server, then every background job still running, and removes $WORK.
+cleanup() {
+    stop_server || true
+    local pids
+    pids=$(jobs -rp)
+    if [ -n "$pids" ]; then kill $pids 2>/dev/null || true; fi
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
