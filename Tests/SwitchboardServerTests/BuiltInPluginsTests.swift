@@ -62,7 +62,7 @@ final class CapturedLog: Sendable {
 }
 
 @Suite("Plugins: access control, rate limits, request log, aliases, configuration")
-struct FirstPluginsTests {
+struct BuiltInPluginsTests {
     @Test("anonymous connections get the anonymous rights: forbidden calls, listens and REGISTERs, connection open")
     func anonymousRights() throws {
         let settings = LiveSettings(PluginConfiguration(access: accessRules()))
