@@ -87,7 +87,10 @@ let package = Package(
         ),
         .target(
             name: "SwitchboardTesting",
-            dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardServer", "SwitchboardTransport"]
+            dependencies: [
+                "SwitchboardCodec", "SwitchboardWire", "SwitchboardServer", "SwitchboardTransport", "SwitchboardPlugins",
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .executableTarget(
             name: "switchboard",
@@ -109,6 +112,7 @@ let package = Package(
             name: "SwitchboardCodecTests",
             dependencies: ["SwitchboardCodec", .product(name: "PropertyBased", package: "swift-property-based")]
         ),
+        .testTarget(name: "SwitchboardTransportTests", dependencies: ["SwitchboardTransport", "SwitchboardTesting"]),
         .testTarget(
             name: "SwitchboardClientTests",
             dependencies: [
@@ -132,6 +136,13 @@ let package = Package(
                 "SwitchboardCluster", "SwitchboardTransport",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "SwitchboardPluginsTests",
+            dependencies: [
+                "SwitchboardPlugins", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
+                "SwitchboardTransport", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

@@ -14,8 +14,7 @@ public struct AccessRules: Codable, Sendable, Equatable {
 
     private enum CodingKeys: String, CodingKey, CaseIterable { case users, anonymous }
     public init(from decoder: any Decoder) throws {
-        try rejectUnknownKeys(decoder, CodingKeys.self)
-        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
         users = try c.decodeIfPresent([User].self, forKey: .users)
         anonymous = try c.decodeIfPresent(Grants.self, forKey: .anonymous)
     }
@@ -41,8 +40,7 @@ public struct AccessRules: Codable, Sendable, Equatable {
 
         private enum CodingKeys: String, CodingKey, CaseIterable { case name, tokenSha256, certificateSubject, allow, deny }
         public init(from decoder: any Decoder) throws {
-            try rejectUnknownKeys(decoder, CodingKeys.self)
-            let c = try decoder.container(keyedBy: CodingKeys.self)
+            let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
             name = try c.decode(String.self, forKey: .name)
             tokenSha256 = try c.decodeIfPresent(String.self, forKey: .tokenSha256)
             certificateSubject = try c.decodeIfPresent(String.self, forKey: .certificateSubject)
@@ -66,8 +64,7 @@ public struct AccessRules: Codable, Sendable, Equatable {
 
         private enum CodingKeys: String, CodingKey, CaseIterable { case allow, deny }
         public init(from decoder: any Decoder) throws {
-            try rejectUnknownKeys(decoder, CodingKeys.self)
-            let c = try decoder.container(keyedBy: CodingKeys.self)
+            let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
             allow = try c.decodeIfPresent(Rights.self, forKey: .allow)
             deny = try c.decodeIfPresent(Rights.self, forKey: .deny)
         }
@@ -90,8 +87,7 @@ public struct AccessRules: Codable, Sendable, Equatable {
 
         private enum CodingKeys: String, CodingKey, CaseIterable { case call, listen, send, register }
         public init(from decoder: any Decoder) throws {
-            try rejectUnknownKeys(decoder, CodingKeys.self)
-            let c = try decoder.container(keyedBy: CodingKeys.self)
+            let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
             call = try c.decodeIfPresent([String].self, forKey: .call)
             listen = try c.decodeIfPresent([String].self, forKey: .listen)
             send = try c.decodeIfPresent([String].self, forKey: .send)

@@ -26,8 +26,7 @@ public struct PluginConfiguration: Codable, Sendable, Equatable {
     private enum CodingKeys: String, CodingKey, CaseIterable { case aliases, access, rateLimits, requestLog }
 
     public init(from decoder: any Decoder) throws {
-        try rejectUnknownKeys(decoder, CodingKeys.self)
-        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
         aliases = try c.decodeIfPresent([String: String].self, forKey: .aliases)
         access = try c.decodeIfPresent(AccessRules.self, forKey: .access)
         rateLimits = try c.decodeIfPresent([RateLimitRule].self, forKey: .rateLimits)
@@ -141,14 +140,17 @@ public struct PluginConfiguration: Codable, Sendable, Equatable {
     }
 }
 
-/// Decoding fails on a key the type does not know.
-func rejectUnknownKeys<Keys: CodingKey & CaseIterable>(_ decoder: any Decoder, _: Keys.Type) throws {
-    let known = Set(Keys.allCases.map(\.stringValue))
-    let container = try decoder.container(keyedBy: AnyKey.self)
-    for key in container.allKeys where !known.contains(key.stringValue) {
-        throw DecodingError.dataCorrupted(.init(
-            codingPath: decoder.codingPath + [key],
-            debugDescription: "unknown key (known: \(known.sorted().joined(separator: ", ")))"))
+extension Decoder {
+    /// The keyed container of a settings type that fails on a key the type does not know (every
+    /// settings type decodes through it), so that a misspelt key is not silently ignored.
+    func strictContainer<Keys: CodingKey & CaseIterable>(keyedBy _: Keys.Type) throws -> KeyedDecodingContainer<Keys> {
+        let known = Set(Keys.allCases.map(\.stringValue))
+        for key in try container(keyedBy: AnyKey.self).allKeys where !known.contains(key.stringValue) {
+            throw DecodingError.dataCorrupted(.init(
+                codingPath: codingPath + [key],
+                debugDescription: "unknown key (known: \(known.sorted().joined(separator: ", ")))"))
+        }
+        return try container(keyedBy: Keys.self)
     }
 }
 

@@ -32,8 +32,7 @@ public struct RateLimitRule: Codable, Sendable, Equatable {
 
         private enum CodingKeys: String, CodingKey, CaseIterable { case rate, burst }
         public init(from decoder: any Decoder) throws {
-            try rejectUnknownKeys(decoder, CodingKeys.self)
-            let c = try decoder.container(keyedBy: CodingKeys.self)
+            let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
             rate = try c.decode(Double.self, forKey: .rate)
             burst = try c.decode(Double.self, forKey: .burst)
         }
@@ -41,8 +40,7 @@ public struct RateLimitRule: Codable, Sendable, Equatable {
 
     private enum CodingKeys: String, CodingKey, CaseIterable { case channels, kinds, perConnection, perUser }
     public init(from decoder: any Decoder) throws {
-        try rejectUnknownKeys(decoder, CodingKeys.self)
-        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
         channels = try c.decode([String].self, forKey: .channels)
         kinds = try c.decodeIfPresent([String].self, forKey: .kinds)
         for kind in kinds ?? [] where RateLimitRule.kind(named: kind) == nil {

@@ -19,8 +19,7 @@ public struct RequestLogSettings: Codable, Sendable, Equatable {
 
     private enum CodingKeys: String, CodingKey, CaseIterable { case sampleOneIn, slowMs, level }
     public init(from decoder: any Decoder) throws {
-        try rejectUnknownKeys(decoder, CodingKeys.self)
-        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let c = try decoder.strictContainer(keyedBy: CodingKeys.self)
         sampleOneIn = try c.decodeIfPresent(Int.self, forKey: .sampleOneIn)
         slowMs = try c.decodeIfPresent(Double.self, forKey: .slowMs)
         level = try c.decodeIfPresent(String.self, forKey: .level)

@@ -23,16 +23,6 @@ final class Handoff<Value: Sendable>: Sendable {
     var value: Value? { box.withLock { $0 } }
 }
 
-extension InMemoryTransport {
-    /// The `switchboard/stats` map, asked on this connection with `id`.
-    func stats(on server: EmbeddedServer, id: UInt32 = 0x5747) throws -> ChannelValue {
-        send(try .call(id, "switchboard/stats", "get"))
-        server.run()
-        guard let reply = try frames().last(where: { $0.id == id }) else { throw TestFailure("no stats reply") }
-        return try reply.envelope().get()
-    }
-}
-
 /// Runs `body` on a thread of its own and waits for it: an embedded server's loop belongs to the
 /// (synchronous) test's thread, and an async test may hop threads, so producer threads are real ones.
 func onAnotherThread(_ body: @escaping @Sendable () -> Void) {

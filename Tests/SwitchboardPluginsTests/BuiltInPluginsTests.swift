@@ -12,25 +12,6 @@ import SwitchboardTesting
 import SwitchboardTransport
 import SwitchboardWire
 
-/// A HELLO frame with `token`.
-func hello(token: String, id: UInt32 = 1) -> Frame {
-    Frame(.hello, id: id, payload: Array(#"{"version":1,"token":"\#(token)"}"#.utf8))
-}
-
-func sha(_ token: String) -> String { Digest.sha256Hex(Array(token.utf8)) }
-
-/// Rights used by the access-control tests.
-func accessRules() -> AccessRules {
-    AccessRules(
-        users: [
-            .init(name: "alice", tokenSha256: sha("alice-token"),
-                  allow: .init(call: ["switchboard/*"], listen: ["switchboard/room"], register: ["held/*"]),
-                  deny: .init(call: ["switchboard/stats"])),
-            .init(name: "bob", tokenSha256: sha("bob-token").uppercased()),
-        ],
-        anonymous: .init(allow: .init(call: ["switchboard/echo"], listen: [], send: [], register: [])))
-}
-
 /// Log records, for the request log's tests.
 final class CapturedLog: Sendable {
     struct Record: Sendable {
@@ -62,7 +43,7 @@ final class CapturedLog: Sendable {
 }
 
 @Suite("Plugins: access control, rate limits, request log, aliases, configuration")
-struct FirstPluginsTests {
+struct BuiltInPluginsTests {
     @Test("anonymous connections get the anonymous rights: forbidden calls, listens and REGISTERs, connection open")
     func anonymousRights() throws {
         let settings = LiveSettings(PluginConfiguration(access: accessRules()))

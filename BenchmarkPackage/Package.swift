@@ -1,7 +1,7 @@
 // swift-tools-version: 6.2
 import PackageDescription
 
-// Kept out of the main build: `swift run -c release --package-path Benchmarks codec-benchmarks`.
+// Kept out of the main build: `swift run -c release --package-path BenchmarkPackage codec-benchmarks`.
 let package = Package(
     name: "SwitchboardBenchmarks",
     // Named, so `package: "main"` holds whatever the clone's directory is called.

@@ -4,7 +4,7 @@ import SwitchboardServer
 import SwitchboardTesting
 
 /// Runs `body` against a live server on an ephemeral port, then shuts it down and waits for it.
-func withServer(
+package func withServer(
     _ configure: (inout ServerConfiguration) -> Void = { _ in },
     setUp: (Server) -> Void = { _ in },
     _ body: (Server, Int) async throws -> Void
@@ -30,7 +30,7 @@ func withServer(
 }
 
 /// A method call's result on `wire`, whose answer is read past any other frame.
-func call(_ wire: RawConnection, _ id: UInt32, _ channel: String, _ method: String,
+package func call(_ wire: RawConnection, _ id: UInt32, _ channel: String, _ method: String,
           _ arguments: ChannelValue = .null) async throws -> Result<ChannelValue, ChannelError> {
     try wire.send(.call(id, channel, method, arguments))
     while true {
