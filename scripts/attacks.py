@@ -36,7 +36,7 @@ settled, at most SETTLE_MAX s).
 Thresholds (an attack FAILs when any is broken):
   * echo latency during the attack: p99 < 100 ms, and every probe call answered;
   * RSS during: peak - baseline <= the attack's budget (9, 10: REG_BUDGET per channel held + 64 MiB): 4 KiB per idle connection (benchmarks/README.md measures
-    1.4 KiB); listeners x outbound limit x 1.25 + 64 MiB for never-readers (the outbound limit is what the
+    1.76 KiB); listeners x outbound limit x 1.25 + 64 MiB for never-readers (the outbound limit is what the
     server may hold per connection); 64 MiB for the trickle; outbound limit + 64 MiB for the flood (a
     connection over its limit should stop being read). A hard cap (HARD_CAP_MIB) ends an attack early;
   * RSS after: <= baseline + max(32 MiB, 25 % of baseline, 2 % of the attack's peak growth) once the
