@@ -5,6 +5,7 @@ import SwitchboardClient
 import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 
 /// Switchboard nodes joined by one nats-server, each serving on a thread of its own.
 final class ClusterNodes {
@@ -80,15 +81,6 @@ final class RoomMember: Sendable {
     }
 
     var events: [ChannelValue] { received.all }
-}
-
-/// Polls `condition` every 20 ms for up to `seconds`.
-func eventually(_ seconds: Double = 10, _ condition: () async throws -> Bool) async throws -> Bool {
-    for _ in 0..<Int(seconds * 50) {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return try await condition()
 }
 
 @Suite("A cluster of nodes over nats-server", .serialized, .needsNATSServer)
