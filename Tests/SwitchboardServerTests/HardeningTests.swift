@@ -134,7 +134,7 @@ import SwitchboardWire
             server.shutdown()
             await server.waitUntilStopped()
         }
-        for _ in 0..<200 where core != nil || loop != nil { try await Task.sleep(for: .milliseconds(5)) }
+        _ = try await eventually { core == nil && loop == nil }
         #expect(core == nil)
         #expect(loop == nil)
     }
@@ -170,7 +170,7 @@ import SwitchboardWire
             done.increment()
         }
         handle.execute { loop.value.stop() }
-        while done.value == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(try await eventually { done.value > 0 })
         let claims = AtomicCounter()
         for _ in 0..<20 {
             let checked = AtomicCounter()
@@ -178,7 +178,7 @@ import SwitchboardWire
                 if handle.isInLoopThread { claims.increment() }
                 checked.increment()
             }
-            while checked.value == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            #expect(try await eventually { checked.value > 0 })
         }
         #expect(claims.value == 0)
         #expect(!handle.execute {})
@@ -201,10 +201,10 @@ import SwitchboardWire
                     }
                 }
             }
-            try await Task.sleep(for: .microseconds(200))
+            _ = try await eventually { accepted.value > 0 }  // the posters have begun
             handle.execute { loop.value.stop() }
             for poster in posters { await poster.value }
-            while finished.value == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            #expect(try await eventually { finished.value > 0 })
             #expect(ran.value == accepted.value)
         }
     }
