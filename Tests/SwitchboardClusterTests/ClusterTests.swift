@@ -117,7 +117,7 @@ struct ClusterTests {
         #expect(try await eventually { try await members[1].post(200); return members[2].events.contains(.uint8List([200])) })
         members[2].stopListening()
         #expect(try await eventually { try await members[2].cluster()["channelsListened"] == 0 })
-        try await Task.sleep(for: .milliseconds(200))  // the UNSUB reaches nats-server
+        try await Task.sleep(for: .milliseconds(200))  // real time: the UNSUB reaches nats-server, which says nothing back
         let before = try await members[2].cluster()["eventsIn"]
         for _ in 0..<10 { try await members[1].post(201) }
         #expect(try await eventually { members[0].events.filter { $0 == .uint8List([201]) }.count == 10 })

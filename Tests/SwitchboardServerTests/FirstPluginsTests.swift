@@ -294,7 +294,7 @@ struct FirstPluginsTests {
         let embedded = try EmbeddedServer(plugins: [AccessControl(settings: settings), RequestLog(settings: settings, logger: log.logger)])
         MethodChannel(name: "slow", server: embedded.server).setMethodCallHandler { call, result in
             startThread {
-                usleep(30_000)
+                usleep(30_000)  // real time: the request log times a request by the real clock (EventLoop.nanoseconds), past slowMs
                 result.success(call.arguments)
             }
         }
