@@ -155,9 +155,17 @@ public final class Server: Sendable {
     /// Starts serving without a listener, with the loop driven by the calling thread through
     /// ``runOnce()``: for connections over in-memory transports (tests, fuzzers) and for embedders
     /// that bring their own transports to ``accept(_:)``. End with ``finishDriven()``. One loop only.
-    public func startDriven() throws(UVError) {
+    /// With `manualClock`, the server's time stands still until ``advanceTime(byMs:turn:)`` moves it.
+    public func startDriven(manualClock: Bool = false) throws(UVError) {
         precondition(group.count == 1, "a driven server runs one loop")
+        if manualClock { try core.value.eventLoop.useManualClock() }
         try core.value.startPerTurnWork()
+    }
+
+    /// Moves a manual clock (``startDriven(manualClock:)``) on, firing the timers due on the way in
+    /// order: see ``EventLoop/advanceTime(byMs:turn:)``.
+    public func advanceTime(byMs milliseconds: UInt64, turn: () -> Void) {
+        core.value.eventLoop.advanceTime(byMs: milliseconds, turn: turn)
     }
 
     /// Runs what is ready now (jobs from other threads, due timers, the per-turn flush) without

@@ -7,6 +7,10 @@ import SwitchboardTransport
 /// A real server whose loop the test drives, with connections over ``InMemoryTransport``s: no
 /// sockets, no threads, the same bytes in the same order every run. Use it from one thread.
 ///
+/// Its clock stands still: the server's time (a connection's `now`, deadlines,
+/// heartbeats, housekeeping, every timer) moves only by ``advanceTime(byMs:)``, as with swift-nio's
+/// `EmbeddedEventLoop`. Tests about time need no sleeps.
+///
 /// ```swift
 /// let embedded = try EmbeddedServer()
 /// let peer = embedded.connect()
@@ -30,7 +34,7 @@ public final class EmbeddedServer {
             server.installIntrospectionChannels()
         }
         for plugin in plugins { server.load(plugin) }
-        try server.startDriven()
+        try server.startDriven(manualClock: true)
         server.runOnce()  // the channels are set
     }
 
@@ -54,6 +58,14 @@ public final class EmbeddedServer {
             for transport in transports { transport.deliverWaitingInput() }
             server.runOnce()
         }
+    }
+
+    /// Moves the server's clock on by `milliseconds`, firing the timers due on the way in order (with a
+    /// loop turn at each time one is due), then runs ``run(turns:)``'s default turns at the new time.
+    public func advanceTime(byMs milliseconds: UInt64) {
+        precondition(!isFinished, "EmbeddedServer.advanceTime after finish()")
+        server.advanceTime(byMs: milliseconds) { run(turns: 1) }
+        run()
     }
 
     /// Runs turns until `condition` holds (true) or `timeoutMs` passes (false): for answers that come

@@ -20,6 +20,12 @@ public final class EventLoop {
     private var wakeup: AsyncWakeup!
     /// Set once the loop and its memory are gone (after ``run()``, or in `deinit` for a loop never run).
     private var isTornDown = false
+    /// Where ``now`` reads the time: libuv's cached clock (`uv_loop_t.time`, the field `uv_now` returns),
+    /// or a ``ManualClock``'s. Two loads and no branch: cheaper than calling `uv_now`, and the same for
+    /// either clock.
+    @usableFromInline let clockSource: UnsafeMutablePointer<UnsafeMutablePointer<UInt64>>
+    /// The clock a test moves, once ``useManualClock()`` made one; nil on every loop that serves for real.
+    private(set) var manualClock: ManualClock?
 
     private static let ignoreSIGPIPE: Void = { signal(SIGPIPE, SIG_IGN) }()
 
@@ -30,6 +36,9 @@ public final class EventLoop {
         let rc = uv_loop_init(loop)
         guard rc == 0 else { loop.deallocate(); throw UVError(code: rc, operation: "uv_loop_init") }
         readBuffer = .allocate(byteCount: EventLoop.readBufferSize, alignment: 16)
+        clockSource = .allocate(capacity: 1)
+        clockSource.initialize(to: (UnsafeMutableRawPointer(loop) + MemoryLayout<uv_loop_t>.offset(of: \.time)!)
+            .assumingMemoryBound(to: UInt64.self))
         handle = LoopHandle()
         wakeup = try AsyncWakeup(loop: self, handle: handle)
         loop.pointee.data = Unmanaged.passUnretained(self).toOpaque()
@@ -42,8 +51,37 @@ public final class EventLoop {
         tearDown()
     }
 
-    /// Milliseconds of the loop's cached clock. Inlinable: rate limits read it per request.
-    @inlinable public var now: UInt64 { uv_now(loop) }
+    /// Milliseconds of the loop's cached clock (or of its manual clock). Inlinable: rate limits read it
+    /// per request.
+    @inlinable public var now: UInt64 { clockSource.pointee.pointee }
+
+    /// Makes this loop keep its own time, which stands still until ``advanceTime(byMs:turn:)`` moves
+    /// it, and keep its ``Timer``s in a list of its own that fires by that time (as swift-nio's
+    /// `EmbeddedEventLoop` does): for loops driven by ``runOnce()`` in tests about time. The clock
+    /// starts at the current ``now``. Call it before the loop runs and before making any timer.
+    public func useManualClock() throws(UVError) {
+        precondition(!handle.hasStarted && manualClock == nil, "EventLoop.useManualClock: the loop has begun")
+        // libuv runs a turn only while some handle keeps the loop alive, which the server's started
+        // timers did: this one does it now (it is due long after any test).
+        try Timer(loop: self).start(after: UInt64.max / 2) {}
+        let clock = ManualClock(startingAt: now)
+        manualClock = clock
+        clockSource.pointee = clock.time
+    }
+
+    /// Moves the manual clock (``useManualClock()``) on by `milliseconds`. On the way it stops at each
+    /// time a timer is due, in order, and calls `turn` there, which must run the loop once
+    /// (``runOnce()`` fires the timers due); at the end it calls `turn` once more.
+    public func advanceTime(byMs milliseconds: UInt64, turn: () -> Void) {
+        guard let clock = manualClock else { preconditionFailure("EventLoop.advanceTime: the loop has no manual clock") }
+        let target = clock.time.pointee + milliseconds
+        while let due = clock.nextDue, due <= target {
+            clock.time.pointee = max(clock.time.pointee, due)
+            turn()
+        }
+        clock.time.pointee = target
+        turn()
+    }
 
     /// A monotonic clock in nanoseconds, for measuring latency.
     public static func nanoseconds() -> UInt64 { uv_hrtime() }
@@ -67,6 +105,7 @@ public final class EventLoop {
         precondition(!isTornDown, "EventLoop.runOnce: the loop has been torn down")
         if !handle.hasStarted { handle.markLoopThread() }
         for job in handle.takeJobs() { job() }
+        manualClock?.fireDueTimers()
         uv_run(loop, UV_RUN_NOWAIT)
     }
 
@@ -87,6 +126,7 @@ public final class EventLoop {
         isTornDown = true
         for job in handle.shutDown() { job() }
         beforeClosing()
+        manualClock?.forgetTimers()
         var rc: Int32 = 0
         for _ in 0..<16 {
             uv_walk(loop, { handle, _ in
@@ -98,6 +138,8 @@ public final class EventLoop {
             if rc != UV_EBUSY.rawValue { break }
         }
         readBuffer.deallocate()
+        clockSource.deallocate()
+        manualClock?.time.deallocate()
         // Still busy: some request never finished. Its callback may yet touch the loop, so the loop's
         // memory is kept (a bounded, one-off leak) rather than freed under it.
         guard rc == 0 else {
@@ -107,6 +149,62 @@ public final class EventLoop {
         }
         loop.deallocate()
     }
+}
+
+/// The time and the timers of a loop whose clock the caller moves (``EventLoop/useManualClock()``).
+/// Timers fire in the order libuv fires them: by due time, then by the order they were started.
+final class ManualClock {
+    /// Milliseconds; ``EventLoop/now`` reads it.
+    let time: UnsafeMutablePointer<UInt64>
+    private struct Entry {
+        let due: UInt64
+        let started: UInt64
+        let interval: UInt64
+        let timer: Timer
+    }
+    private var entries: [Entry] = []
+    /// How many timers have been started (the `started` of the latest).
+    private var starts: UInt64 = 0
+
+    init(startingAt now: UInt64) {
+        time = .allocate(capacity: 1)
+        time.initialize(to: now)
+    }
+
+    /// Starts (or restarts) `timer`: due `milliseconds` from now, then every `interval` if that is not 0.
+    func schedule(_ timer: Timer, after milliseconds: UInt64, repeat interval: UInt64) {
+        unschedule(timer)
+        starts += 1
+        entries.append(Entry(due: time.pointee + milliseconds, started: starts, interval: interval, timer: timer))
+    }
+
+    func unschedule(_ timer: Timer) { entries.removeAll { $0.timer === timer } }
+
+    /// When the next timer is due, if any is started.
+    var nextDue: UInt64? { entries.map(\.due).min() }
+
+    /// Fires, in order, the timers due by now that were started before this call; a repeating one is
+    /// started again first (as `uv_timer_again` does), so it fires next time, not in this pass.
+    func fireDueTimers() {
+        let startedBefore = starts
+        while let index = nextIndex(dueBy: time.pointee, startedBy: startedBefore) {
+            let entry = entries.remove(at: index)
+            if entry.interval > 0 { schedule(entry.timer, after: entry.interval, repeat: entry.interval) }
+            entry.timer.fire()
+        }
+    }
+
+    private func nextIndex(dueBy now: UInt64, startedBy last: UInt64) -> Int? {
+        var best: Int?
+        for (index, entry) in entries.enumerated() where entry.due <= now && entry.started <= last {
+            if let b = best, (entries[b].due, entries[b].started) <= (entry.due, entry.started) { continue }
+            best = index
+        }
+        return best
+    }
+
+    /// Drops every timer (they hold their callbacks): the loop is closing.
+    func forgetTimers() { entries = [] }
 }
 
 /// The thread-safe door into a loop: a Mutex-guarded job list plus a `uv_async_t` whose callback drains it.

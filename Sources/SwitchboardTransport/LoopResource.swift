@@ -47,12 +47,15 @@ public class LoopResource {
     }
 }
 
-/// A one-shot or repeating timer on the loop.
+/// A one-shot or repeating timer on the loop (kept by the loop's manual clock if it has one, see
+/// ``EventLoop/useManualClock()``).
 public final class Timer: LoopResource {
     private var callback: (() -> Void)?
+    private let manualClock: ManualClock?
 
     /// Makes a stopped timer.
     public init(loop: EventLoop) throws(UVError) {
+        manualClock = loop.manualClock
         super.init(type: UV_TIMER)
         let rc = uv_timer_init(loop.loop, raw.assumingMemoryBound(to: uv_timer_t.self))
         guard rc == 0 else { discard(); throw UVError(code: rc, operation: "uv_timer_init") }
@@ -63,6 +66,7 @@ public final class Timer: LoopResource {
     public func start(after milliseconds: UInt64, repeat repeatMilliseconds: UInt64 = 0, _ body: @escaping () -> Void) {
         guard !isClosing else { return }
         callback = body
+        if let manualClock { return manualClock.schedule(self, after: milliseconds, repeat: repeatMilliseconds) }
         uv_timer_start(raw.assumingMemoryBound(to: uv_timer_t.self), { timer in
             LoopResource.owner(UnsafeMutableRawPointer(timer), as: Timer.self)?.callback?()
         }, milliseconds, repeatMilliseconds)
@@ -71,13 +75,20 @@ public final class Timer: LoopResource {
     /// Stops the timer; it can be started again.
     public func stop() {
         guard !isClosing else { return }
+        if let manualClock { return manualClock.unschedule(self) }
         uv_timer_stop(raw.assumingMemoryBound(to: uv_timer_t.self))
     }
 
     /// Stops and releases the timer.
     public func cancel() { close() }
 
-    override func willClose() { callback = nil }
+    /// Runs the callback, as libuv does when the timer is due (for a manual clock).
+    func fire() { callback?() }
+
+    override func willClose() {
+        callback = nil
+        manualClock?.unschedule(self)
+    }
 }
 
 /// Runs a callback once per loop iteration, just before the loop blocks for I/O (Redis's `beforeSleep`).

@@ -21,7 +21,7 @@ final class Counter: EventProducer {
         if arguments == "refuse" { return ChannelError(code: "refused") }
         guard arguments != "hold" else { return nil }
         Task {
-            try await Task.sleep(for: .milliseconds(100))  // let every listener join first
+            try await Task.sleep(for: .milliseconds(100))  // real time: the other listeners join the server's fan-out, which the producer cannot see
             for i in 0..<count { sink.success(.int(i)) }
             sink.endOfStream()
         }
@@ -208,7 +208,7 @@ final class Counter: EventProducer {
         _ = try await b.frame()
         try a.send(.call(2, "feed", "cancel"))
         _ = try await a.frame()
-        try await Task.sleep(for: .milliseconds(50))
+        try await Task.sleep(for: .milliseconds(50))  // real time: a cancel that must not come has nothing to await
         #expect(producer.cancels.withLock { $0 } == 0)  // b still listens
         await holder.close()  // the holder leaves: b's stream ends with handler_gone
         guard case .failure(let gone) = try await b.frame().envelope() else { throw TestFailure("expected an error event") }
@@ -247,12 +247,12 @@ final class Counter: EventProducer {
         try await RemoteMethods(name: "jobs/ping", client: holder).setMethodCallHandler { _ in "pong" }
         await stop(server)
         server = try startServer(port: port)
-        for _ in 0..<300 where holder.state != .connected { try await Task.sleep(for: .milliseconds(10)) }
+        _ = try await eventually { holder.state == .connected }
         let caller = try await connect(server)
         var answer: ChannelValue = .null
-        for _ in 0..<100 {  // the REGISTER goes out right after WELCOME
-            if let value = try? await RemoteMethods(name: "jobs/ping", client: caller).invokeMethod("x") { answer = value; break }
-            try await Task.sleep(for: .milliseconds(10))
+        _ = try await eventually {  // the REGISTER goes out right after WELCOME
+            answer = (try? await RemoteMethods(name: "jobs/ping", client: caller).invokeMethod("x")) ?? .null
+            return answer != .null
         }
         #expect(answer == "pong")
         await caller.close()

@@ -8,6 +8,7 @@ import Testing
 import SwitchboardClient
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardTesting
 
 /// A client's close racing its own calls, subscriptions and writes: everything ends, nothing hangs.
 @Suite struct ClientShutdown {
@@ -18,20 +19,16 @@ import SwitchboardServer
         for _ in 0..<25 {
             let client = try await connect(server)
             let echo = MethodChannel(name: "switchboard/echo", client: client)
-            let finished = Tally()
+            let finished = Tally(), answered = Tally()
             let callers = (0..<4).map { _ in
                 Task.detached {
-                    for n in 0..<50 { _ = try? await echo.invokeMethod("echo", arguments: .int(n)) }
+                    for n in 0..<50 { if (try? await echo.invokeMethod("echo", arguments: .int(n))) != nil { answered.add() } }
                     finished.add()
                 }
             }
-            try await Task.sleep(for: .microseconds(300))
+            _ = try await eventually { answered.value > 0 }  // calls are under way
             await client.close()
-            let deadline = ContinuousClock.now + .seconds(5)
-            while finished.value < 4, ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(5))
-            }
-            #expect(finished.value == 4, "a call hung after close()")
+            #expect(try await eventually(5) { finished.value == 4 }, "a call hung after close()")
             if finished.value < 4 { break }
             for caller in callers { await caller.value }
         }
@@ -68,12 +65,15 @@ import SwitchboardServer
                 if case .uint8List(let bytes) = event { received.set(bytes.count) }
             }
         }
-        try await Task.sleep(for: .milliseconds(100))  // the listen is in
         let poster = try await connect(server)
+        #expect(try await eventually {  // the listen is in
+            poster.post(channel: "switchboard/room.post", payload: [1])
+            return received.current == 1
+        })
         let big = [UInt8](repeating: 1, count: 15 << 20)
         poster.post(channel: "switchboard/room.post", payload: big)  // id 0: nothing waits for it
         await poster.close()
-        #expect(try await received.wait(.seconds(5)) == big.count)
+        #expect(try await eventually(5) { received.current == big.count })
         stream.cancel()
         await listener.close()
         await stop(server)
@@ -97,7 +97,7 @@ final class Tally: Sendable {
         try await EventChannel(name: "held/events", client: client).setStreamHandler(Counter(count: 1))
         await client.close()
     }
-    for _ in 0..<200 where weakClient != nil { try await Task.sleep(for: .milliseconds(5)) }
+    _ = try await eventually { weakClient == nil }
     #expect(weakClient == nil)
     await stop(server)
 }

@@ -43,12 +43,10 @@ final class Cell<T: Sendable>: Sendable {
     func set(_ v: T) { value.withLock { $0 = v } }
     var current: T? { value.withLock { $0 } }
     func wait(_ limit: Duration = .seconds(5)) async throws -> T {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let v = current { return v }
-            try await Task.sleep(for: .milliseconds(5))
+        guard try await eventually(Double(limit / .milliseconds(1)) / 1000, { current != nil }), let v = current else {
+            throw ClientError.timedOut
         }
-        throw ClientError.timedOut
+        return v
     }
 }
 
@@ -136,14 +134,14 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
     }
 
     @Test func taskCancellationAndTimeoutSendCancelAndFailAtOnce() async throws {
-        let cancellations = Cell<Int>()
+        let cancellations = Cell<Int>(), handled = Tally()
         let count = Mutex(0)
         let server = try startServer { server in
             MethodChannel(name: "slow", server: server).setMethodCallHandler { _ in
-                do { try await Task.sleep(for: .seconds(30)) } catch {
-                    let n = count.withLock { $0 += 1; return $0 }
-                    cancellations.set(n)
-                }
+                handled.add()
+                await untilCancelled()
+                let n = count.withLock { $0 += 1; return $0 }
+                cancellations.set(n)
                 return nil
             }
         }
@@ -152,13 +150,12 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
         let clock = ContinuousClock()
         let started = clock.now
         await #expect(throws: ClientError.timedOut) { try await slow.invokeMethod("x", timeout: .milliseconds(100)) }
-        #expect(clock.now - started < .seconds(10))  // at once: far sooner than the handler's 30 s, even on a loaded machine
+        #expect(clock.now - started < .seconds(10))  // at once: the handler never answers (bounded by 10 s for a loaded machine)
         let call = Task { try await slow.invokeMethod("y") }
-        try await Task.sleep(for: .milliseconds(50))
+        #expect(try await eventually { handled.value == 2 })  // the call has reached the handler
         call.cancel()
         await #expect(throws: CancellationError.self) { try await call.value }
-        for _ in 0..<1000 where (cancellations.current ?? 0) < 2 { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(cancellations.current == 2)  // the server's handler saw both CANCELs
+        #expect(try await eventually { cancellations.current == 2 })  // the server's handler saw both CANCELs
         let stillWorks: ChannelValue = try await SwitchboardClient.MethodChannel(name: "switchboard/echo", client: client)
             .invokeMethod("echo", arguments: 1)
         #expect(stillWorks == 1)
@@ -216,10 +213,11 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
             receiveCompletion: { _ in })
         EventChannel(name: "switchboard/ticker", client: client)
             .publisher(arguments: ["intervalMs": 0, "count": 1000]).receive(subscriber: subscriber)
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(try await eventually { received.withLock { $0.count } == 3 })
+        try await Task.sleep(for: .milliseconds(300))  // real time: a server and client on their own loops; what must not come has nothing to await
         #expect(received.withLock { $0 } == [0, 1, 2])  // the ticker waits for credit instead of running ahead
         subscription.current?.request(.max(2))
-        try await Task.sleep(for: .milliseconds(200))
+        #expect(try await eventually { received.withLock { $0.count } >= 5 })
         #expect(received.withLock { $0 } == [0, 1, 2, 3, 4])
         let stats = try await MethodChannel(name: "switchboard/stats", client: client).invokeMethod("get")
         #expect(stats["eventsDropped"] == [:])
@@ -229,8 +227,9 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
     }
 
     @Test func reconnectRelistensAndFailsCallsInFlight() async throws {
+        let hung = Tally()
         var server = try startServer { server in
-            MethodChannel(name: "hang", server: server).setMethodCallHandler { _, _ in }
+            MethodChannel(name: "hang", server: server).setMethodCallHandler { _, _ in hung.add() }
         }
         let port = server.port
         let client = try await connect(server, reconnect: ReconnectPolicy(initialDelay: .milliseconds(20), maximumDelay: .milliseconds(100)))
@@ -243,20 +242,24 @@ final class SubscriptionHolder: @unchecked Sendable {  // `value` only read and 
             }
         }
         let post = BasicMessageChannel(name: "switchboard/room.post", codec: BinaryCodec(), client: client)
-        try await Task.sleep(for: .milliseconds(100))
-        _ = try await post.send([1])
+        #expect(try await eventually {  // the listen is in
+            _ = try await post.send([1])
+            return !events.withLock { $0.isEmpty }
+        })
         let hanging = Task { try await MethodChannel(name: "hang", client: client).invokeMethod("x") }
-        try await Task.sleep(for: .milliseconds(50))
+        #expect(try await eventually { hung.value > 0 })
         await stop(server)
         let failure = await hanging.result
         #expect(throws: (any Error).self) { try failure.get() }  // going_away from the drain, or connectionLost
         server = try startServer(port: port)
-        for _ in 0..<300 where client.state != .connected { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(client.state == .connected)
-        try await Task.sleep(for: .milliseconds(100))  // the listen goes out again after WELCOME
-        _ = try await post.send([2])
-        for _ in 0..<100 where events.withLock({ $0.count }) < 2 { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(events.withLock { $0 } == [.uint8List([1]), .uint8List([2])])
+        #expect(try await eventually { client.state == .connected })
+        #expect(try await eventually {  // the listen goes out again after WELCOME
+            _ = try await post.send([2])
+            return events.withLock { $0.contains(.uint8List([2])) }
+        })
+        let seen = events.withLock { $0 }  // the first post and the last, each perhaps more than once
+        #expect(seen.first == .uint8List([1]) && seen.last == .uint8List([2]))
+        #expect(seen.allSatisfy { $0 == .uint8List([1]) || $0 == .uint8List([2]) })
         #expect(states.withLock { $0 }.contains { if case .disconnected = $0 { true } else { false } })
         stream.cancel()
         await client.close()

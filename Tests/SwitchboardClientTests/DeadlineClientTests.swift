@@ -36,11 +36,7 @@ struct DeadlineClientTests {
         let server = try startTLSServer { $0.frameTimeoutMs = 300 }
         let loop = try EventLoop()
         defer { loop.finishDriving() }
-        func run(until condition: () -> Bool) -> Bool {
-            let deadline = Date().addingTimeInterval(5)
-            while !condition(), Date() < deadline { loop.runOnce(); usleep(500) }
-            return condition()
-        }
+        func run(until condition: () -> Bool) -> Bool { waitUntil(5) { loop.runOnce(); return condition() } }
         var tcp: TCPConnection?
         TCPConnection.connect(loop: loop, host: "127.0.0.1", port: server.tlsPort) { tcp = try? $0.get() }
         #expect(run { tcp != nil })
@@ -82,7 +78,7 @@ struct DeadlineClientTests {
             if secure { config.tls = try TLSContext.client(caFile: TestCertificates.path("ca.pem")) }
             clients.append(try await Client.connect(config))
         }
-        try await Task.sleep(for: .milliseconds(1000))  // five first-frame deadlines of silence
+        try await Task.sleep(for: .milliseconds(1000))  // real time: real clients on their own loops, five first-frame deadlines of silence
         for client in clients {
             #expect(try await echo(client).invokeMethod("echo", arguments: "still here") == "still here")
             await client.close()

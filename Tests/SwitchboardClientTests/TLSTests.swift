@@ -103,10 +103,9 @@ func tlsExchange(port: Int, certificate: String? = nil, send request: [UInt8],
         var bytes = request
         tls.write(&bytes)
     }
-    let deadline = Date().addingTimeInterval(10)
-    while !isClosed, !isEnough(received), Date() < deadline {
+    _ = waitUntil {
         loop.runOnce()
-        usleep(1000)
+        return isClosed || isEnough(received)
     }
     transport?.closeNow()
     return received

@@ -28,11 +28,14 @@ extension ClusterInputTests {
         let digest = Digest.sha256Hex(Array("feed".utf8))
         let headers = Array("NATS/1.0\r\nSb-Caller: fa4e\r\n\r\n".utf8)
         let call = Array(#"{"method":"listen","args":"hold"}"#.utf8)
-        for id in UInt8(1)...25 where producer.listens.withLock({ $0 }) == 0 {  // until the holder's subscription is in place
+        var id: UInt8 = 0
+        _ = try await eventually(5, every: .milliseconds(200)) {  // until the holder's subscription is in place
+            guard producer.listens.withLock({ $0 }) == 0 else { return true }
+            id += 1
             let batch = [0, 0, 0, 0, 0, 0, 0, id, UInt8(ascii: "c"), 0, 0, 0, 0, UInt8(call.count)] + call
             fake.send(Array("HPUB switchboard.call.\(digest) switchboard.reply.fa4e.\(id) \(headers.count) \(headers.count + batch.count)\r\n".utf8)
                       + headers + batch + [13, 10])
-            try await Task.sleep(for: .milliseconds(200))
+            return false
         }
         #expect(producer.listens.withLock { $0 } == 1)
 
@@ -42,7 +45,7 @@ extension ClusterInputTests {
         ]
         for _ in 0..<3 {
             for beacon in beacons { fake.send("PUB switchboard.beacon \(beacon.utf8.count)\r\n\(beacon)\r\n") }
-            try await Task.sleep(for: .milliseconds(250))
+            try await Task.sleep(for: .milliseconds(250))  // real time: beacons a node hears over nats-server, spaced as a node spaces them
         }
         let stats = try await clusterStats(holder)
         #expect(stats["remoteHolders"] == 0 && producer.cancels.withLock { $0 } == 0, "\(stats)")

@@ -19,7 +19,7 @@ final class Countdown: EventProducer {
         guard arguments != "hold" else { return nil }
         let count = self.count
         Task {
-            try await Task.sleep(for: .milliseconds(300))  // every listener joins first
+            try await Task.sleep(for: .milliseconds(300))  // real time: every listener joins first, on nodes the producer cannot see
             for i in 0..<count { sink.success(.int(i)) }
             sink.endOfStream()
         }
@@ -298,7 +298,7 @@ struct ClusterBrokerTests {
         #expect(producer.listens.withLock { $0 } == 3)
         try a.send(.call(2, "feed", "cancel"))
         #expect(try await a.nextNonPing().id == 2)
-        try await Task.sleep(for: .milliseconds(200))
+        try await Task.sleep(for: .milliseconds(200))  // real time: a second cancel that must not come has nothing to await
         #expect(producer.cancels.withLock { $0 } == 1, "b still listens")
         try b.send(.call(2, "feed", "cancel"))
         #expect(try await b.nextNonPing().id == 2)
@@ -372,10 +372,10 @@ struct ClusterInputTests {
         }
         let bus = try #require(RawSocket(port: nats.port))
         bus.send(Array("CONNECT {\"verbose\":false}\r\n".utf8))
-        #expect(try await eventually {  // until the node's subscription has reached nats-server
+        #expect(try await eventually(every: .milliseconds(50)) {  // until the node's subscription has reached nats-server
+            if member.events.contains(.int(7)) { return true }
             bus.send(publish([try event(7)]))
-            try await Task.sleep(for: .milliseconds(50))
-            return member.events.contains(.int(7))
+            return false
         })
         let before = member.events.count
         var end: [UInt8] = [], other: [UInt8] = []
@@ -461,18 +461,22 @@ extension ClusterInputTests {
         let headers = Array("NATS/1.0\r\nSb-Caller: fa4e\r\n\r\n".utf8)
         let call = Array(#"{"method":"listen","args":"hold"}"#.utf8)
         fake.send("CONNECT {\"verbose\":false,\"headers\":true,\"no_responders\":true}\r\nSUB switchboard.answers.fa4e 1\r\n")
-        for id in UInt8(1)...25 where producer.listens.withLock({ $0 }) == 0 {  // until the holder's subscription is in place
+        var id: UInt8 = 0
+        _ = try await eventually(5, every: .milliseconds(200)) {  // until the holder's subscription is in place
+            guard producer.listens.withLock({ $0 }) == 0 else { return true }
+            id += 1
             // A batch of one record (protocol/cluster.md): id, kind `c` (a call as JSON), flags, length, payload.
             let batch = [0, 0, 0, 0, 0, 0, 0, id, UInt8(ascii: "c"), 0, 0, 0, 0, UInt8(call.count)] + call
             fake.send(Array("HPUB \(subject) switchboard.reply.fa4e.\(id) \(headers.count) \(headers.count + batch.count)\r\n".utf8)
                       + headers + batch + [13, 10])
-            try await Task.sleep(for: .milliseconds(200))
+            return false
         }
         #expect(producer.listens.withLock { $0 } == 1)
         let beacon = "fa4e 0 fake\nL\n"  // alive, with no listener anywhere
-        for _ in 0..<12 where producer.cancels.withLock({ $0 }) == 0 {
+        _ = try await eventually(3, every: .milliseconds(250)) {  // beacons spaced as a node spaces them
+            guard producer.cancels.withLock({ $0 }) == 0 else { return true }
             fake.send("PUB switchboard.beacon \(beacon.utf8.count)\r\n\(beacon)\r\n")
-            try await Task.sleep(for: .milliseconds(250))
+            return false
         }
         #expect(producer.cancels.withLock { $0 } == 1, "two beacons without the listener cancel the holder's stream")
         #expect(try await clusterStats(holder)["nodesLost"] == 0, "the fake node stayed alive throughout")
@@ -540,7 +544,7 @@ struct ClusterBrokerEdgeTests {
         let quiet = try RawConnection(port: nodes.servers[1].port)
         try quiet.send(.call(0, "feed", "listen", "hold"))
         #expect(try await eventually { producer.listens.withLock { $0 } == 1 })
-        try await Task.sleep(for: .milliseconds(100))
+        try await Task.sleep(for: .milliseconds(100))  // real time: the holder's answer reaches node 2, where nobody reads it
         producer.send(1)
         let first = try await quiet.nextNonPing()
         #expect(try codec.decodeEnvelope(first.payload) == .success(1))
@@ -591,7 +595,7 @@ struct ClusterBrokerCancelTests {
         try remote.send(.call(2, "jobs/resize", "wait"))
         #expect(try await eventually { cluster.parked.count == 1 })
         cluster.nodes.servers[0].shutdown()  // drains: the call is still being served
-        try await Task.sleep(for: .milliseconds(50))
+        try await Task.sleep(for: .milliseconds(50))  // real time: node 1's drain begins on its own loop thread
         try remote.send(Frame(.cancel, id: 2, payload: nil))
         let answer = try await remote.nextNonPing()
         let cancelled = try StandardMethodCodec().encodeErrorEnvelope(ChannelError(code: "cancelled", message: "the caller cancelled"))
@@ -614,7 +618,8 @@ struct ClusterBrokerCancelTests {
         let first = try await listener.nextNonPing()
         #expect(try StandardMethodCodec().decodeEnvelope(first.payload) == .success(1))
         #expect(try await eventually { try await clusterStats(holder)["eventsOut"] == 4 })
-        try await Task.sleep(for: .milliseconds(100))  // the end has reached node 2 and waits in the queue
+        let watcher = try RawConnection(port: nodes.servers[1].port)
+        #expect(try await eventually { try await clusterStats(watcher)["eventsIn"] == 4 })  // the end has reached node 2 and waits in the queue
         try listener.send(.call(2, "feed", "cancel"))
         let answer = try await listener.nextNonPing()
         let success = try StandardMethodCodec().encodeSuccessEnvelope(.null)
@@ -673,7 +678,7 @@ struct ClusterBrokerCancelTests {
             for call in try await holder.barrier() where call.kind == .message { try holder.send(Frame(.reply, id: call.id, payload: [0])) }
             return try await listener.barrier().contains { $0.kind == .reply && $0.payload == [0] }
         })
-        try await Task.sleep(for: .milliseconds(100))  // late answers to earlier probes
+        try await Task.sleep(for: .milliseconds(100))  // real time: late answers to earlier probes, however many come
         _ = try await holder.barrier()
         _ = try await listener.barrier()
         try listener.send(.call(50, "held/e", "listen"))

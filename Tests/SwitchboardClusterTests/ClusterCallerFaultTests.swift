@@ -9,7 +9,7 @@ import SwitchboardTesting
 import SwitchboardTransport
 import SwitchboardWire
 
-/// A holder of `slow` whose "wait" calls sleep until cancelled (counted) and whose "probe" answers at
+/// A holder of `slow` whose "wait" calls wait until cancelled (counted) and whose "probe" answers at
 /// once (counted).
 final class SlowHolder: Sendable {
     let client: Client
@@ -35,12 +35,9 @@ final class SlowHolder: Sendable {
                 return "probed"
             }
             counts.started.withLock { $0 += 1 }
-            do {
-                try await Task.sleep(for: .seconds(120))
-            } catch {
-                counts.cancelled.withLock { $0 += 1 }
-                throw error
-            }
+            await untilCancelled()
+            counts.cancelled.withLock { $0 += 1 }
+            throw CancellationError()
             return "late"
         }
     }
@@ -142,7 +139,7 @@ extension ClusterCallerFaultTests {
         #expect(try await eventually { try await clusterStats(cluster.holder)["callsServing"] == 0 }, "the 50 answers went out")
         // The holder's node takes the stopped node for gone: it has been stopped for longer than the lease.
         #expect(try await eventually { try await clusterStats(cluster.holder)["nodesLost"]?.intValue ?? 0 >= 1 })
-        try await Task.sleep(for: .milliseconds(500))
+        try await Task.sleep(for: .milliseconds(500))  // real time: the caller's node stays stopped (SIGSTOP) past its lease
         callerNode.signal(SIGCONT)
         let resumedAt = ContinuousClock.now
         // Bound: each call's one answer, the holder's, within 15 s of SIGCONT (the callers' read time-out).
@@ -500,7 +497,7 @@ struct StoppedQueueMemberTests {
             id += 1
             try caller.send(.call(id, "slow", "probe"))
             sentAt[id] = .now
-            try await Task.sleep(for: .milliseconds(30))
+            try await Task.sleep(for: .milliseconds(30))  // real time: calls in separate turns of the caller's node
         }
         var answers: [UInt32: String] = [:]
         while answers.count < 20 {

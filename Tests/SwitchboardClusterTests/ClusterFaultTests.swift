@@ -38,16 +38,16 @@ final class NodeProcess {
             logged.text.withLock { $0 += "\n(exited)" }
         }
         var port: Int?
-        let deadline = ContinuousClock.now + .seconds(30)
-        while port == nil || (waitForBus && !logged.text.withLock({ $0 }).contains("cluster bus connected")) {
+        let ready = waitUntil(30) {
             let text = logged.text.withLock { $0 }
-            guard !text.hasSuffix("(exited)"), ContinuousClock.now < deadline else { throw TestFailure("\(executable): \(text)") }
             if port == nil, let range = text.range(of: #"listening on [0-9.]+:([0-9]+)"#, options: .regularExpression) {
                 port = Int(text[range].split(separator: ":").last!)
             }
-            usleep(5_000)
+            return text.hasSuffix("(exited)") || (port != nil && (!waitForBus || text.contains("cluster bus connected")))
         }
-        self.port = port!
+        let text = logged.text.withLock { $0 }
+        guard ready, !text.hasSuffix("(exited)"), let port else { throw TestFailure("\(executable): \(text)") }
+        self.port = port
     }
 
     func signal(_ signal: Int32) { process.signal(signal) }
@@ -144,12 +144,12 @@ struct ClusterFaultTests {
             try poster.send(Frame(.message, id: id, channel: "switchboard/room.post", payload: [UInt8](repeating: byte, count: size)))
         }
         var id: UInt32 = 0
-        #expect(try await eventually {  // both subscriptions reach nats-server
+        #expect(try await eventually(every: .milliseconds(50)) {  // both subscriptions reach nats-server
+            if id > 0, try await [stalled, fine].asyncAllSatisfy({ try await !$0.barrier().isEmpty }) { return true }
             id += 1
             try post(id, 0)
             _ = try await poster.nextNonPing()
-            try await Task.sleep(for: .milliseconds(50))
-            return try await [stalled, fine].asyncAllSatisfy { try await !$0.barrier().isEmpty }
+            return false
         })
 
         let watcher = try await connect(nodes.servers[0])
@@ -166,7 +166,7 @@ struct ClusterFaultTests {
             for frame in try await fine.barrier() where frame.payload?.count ?? 0 > 30_000 { delivered += 1 }
         }
         #expect(answered == 300 && delivered == 300)
-        try await Task.sleep(for: .seconds(2))  // past NATS's write deadline and the cluster's lease
+        try await Task.sleep(for: .seconds(2))  // real time: the node stays stopped past NATS's write deadline and the cluster's lease
         victim.signal(SIGCONT)
 
         let stats = try RawConnection(port: victim.port)

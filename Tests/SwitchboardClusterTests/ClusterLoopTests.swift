@@ -62,7 +62,7 @@ struct ClusterLoopTests {
             }
             return try await callers[0].barrier().contains { $0.kind == .reply && $0.payload == [0] }
         })
-        try await Task.sleep(for: .milliseconds(100))
+        try await Task.sleep(for: .milliseconds(100))  // real time: late answers to earlier probes, however many come
         _ = try await b1.barrier()
         _ = try await callers[0].barrier()
         for caller in callers {

@@ -29,10 +29,10 @@ extension ClusterInputTests {
         }
         let bus = try #require(RawSocket(port: nats.port))
         bus.send("CONNECT {\"verbose\":false,\"headers\":true}\r\n")
-        #expect(try await eventually {  // until the node's subscription has reached nats-server
+        #expect(try await eventually(every: .milliseconds(50)) {  // until the node's subscription has reached nats-server
+            if member.events.contains(.int(7)) { return true }
             bus.send(try event(7, numbered: "f00d 1"))
-            try await Task.sleep(for: .milliseconds(50))
-            return member.events.contains(.int(7))
+            return false
         })
         bus.send(try event(8, numbered: "f00d \(UInt64.max)"))
         #expect(try await eventually { member.events.last == .int(8) })

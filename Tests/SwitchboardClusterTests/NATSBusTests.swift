@@ -5,6 +5,7 @@ import Foundation
 import Logging
 import Testing
 import SwitchboardCluster
+import SwitchboardTesting
 import SwitchboardTransport
 
 /// A nats-server on a free loopback port, for as long as the value lives.
@@ -32,7 +33,7 @@ final class NATSServerProcess {
             arguments += ["-c", file.path]
         }
         process = try ChildProcess(try #require(Self.path), arguments)
-        for _ in 0..<200 where !Self.accepts(port) { usleep(10_000) }
+        _ = waitUntil(2) { Self.accepts(port) }
     }
 
     func stop() {
@@ -97,18 +98,16 @@ final class BusHarness {
     /// Runs the loop until `condition` holds; false after `timeoutMs`.
     @discardableResult
     func run(until condition: () -> Bool, timeoutMs: Int = 5000) -> Bool {
-        let deadline = Date().addingTimeInterval(Double(timeoutMs) / 1000)
-        while !condition() {
-            if Date() > deadline { return false }
+        waitUntil(Double(timeoutMs) / 1000) {
+            if condition() { return true }
             loop.runOnce()
-            usleep(500)
+            return condition()
         }
-        return true
     }
 
     func run(forMs ms: Int) {
         let deadline = Date().addingTimeInterval(Double(ms) / 1000)
-        while Date() < deadline { loop.runOnce(); usleep(500) }
+        while Date() < deadline { loop.runOnce(); usleep(500) }  // real time: the loop talks to nats-server, whose clock is its own
     }
 
     deinit {

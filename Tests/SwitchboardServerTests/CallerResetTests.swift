@@ -35,13 +35,13 @@ import SwitchboardWire
                 cancelled.append(cancel.id)
             }
             #expect(Set(cancelled) == forwarded && cancelled.count == 3)
-            var stats: ChannelValue = .null
-            for attempt in 0..<250 {  // the callers' loops hear their calls' ends after the holder's loop
-                try watcher.send(.call(UInt32(100 + attempt), "switchboard/stats", "get"))
+            var stats: ChannelValue = .null, attempt: UInt32 = 100
+            _ = try await eventually {  // the callers' loops hear their calls' ends after the holder's loop
+                attempt += 1
+                try watcher.send(.call(attempt, "switchboard/stats", "get"))
                 stats = try await watcher.nextNonPing().envelope().get()
-                if stats["repliesPending"] == 0, loops == 1 || (stats["crossLoop"]?["callsPending"] == 0
-                                                               && stats["crossLoop"]?["callsServing"] == 0) { break }
-                try await Task.sleep(for: .milliseconds(20))
+                return stats["repliesPending"] == 0 && (loops == 1 || (stats["crossLoop"]?["callsPending"] == 0
+                                                                       && stats["crossLoop"]?["callsServing"] == 0))
             }
             #expect(stats["repliesPending"] == 0, "\(stats)")
             if loops > 1 {

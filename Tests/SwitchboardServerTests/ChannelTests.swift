@@ -93,7 +93,6 @@ import SwitchboardWire
         try await withServer(setUp: { server in
             MethodChannel(name: "later", server: server).setMethodCallHandler { call, result in
                 Task.detached {
-                    try? await Task.sleep(for: .milliseconds(20))
                     result.success(call.arguments)
                     result.success("ignored")
                     result.error(ChannelError(code: "ignored"))
@@ -136,7 +135,8 @@ import SwitchboardWire
         let cancelled = CancelFlag()
         try await withServer(setUp: { server in
             MethodChannel(name: "forever", server: server).setMethodCallHandler { _ in
-                do { try await Task.sleep(for: .seconds(30)) } catch { cancelled.set() }
+                await untilCancelled()
+                cancelled.set()
                 return "too late"
             }
             BasicMessageChannel(name: "never", codec: StandardMessageCodec(), server: server)
@@ -154,8 +154,7 @@ import SwitchboardWire
             let refusal = try await wire.frame()
             #expect(refusal.errorCode == "cancelled" && refusal.id == 9)
             #expect(try await wire.barrier().isEmpty)
-            for _ in 0..<100 where !cancelled.isSet { try await Task.sleep(for: .milliseconds(10)) }
-            #expect(cancelled.isSet)
+            #expect(try await eventually { cancelled.isSet })
         }
     }
 
@@ -230,11 +229,10 @@ final class Box<T: Sendable>: Sendable {
     private let value = Mutex<T?>(nil)
     func set(_ v: T) { value.withLock { $0 = v } }
     func wait() async throws -> T {
-        for _ in 0..<500 {
-            if let v = value.withLock({ $0 }) { return v }
-            try await Task.sleep(for: .milliseconds(10))
+        guard try await eventually(5, { value.withLock { $0 } != nil }), let v = value.withLock({ $0 }) else {
+            throw TestFailure("timed out waiting for a value")
         }
-        throw TestFailure("timed out waiting for a value")
+        return v
     }
 }
 typealias Outcome = Box<Result<ChannelValue, InvokeError>>

@@ -17,6 +17,15 @@ private func withShortDeadlines(_ configure: @escaping (inout ServerConfiguratio
     }, body)
 }
 
+/// ``withShortDeadlines``' settings, for an embedded server.
+private func shortDeadlines() -> ServerConfiguration {
+    var config = ServerConfiguration()
+    config.firstFrameTimeoutMs = 300
+    config.frameTimeoutMs = 300
+    config.heartbeatMs = 60_000
+    return config
+}
+
 /// The server's close counts by reason, over a connection of its own.
 private func closes(port: Int) async throws -> [String: Int] {
     let wire = try RawConnection(port: port)
@@ -97,38 +106,42 @@ struct DeadlineTests {
     }
 
     @Test("a client idle after its first frame (binary, text) is not closed: only the first frame and unfinished ones are timed")
-    func idleAfterFirstFrameStaysOpen() async throws {
-        try await withShortDeadlines { _, port in
-            let binary = try RawConnection(port: port)
-            try binary.send(hello)
-            #expect(try await binary.frame().kind == .welcome)
-            let text = try #require(RawSocket(port: port))
-            text.send(#"{"id":1,"ping":true}"# + "\n")
-            #expect(!text.read().isEmpty)
-            try await Task.sleep(for: .milliseconds(1200))  // four deadlines' worth of silence
-            #expect(try await binary.barrier().isEmpty)
-            text.send(#"{"id":2,"ping":true}"# + "\n")
-            #expect(String(decoding: text.read(), as: UTF8.self) == #"{"id":2,"pong":true}"# + "\n")
-            let counts = try await closes(port: port)
-            #expect(counts["firstFrameTimeout"] == nil && counts["frameTimeout"] == nil)
-        }
+    func idleAfterFirstFrameStaysOpen() throws {
+        let embedded = try EmbeddedServer(configuration: shortDeadlines())
+        let binary = embedded.connect()
+        binary.send(hello)
+        let text = embedded.connect()
+        text.send(line: #"{"id":1,"ping":true}"#)
+        embedded.run()
+        #expect(try binary.frames().map(\.kind) == [.welcome])
+        #expect(try text.lines() == [["id": 1, "pong": true]])
+        embedded.advanceTime(byMs: 1200)  // four deadlines' worth of silence
+        #expect(!binary.isClosed && !text.isClosed)
+        #expect(try binary.frames().isEmpty)
+        text.send(line: #"{"id":2,"ping":true}"#)
+        embedded.run()
+        #expect(try text.lines() == [["id": 2, "pong": true]])
+        let closes = try binary.stats(on: embedded)["closes"]
+        #expect(closes?["firstFrameTimeout"] == nil && closes?["frameTimeout"] == nil)
     }
 
     @Test("a frame that keeps arriving (64 KiB per deadline) is not cut off, however long it takes")
-    func largeFrameOnASlowLink() async throws {
-        try await withShortDeadlines({ $0.frameTimeoutMs = 2000 }) { _, port in
-            let wire = try RawConnection(port: port)
-            try wire.send(hello)
-            #expect(try await wire.frame().kind == .welcome)
-            // 200 KB every 100 ms, 2 deadlines in all: ample progress even if a loaded machine delays the sleeps.
-            let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 8_000_000))).bytes
-            for start in stride(from: 0, to: bytes.count, by: 200_000) {
-                try wire.send(Array(bytes[start..<min(start + 200_000, bytes.count)]))
-                try await Task.sleep(for: .milliseconds(100))
-            }
-            let reply = try await wire.frame()
-            #expect(reply.kind == .reply && reply.id == 2)
+    func largeFrameOnASlowLink() throws {
+        var config = shortDeadlines()
+        config.frameTimeoutMs = 2000
+        let embedded = try EmbeddedServer(configuration: config)
+        let peer = embedded.connect()
+        peer.send(hello)
+        embedded.run()
+        #expect(try peer.frames().map(\.kind) == [.welcome])
+        // 200 KB every 100 ms: 4 s, two deadlines, in all.
+        let bytes = try Frame.call(2, "switchboard/echo", "echo", .uint8List([UInt8](repeating: 7, count: 8_000_000))).bytes
+        for start in stride(from: 0, to: bytes.count, by: 200_000) {
+            peer.send(Array(bytes[start..<min(start + 200_000, bytes.count)]))
+            embedded.advanceTime(byMs: 100)
         }
+        let reply = try #require(try peer.frames().first)
+        #expect(reply.kind == .reply && reply.id == 2)
     }
 
     @Test("HTTP: half a request head gets 408, then the close; counted as firstFrameTimeout")
@@ -218,9 +231,10 @@ struct ConnectionCapTests {
             #expect(untilClosed(refused) == [])
             held.removeFirst()  // closed: its slot frees once the server has seen it go
             var admitted: RawConnection?
-            for _ in 0..<100 where admitted == nil {
+            _ = try await eventually {
                 let wire = try RawConnection(port: port, receiveTimeout: 1)
-                if (try? await wire.barrier()) != nil { admitted = wire } else { try await Task.sleep(for: .milliseconds(20)) }
+                if (try? await wire.barrier()) != nil { admitted = wire }
+                return admitted != nil
             }
             let reader = try #require(admitted)
             try reader.send(.call(9, "switchboard/stats", "get"))

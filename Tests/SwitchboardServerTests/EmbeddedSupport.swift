@@ -31,7 +31,8 @@ func onAnotherThread(_ body: @escaping @Sendable () -> Void) {
         body()
         done.increment()
     }
-    while done.value == 0 { usleep(200) }
+    let finished = waitUntil { done.value > 0 }
+    if !finished { Issue.record("the thread did not finish") }
 }
 
 extension EmbeddedServer {

@@ -51,10 +51,10 @@ import SwitchboardWire
     /// The ERROR answers the id: the first request goes on (its handler finishes), but no REPLY with
     /// that id follows, so the id gets exactly one answer and is free again.
     @Test func duplicateIdIsTheOneAnswerAndTheFirstRequestGoesOn() async throws {
-        let finished = AtomicCounter()
+        let finished = AtomicCounter(), released = AtomicCounter()
         try await withServer(setUp: { server in
             MethodChannel(name: "slow", server: server).setMethodCallHandler { call in
-                try await Task.sleep(for: .milliseconds(200))
+                _ = try await eventually { released.value > 0 }  // until the duplicate has been refused
                 finished.increment()
                 return call.arguments
             }
@@ -64,8 +64,8 @@ import SwitchboardWire
             try wire.send(.call(5, "slow", "x", "second"))
             let duplicate = try await wire.frame()
             #expect(duplicate.errorCode == "duplicate_id" && duplicate.id == 5)
-            for _ in 0..<500 where finished.value == 0 { try await Task.sleep(for: .milliseconds(10)) }
-            #expect(finished.value == 1)
+            released.increment()
+            #expect(try await eventually { finished.value == 1 })
             #expect(try await wire.barrier().isEmpty)  // no REPLY for id 5 after its ERROR
             try wire.send(.call(5, "switchboard/echo", "echo", "again"))  // the id is free again
             let reply = try await wire.frame()

@@ -65,20 +65,21 @@ extension RawConnection {
         }
     }
 
-    @Test func cancelStopsTheStreamWithNoLaterEvent() async throws {
-        try await withServer { _, port in
-            let wire = try RawConnection(port: port)
-            try wire.send(.call(1, "switchboard/ticker", "listen", ["intervalMs": 1]))
-            _ = try await wire.frame()
-            _ = try await wire.frame()
-            try wire.send(.call(2, "switchboard/ticker", "cancel"))
-            var frame = try await wire.frame()
-            while frame.kind == .message { frame = try await wire.frame() }  // events sent before the cancel arrived
-            #expect(frame.kind == .reply && frame.id == 2)
-            #expect(try frame.envelope() == .success(nil))
-            try await Task.sleep(for: .milliseconds(30))
-            #expect(try await wire.barrier().isEmpty)
-        }
+    @Test func cancelStopsTheStreamWithNoLaterEvent() throws {
+        let embedded = try EmbeddedServer()
+        let peer = embedded.connect()
+        peer.send(try .call(1, "switchboard/ticker", "listen", .stringMap(["intervalMs": 1])))
+        embedded.advanceTime(byMs: 3)
+        #expect(try peer.frames().filter { $0.kind == .message }.count >= 2)
+        peer.send(try .call(2, "switchboard/ticker", "cancel"))
+        embedded.run()
+        let frames = try peer.frames()
+        let reply = try #require(frames.last)
+        #expect(reply.kind == .reply && reply.id == 2)
+        #expect(try reply.envelope() == .success(nil))
+        #expect(frames.dropLast().allSatisfy { $0.kind == .message })  // events sent before the cancel arrived
+        embedded.advanceTime(byMs: 30)  // thirty of the ticker's intervals
+        #expect(try peer.frames().isEmpty)
     }
 
     @Test func secondListenReplacesTheFirstSilently() async throws {
@@ -99,21 +100,31 @@ extension RawConnection {
         }
     }
 
-    @Test func demandPacesTheStream() async throws {
-        try await withServer { _, port in
-            let wire = try RawConnection(port: port)
-            try wire.demand(3, on: "switchboard/ticker")  // before listen: kept for the stream
-            try wire.send(.call(1, "switchboard/ticker", "listen", ["intervalMs": 0, "count": 100]))
-            #expect(try await wire.frame().id == 1)
-            for i in 0..<3 { #expect(try await wire.frame().envelope() == .success(.int(i))) }
-            try await Task.sleep(for: .milliseconds(50))
-            #expect(try await wire.barrier().isEmpty)  // no credit: the ticker waits
-            try wire.demand(2, on: "switchboard/ticker")
-            for i in 3..<5 { #expect(try await wire.frame().envelope() == .success(.int(i))) }
-            #expect(try await wire.barrier().isEmpty)
-            try wire.demand(0xFFFF_FFFF, on: "switchboard/ticker")  // unbounded: back to push
-            #expect(try await wire.events(on: "switchboard/ticker") == (5..<100).map { .success(.int($0)) })
+    @Test func demandPacesTheStream() throws {
+        let embedded = try EmbeddedServer()
+        let peer = embedded.connect()
+        func demand(_ n: UInt32) {
+            var payload: [UInt8] = []
+            Frame.appendBigEndian(n, to: &payload)
+            peer.send(Frame(.demand, channel: "switchboard/ticker", payload: payload))
         }
+        func events() throws -> [Result<ChannelValue, ChannelError>] {
+            try peer.frames().filter { $0.kind == .message && $0.payload != nil }.map { try $0.envelope() }
+        }
+        demand(3)  // before listen: kept for the stream
+        peer.send(try .call(1, "switchboard/ticker", "listen", .stringMap(["intervalMs": 0, "count": 100])))
+        embedded.advanceTime(byMs: 50)  // fifty of the ticker's turns
+        let first = try peer.frames()
+        #expect(first.first?.kind == .reply && first.first?.id == 1)
+        #expect(try first.dropFirst().map { try $0.envelope() } == (0..<3).map { .success(.int($0)) })  // no credit: the ticker waits
+        demand(2)
+        embedded.advanceTime(byMs: 50)
+        #expect(try events() == (3..<5).map { .success(.int($0)) })
+        demand(0xFFFF_FFFF)  // unbounded: back to push
+        embedded.advanceTime(byMs: 50)
+        let rest = try peer.frames()
+        #expect(rest.last.map { $0.kind == .message && $0.payload == nil } == true)  // the end
+        #expect(try rest.dropLast().map { try $0.envelope() } == (5..<100).map { .success(.int($0)) })
     }
 
     @Test func creditQueueDropsOldestAndCountsIt() async throws {
@@ -210,8 +221,7 @@ extension RawConnection {
                 try wire.send(.call(1, "watched", "listen"))
                 _ = try await wire.frame()
             }
-            for _ in 0..<200 where !cancelled.isSet { try await Task.sleep(for: .milliseconds(5)) }
-            #expect(cancelled.isSet)
+            #expect(try await eventually { cancelled.isSet })
         }
     }
 }

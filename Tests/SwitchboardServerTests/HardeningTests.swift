@@ -134,7 +134,7 @@ import SwitchboardWire
             server.shutdown()
             await server.waitUntilStopped()
         }
-        for _ in 0..<200 where core != nil || loop != nil { try await Task.sleep(for: .milliseconds(5)) }
+        _ = try await eventually { core == nil && loop == nil }
         #expect(core == nil)
         #expect(loop == nil)
     }
@@ -170,7 +170,7 @@ import SwitchboardWire
             done.increment()
         }
         handle.execute { loop.value.stop() }
-        while done.value == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(try await eventually { done.value > 0 })
         let claims = AtomicCounter()
         for _ in 0..<20 {
             let checked = AtomicCounter()
@@ -178,7 +178,7 @@ import SwitchboardWire
                 if handle.isInLoopThread { claims.increment() }
                 checked.increment()
             }
-            while checked.value == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            #expect(try await eventually { checked.value > 0 })
         }
         #expect(claims.value == 0)
         #expect(!handle.execute {})
@@ -201,10 +201,10 @@ import SwitchboardWire
                     }
                 }
             }
-            try await Task.sleep(for: .microseconds(200))
+            _ = try await eventually { accepted.value > 0 }  // the posters have begun
             handle.execute { loop.value.stop() }
             for poster in posters { await poster.value }
-            while finished.value == 0 { try await Task.sleep(for: .milliseconds(1)) }
+            #expect(try await eventually { finished.value > 0 })
             #expect(ran.value == accepted.value)
         }
     }
@@ -263,11 +263,11 @@ import SwitchboardWire
         peer.peerCloses()
         embedded.run()
         #expect(!peer.isClosed)
-        var answers: [Frame] = []
-        #expect(embedded.run(until: {
-            answers += (try? peer.frames()) ?? []
-            return peer.isClosed
-        }, timeoutMs: 2000))
+        embedded.advanceTime(byMs: 40)
+        #expect(!peer.isClosed && cancelled.value == 0)
+        embedded.advanceTime(byMs: 200)  // past the drain timeout and the housekeeping that sees it
+        #expect(peer.isClosed)
+        let answers = try peer.frames()
         #expect(cancelled.value == 1)
         // Still exactly one answer (the peer only half-closed): `cancelled`, as a CANCEL would get.
         #expect(try answers.filter { $0.id == 1 }.map { try $0.envelope() }
@@ -446,14 +446,15 @@ import SwitchboardWire
         let embedded = try EmbeddedServer(configuration: config)
         let peer = try embedded.pausedPeer()
         #expect(peer.isReadingPaused)
-        let pausedAt = EventLoop.nanoseconds()
-        while EventLoop.nanoseconds() - pausedAt < 400_000_000 { embedded.run(turns: 1); usleep(1000) }
+        embedded.advanceTime(byMs: 400)
+        #expect(!peer.isClosed)
         peer.peerWindow = .max
         var replies = 0
-        _ = embedded.run(until: {
-            replies += ((try? peer.frames()) ?? []).filter { $0.kind == .reply }.count
-            return replies == 60 || peer.isClosed
-        }, timeoutMs: 2000)
+        for _ in 0..<10 where replies < 60 {
+            embedded.advanceTime(byMs: 5)
+            replies += try peer.frames().filter { $0.kind == .reply }.count
+        }
+        embedded.advanceTime(byMs: 50)  // housekeeping again, well within two intervals of the resume
         #expect(!peer.isClosed)
         #expect(replies == 60)
     }

@@ -21,12 +21,12 @@ import SwitchboardWire
                 _ = try await poster.frame()  // replies are never dropped or held back
             }
             let observer = try RawConnection(port: port)
-            var stats: ChannelValue = .null
-            for attempt in 0..<100 {
-                try observer.send(.call(UInt32(attempt + 1), "switchboard/stats", "get"))
+            var stats: ChannelValue = .null, id: UInt32 = 0
+            _ = try await eventually {  // the grace (300 ms) passes
+                id += 1
+                try observer.send(.call(id, "switchboard/stats", "get"))
                 stats = try await observer.frame().envelope().get()
-                if stats["slowConsumersClosed"] == 1 { break }
-                try await Task.sleep(for: .milliseconds(20))
+                return stats["slowConsumersClosed"] == 1
             }
             #expect(stats["slowConsumersClosed"] == 1)
             #expect((stats["eventsDropped"]?["outboundLimit"]?.intValue ?? 0) > 0)  // nothing lost silently
@@ -35,26 +35,29 @@ import SwitchboardWire
         }
     }
 
-    @Test func tickerPausesInsteadOfDropping() async throws {
-        try await withServer({
-            $0.outboundLimit = 16 * 1024
-            $0.slowConsumerGraceMs = 60_000
-        }) { _, port in
-            let wire = try RawConnection(port: port)
-            try wire.send(.call(1, "switchboard/ticker", "listen", ["intervalMs": 0, "count": 200_000]))
-            #expect(try await wire.frame().id == 1)
-            try await Task.sleep(for: .milliseconds(300))  // not reading: the ticker must wait, not drop
-            var next = 0
-            while true {
-                let f = try await wire.frame()
-                guard f.payload != nil else { break }
+    @Test func tickerPausesInsteadOfDropping() throws {
+        var config = ServerConfiguration()
+        config.outboundLimit = 16 * 1024
+        config.slowConsumerGraceMs = 60_000
+        let embedded = try EmbeddedServer(configuration: config)
+        let peer = embedded.connect()
+        peer.peerWindow = 0  // not reading
+        peer.send(try .call(1, "switchboard/ticker", "listen", .stringMap(["intervalMs": 0, "count": 200_000])))
+        embedded.advanceTime(byMs: 300)  // three hundred of the ticker's turns: it must wait, not drop
+        #expect(!peer.isClosed)
+        peer.peerWindow = .max
+        var next = 0, ended = false, replies: [UInt32] = []
+        for _ in 0..<2000 where !ended {
+            embedded.advanceTime(byMs: 1)
+            for f in try peer.frames() {
+                guard f.kind == .message else { replies.append(f.id); continue }
+                guard f.payload != nil else { ended = true; break }
                 #expect(try f.envelope() == .success(.int(next)))
                 next += 1
             }
-            #expect(next == 200_000)
-            try wire.send(.call(2, "switchboard/stats", "get"))
-            #expect(try await wire.frame().envelope().get()["eventsDropped"] == [:])
         }
+        #expect(replies == [1] && ended && next == 200_000)
+        #expect(try peer.stats(on: embedded)["eventsDropped"] == [:])
     }
 
     @Test func heartbeatPingsAndClosesSilentConnections() async throws {
@@ -86,8 +89,10 @@ import SwitchboardWire
         config.drainTimeoutMs = 2000
         let server = try Server(configuration: config)
         server.installDemoChannels()
+        let started = AtomicCounter(), released = AtomicCounter()
         MethodChannel(name: "slow", server: server).setMethodCallHandler { call in
-            try await Task.sleep(for: .milliseconds(150))
+            started.increment()
+            _ = try await eventually { released.value > 0 }
             return call.arguments
         }
         let port = try server.start()
@@ -98,7 +103,7 @@ import SwitchboardWire
         try text.send(line: #"{"id":1,"listen":"switchboard/ticker","args":{"intervalMs":100000}}"#)
         #expect(try await text.line() == ["id": 1, "result": nil])
         try wire.send(.call(2, "slow", "x", "in flight"))
-        try await Task.sleep(for: .milliseconds(20))
+        #expect(try await eventually { started.value > 0 })
         server.shutdown()
         let goAway = try await wire.frame()
         #expect(goAway.kind == .goAway)
@@ -106,6 +111,7 @@ import SwitchboardWire
         try wire.send(.call(3, "switchboard/echo", "echo"))
         let refused = try await wire.frame()
         #expect(refused.errorCode == "going_away" && refused.id == 3)
+        released.increment()
         let reply = try await wire.frame()
         #expect(reply.id == 2)
         #expect(try reply.envelope() == .success("in flight"))
@@ -122,11 +128,12 @@ import SwitchboardWire
         var config = ServerConfiguration.forTests()
         config.drainTimeoutMs = 100
         let server = try Server(configuration: config)
-        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in }  // never answers
+        let started = AtomicCounter()
+        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in started.increment() }  // never answers
         let port = try server.start()
         let wire = try RawConnection(port: port)
         try wire.send(.call(7, "stuck", "x"))
-        try await Task.sleep(for: .milliseconds(20))
+        #expect(try await eventually { started.value > 0 })
         server.shutdown()
         #expect(try await wire.frame().kind == .goAway)
         let answer = try await wire.frame()
@@ -141,12 +148,16 @@ import SwitchboardWire
         config.drainTimeoutMs = 2000
         let server = try Server(configuration: config)
         server.installDemoChannels()
-        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in }  // keeps the drain going
+        let started = AtomicCounter()
+        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in started.increment() }  // keeps the drain going
         let port = try server.start()
         let busy = try RawConnection(port: port)
         try busy.send(.call(1, "stuck", "x"))
         let silent = try RawConnection(port: port)
-        try await Task.sleep(for: .milliseconds(20))
+        #expect(try await eventually {  // the call is in, and both connections are the server's (and /healthz's own)
+            guard started.value > 0, let health = httpGet("/healthz", port: port) else { return false }
+            return try JSONText.parse(Array(health.body.utf8))["connections"] == 3
+        })
         server.shutdown()
         #expect(try await busy.frame().kind == .goAway)
         let late = try RawConnection(port: port)  // the ports stay open while draining

@@ -107,9 +107,12 @@ import SwitchboardWire
             #expect(try await wires[2].frame() == Frame(.reply, id: 4, payload: nil))
             // The claim goes with the connection too.
             shutdown(wires[2].fd, Int32(SHUT_RDWR))
-            try await Task.sleep(for: .milliseconds(50))
-            try wires[1].send(Frame(.register, id: 5, channel: "solo", payload: nil))
-            #expect(try await wires[1].frame() == Frame(.reply, id: 5, payload: nil))
+            var id: UInt32 = 4
+            #expect(try await eventually {  // once the server has seen the close
+                id += 1
+                try wires[1].send(Frame(.register, id: id, channel: "solo", payload: nil))
+                return try await wires[1].frame() == Frame(.reply, id: id, payload: nil)
+            })
         }
     }
 

@@ -102,11 +102,14 @@ struct WebTests {
             #expect(refusal.contains("frame_too_large") && !refusal.contains("HTTP/1.1"))
             let caller = try #require(RawSocket(port: port))
             caller.send(try Frame.call(1, "test/hang", "wait").bytes)
-            while held.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) }
+            #expect(try await eventually { !held.withLock { $0.isEmpty } })
             server.shutdown()
-            try await Task.sleep(for: .milliseconds(100))
-            let draining = try #require(httpGet("/healthz", port: port))
-            #expect(draining.status == 503 && draining.body.contains(#""status":"draining""#))
+            var draining: (status: Int, body: String)?
+            #expect(try await eventually {  // once the loop has begun the drain
+                draining = httpGet("/healthz", port: port)
+                return draining?.status == 503
+            })
+            #expect(draining?.body.contains(#""status":"draining""#) == true)
             // The caller stays connected until now: its close would cancel the call and end the drain.
             withExtendedLifetime(caller) { held.withLock { $0.first?.success(.null) } }
         }

@@ -14,11 +14,7 @@ import SwitchboardTransport
         let listener = try TCPListener(loop: loop, host: "127.0.0.1", port: 0) { accepted = $0 }
         defer { listener.cancel() }
         let peer = try #require(RawSocket(port: listener.port))
-        func run(until condition: () -> Bool) -> Bool {
-            let deadline = Date().addingTimeInterval(5)
-            while !condition(), Date() < deadline { loop.runOnce(); usleep(500) }
-            return condition()
-        }
+        func run(until condition: () -> Bool) -> Bool { waitUntil(5) { loop.runOnce(); return condition() } }
         #expect(run { accepted != nil })
         let connection = try #require(accepted)
         var events: [TransportEvent] = []
@@ -29,7 +25,7 @@ import SwitchboardTransport
         }
         connection.pauseReading()  // the reset must reach the write, not the read
         peer.reset()
-        usleep(50_000)
+        usleep(50_000)  // real time: the RST must reach this socket in the kernel, which nothing here can observe
         var bytes = [UInt8](repeating: 7, count: 64)
         insideWrite = true
         connection.write(&bytes)
