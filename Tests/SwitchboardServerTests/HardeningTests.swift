@@ -190,20 +190,25 @@ import SwitchboardWire
             let eventLoop = try EventLoop()
             let handle = eventLoop.handle, loop = LoopBound(eventLoop, loop: handle)
             let accepted = AtomicCounter(), ran = AtomicCounter(), finished = AtomicCounter()
+            // A loop with nothing to wait for returns at once; this timer keeps it until the stop.
+            try Timer(loop: eventLoop).start(after: 60_000) {}
             startThread {
                 loop.value.run()
                 finished.increment()
             }
-            let posters = (0..<4).map { _ in
-                Task.detached {
+            // Threads of their own, so that they post while the loop runs, whatever the task pool is doing.
+            let postersDone = AtomicCounter()
+            for _ in 0..<4 {
+                startThread {
                     for _ in 0..<2000 {
                         if handle.execute({ ran.increment() }) { accepted.increment() } else { break }
                     }
+                    postersDone.increment()
                 }
             }
-            _ = try await eventually { accepted.value > 0 }  // the posters have begun
+            #expect(try await eventually { accepted.value > 0 })  // the posters have begun
             handle.execute { loop.value.stop() }
-            for poster in posters { await poster.value }
+            #expect(try await eventually { postersDone.value == 4 })
             #expect(try await eventually { finished.value > 0 })
             #expect(ran.value == accepted.value)
         }
