@@ -5,6 +5,10 @@ import SwitchboardWire
 /// (binary ones by wire id, text ones by serial), those the server made of the client that wait for its
 /// REPLY, and the spares that let most calls allocate nothing. A struct stored in its connection: no
 /// object of its own and no retain per call.
+///
+/// No access to the connection's table spans a call or a release anywhere (the tables are used through
+/// a swap, see ``Connection/withBinaryRequests(_:)``), so the compiler proves every access exclusive and
+/// checks none at run time: one access that did would cost a check on each of them, on every call.
 struct RequestTable {
     /// Open binary requests by their wire id.
     var binary: [UInt32: PendingRequest] = [:]
@@ -22,8 +26,6 @@ struct RequestTable {
     var lastOutgoingID: UInt32 = 0
 
     var openCount: Int { binary.count + text.count }
-    /// The open requests, oldest first.
-    var openOldestFirst: [PendingRequest] { (Array(binary.values) + Array(text.values)).sorted { $0.serial < $1.serial } }
 }
 
 extension Connection {
@@ -62,14 +64,16 @@ extension Connection {
     /// (which a later answer would then reach).
     func settle(_ request: inout PendingRequest) {
         guard !request.isAnswered else {
-            if isKnownUniquelyReferenced(&request) { requests.spare = request }
+            guard isKnownUniquelyReferenced(&request) else { return }
+            var spare: PendingRequest? = request
+            swap(&spare, &requests.spare)  // the old spare, if any, is let go outside the access
             return
         }
         if isClosing { return request.abandonCancelling() }
         request.isRegistered = true
         switch request.origin {
         case .binary(let id): withBinaryRequests { $0[id] = request }
-        case .text: requests.text[request.serial] = request
+        case .text: withTextRequests { $0[request.serial] = request }
         }
         core.stats.repliesPending += 1
     }
@@ -79,8 +83,9 @@ extension Connection {
         guard let origin else { return .detached(connectionID: id) }
         requests.lastSerial += 1
         let request: PendingRequest
-        if let spare = requests.spare {
-            requests.spare = nil
+        var spare: PendingRequest?
+        swap(&spare, &requests.spare)
+        if let spare {
             spare.reuse(connection: self, origin: origin, serial: requests.lastSerial, methodCodec: methodCodec)
             request = spare
         } else {
@@ -151,7 +156,7 @@ extension Connection {
         guard request.isRegistered else { return }
         switch request.origin {
         case .binary(let id): withBinaryRequests { _ = $0.removeValue(forKey: id) }
-        case .text: requests.text.removeValue(forKey: request.serial)
+        case .text: withTextRequests { _ = $0.removeValue(forKey: request.serial) }
         }
         core.stats.repliesPending -= 1
     }
@@ -175,7 +180,7 @@ extension Connection {
     /// handler answers at once), and the connection closes once they are, counted as `peerGone`.
     func abandonOpenRequests() {
         closeReasonOncePeerIsDone = .peerGone
-        for request in requests.openOldestFirst { cancel(request) }
+        for request in openRequestsOldestFirst { cancel(request) }
     }
 
     func closeIfPeerIsDone() {
@@ -184,7 +189,12 @@ extension Connection {
 
     /// Answers every open request (for shutdown), oldest first.
     func answerAllOpenRequests(with answer: Answer) {
-        for request in requests.openOldestFirst { request.answer(answer) }
+        for request in openRequestsOldestFirst { request.answer(answer) }
+    }
+
+    private var openRequestsOldestFirst: [PendingRequest] {
+        let open = withBinaryRequests { Array($0.values) } + withTextRequests { Array($0.values) }
+        return open.sorted { $0.serial < $1.serial }
     }
 
     /// What waits for the REPLY to a server-initiated request: the REPLY payload, or why none came.
@@ -233,15 +243,21 @@ extension Connection {
         return id
     }
 
-    // On the per-call paths, the tables of binary and server-initiated requests are used through the
-    // table itself, taken out of the connection for the lookup or change (nothing calls out meanwhile):
-    // no access to the properties spans a call, so the compiler proves them exclusive and checks none at
-    // run time.
+    // The tables of open and server-initiated requests are used through the table itself, taken out of
+    // the connection for the lookup or change (nothing calls out meanwhile): no access to the property
+    // spans a call, so the compiler proves them exclusive and checks none at run time.
 
     func withBinaryRequests<Result>(_ body: (inout [UInt32: PendingRequest]) -> Result) -> Result {
         var table: [UInt32: PendingRequest] = [:]
         swap(&table, &requests.binary)
         defer { swap(&table, &requests.binary) }
+        return body(&table)
+    }
+
+    private func withTextRequests<Result>(_ body: (inout [UInt64: PendingRequest]) -> Result) -> Result {
+        var table: [UInt64: PendingRequest] = [:]
+        swap(&table, &requests.text)
+        defer { swap(&table, &requests.text) }
         return body(&table)
     }
 
@@ -265,9 +281,11 @@ extension Connection {
     /// Fails, in id order, every request forwarded on `registration` (on any held channel, when nil)
     /// that still waits for a REPLY.
     func failForwarded(on registration: Registration?, _ error: InvokeError) {
-        let ids = requests.outgoing.compactMap { id, request -> UInt32? in
-            guard let forwardedOn = request.registration else { return nil }
-            return registration == nil || forwardedOn === registration ? id : nil
+        let ids = withOutgoing { table in
+            table.compactMap { id, request -> UInt32? in
+                guard let forwardedOn = request.registration else { return nil }
+                return registration == nil || forwardedOn === registration ? id : nil
+            }
         }
         for id in ids.sorted() { failOutgoing(id, error) }
     }
@@ -291,9 +309,12 @@ extension Connection {
             defer { table = [:] }
             return table
         }
+        let openText = withTextRequests { table in
+            defer { table = [:] }
+            return table
+        }
         for request in open.values { request.abandonCancelling() }
-        for request in requests.text.values { request.abandonCancelling() }
-        core.stats.repliesPending -= open.count + requests.text.count
-        requests.text = [:]
+        for request in openText.values { request.abandonCancelling() }
+        core.stats.repliesPending -= open.count + openText.count
     }
 }
