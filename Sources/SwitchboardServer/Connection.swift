@@ -319,7 +319,11 @@ final class Connection {
         case .cancel: cancelRequest(frame.id)
         case .demand: handleDemand(frame)
         case .register:
-            if let plugins, plugins.seesRequests { plugins.runInbound(register: frame, on: self) } else { core.register(frame.frame, from: self) }
+            if let plugins, plugins.seesRequests {
+                plugins.runInbound(register: frame, on: self)
+            } else {
+                core.register(frame.frame, from: self)
+            }
         case .unregister: core.unregister(frame.channel, id: frame.id, from: self)
         case .welcome, .error, .goAway: break  // refused above
         }

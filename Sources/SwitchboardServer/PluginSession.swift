@@ -218,7 +218,8 @@ final class PluginSession {
             case .value(let value): .call(MethodCall(method: request.knownMethod ?? request.kind.rawValue, arguments: value))
             }
             guard let origin else {
-                connection.core.route(channel: request.channel, input: input, origin: nil, connection: connection, refusing: request.refusedKinds)
+                connection.core.route(channel: request.channel, input: input, origin: nil, connection: connection,
+                                      refusing: request.refusedKinds)
                 return
             }
             traced(request) { connection.handleRequest(origin, channel: request.channel, input: input, refusing: request.refusedKinds) }
@@ -230,7 +231,9 @@ final class PluginSession {
     private func followRename(of request: InboundRequest, on connection: Connection) {
         let original = request.originalChannel.flatMap { $0 == request.channel ? nil : $0 }
         context.listened(to: request.channel, as: original)
-        if let original, let credit = connection.takePendingCredit(for: original) { connection.keepPendingCredit(credit, for: request.channel) }
+        if let original, let credit = connection.takePendingCredit(for: original) {
+            connection.keepPendingCredit(credit, for: request.channel)
+        }
     }
 
     /// Counts and logs a plugin's failure; returns the `plugin_error` its request is answered with.

@@ -142,8 +142,8 @@ extension Connection {
         afterAnswer(request)
     }
 
-    /// Runs `body` with ``RequestTable/methodCallReuse`` taken out of the connection for the call (so no access to
-    /// the property spans the codec's code), then puts it back.
+    /// Runs `body` with ``RequestTable/methodCallReuse`` taken out of the connection for the call (so no
+    /// access to the table spans the codec's code), then puts it back.
     func withMethodCallReuse<Result>(_ body: (inout MethodCallReuse) throws(CodecError) -> Result) throws(CodecError) -> Result {
         var reuse = MethodCallReuse()
         swap(&reuse, &requests.methodCallReuse)

@@ -82,7 +82,8 @@ enum TextMode {
     private static func throughPlugins(_ input: RouteInput, origin: PendingRequest.Origin, channel: String,
                                        through plugins: PluginSession, on connection: Connection) {
         switch input {
-        case .call(let call): plugins.runInbound(text: origin, method: call.method, channel: channel, value: call.arguments, on: connection)
+        case .call(let call):
+            plugins.runInbound(text: origin, method: call.method, channel: channel, value: call.arguments, on: connection)
         case .message(let message): plugins.runInbound(text: origin, method: nil, channel: channel, value: message, on: connection)
         case .bytes: plugins.runInbound(text: origin, method: nil, channel: channel, value: .null, on: connection)
         }
