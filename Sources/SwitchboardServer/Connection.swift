@@ -375,12 +375,14 @@ final class Connection {
             return
         }
         if frame.id != 0, !admitsRequest(id: frame.id) { return }
+        let route = route(named: frame.channel)
         // Gates judge a call or a send here, then it goes on as without plugins; anything else (or any
         // other stage) takes the whole pipeline.
-        if let plugins, plugins.seesRequests, frame.id != 0 || !isHolderEvent(frame), !plugins.letsThroughGates(frame, on: self) {
+        if let plugins, plugins.seesRequests, frame.id != 0 || !isHolderEvent(frame),
+           !plugins.letsThroughGates(frame, taking: route, on: self) {
             return
         }
-        if case .local(.method(let method))? = route(named: frame.channel) {
+        if case .local(.method(let method))? = route {
             dispatchCall(to: method, payload: frame.payload, origin: frame.id == 0 ? nil : .binary(id: frame.id))
         } else if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)

@@ -72,11 +72,11 @@ final class PluginSession {
 
     // MARK: Inbound
 
-    /// A binary MESSAGE that some stage sees: true if it goes on as without plugins (the gates, which
-    /// judge it by its channel and kind, let it through); false if they refused it or it took the whole
-    /// pipeline (a stage that is no gate, or a kind only its method tells).
-    func letsThroughGates(_ frame: FrameDecoder.View, on connection: Connection) -> Bool {
-        guard let gates, let kind = gatedKind(of: connection.route(named: frame.channel)) else {
+    /// A binary MESSAGE that some stage sees, on its way to `route`: true if it goes on as without
+    /// plugins (the gates, which judge it by its channel and kind, let it through); false if they refused
+    /// it or it took the whole pipeline (a stage that is no gate, or a kind only its method tells).
+    func letsThroughGates(_ frame: FrameDecoder.View, taking route: Route?, on connection: Connection) -> Bool {
+        guard let gates, let kind = gatedKind(of: route) else {
             runInbound(message: frame, on: connection)
             return false
         }
