@@ -51,9 +51,10 @@ enum CloseReason: String {
 
 /// One client connection. Loop thread only: all of its state belongs to the loop.
 ///
-/// Replies and events made while handling input are appended to `outbound` and the connection is marked
-/// dirty; the server flushes every dirty connection once per loop turn, just before the loop blocks, so
-/// fifty pipelined calls cost one write.
+/// Besides its input, streams and deadlines, it is made of parts: its ``OutboundBuffer`` (output flushed
+/// once per loop turn), its ``RequestTable`` (open requests, server-initiated ones, spares), its
+/// ``RouteCache``, and a ``PluginSession`` when plugins are loaded. A binary call to a method served here
+/// takes one function, ``dispatchCall(to:payload:origin:)``; every other request takes the router.
 final class Connection {
     enum Mode {
         case undecided, binary, text
@@ -96,31 +97,19 @@ final class Connection {
     private var inbound = InboundBuffer()
     private var frameDecoder: FrameDecoder
     var lineDecoder: LineDecoder
-    /// Bytes made but not yet handed to the transport. Only ever read, or exchanged with `swap`: no access
-    /// releases anything or calls out, so the compiler proves them exclusive and checks none at run time.
-    private var outbound: [UInt8] = []
-    /// Frames (or lines) in `outbound`, added to the server's counters when they are handed over: one
-    /// counter update per turn rather than one per frame.
-    private var unflushedFrames = 0
-    var isDirty = false
-    /// The connection marked dirty before this one (see `ServerCore.firstDirty`).
-    var nextDirty: Connection?
+    /// What it has made and not yet handed to the transport, and its link in the dirty list.
+    var outbound = OutboundBuffer()
+    /// The requests it made that are still open, and those it was sent.
+    var requests = RequestTable()
+    /// Where its last request went.
+    private var routeCache = RouteCache()
+    /// What the plugins need of it; nil when none is loaded, so that the paths no plugin touches test
+    /// one reference for nil.
+    let plugins: PluginSession?
     private(set) var isClosed = false
     private(set) var isClosing = false
     var closingSince: UInt64?
     var isAuthenticated: Bool
-    /// Requests from this client still open after their handler's first run: binary ones by their wire
-    /// id, text ones by a serial number.
-    private var binaryRequests: [UInt32: PendingRequest] = [:]
-    private var textRequests: [UInt64: PendingRequest] = [:]
-    private var nextSerial: UInt64 = 0
-    /// What decoding the last method call leaves for the next (see ``MethodCallReuse``).
-    private var methodCallReuse = MethodCallReuse()
-    /// An answered request to reuse for the next one (see ``PendingRequest/reuse(connection:origin:serial:methodCodec:)``).
-    private var spareRequest: PendingRequest?
-    /// Server-initiated requests waiting for this client's REPLY.
-    private var outgoing: [UInt32: Outgoing] = [:]
-    private var nextOutgoingID: UInt32 = 0
     /// Active event streams by channel.
     var streams: [String: EventStream] = [:]
     /// The channels this connection holds by REGISTER (``ServerCore/registrations`` has them by name).
@@ -128,11 +117,6 @@ final class Connection {
     /// Some stream has queued events or a producer waiting to be told it may send: set by the streams,
     /// checked after each write, so that connections with nothing waiting skip the pump.
     var hasWaitingStreams = false
-    /// Where this connection's last request went (see `ServerCore.route(named:for:)`).
-    var lastRoute: Route?
-    var lastRouteName = ""
-    /// The `ServerCore.routesVersion` the cached route belongs to (-1: none yet).
-    var lastRouteVersion = -1
     /// Credit that arrived before `listen`, by channel: for at most ``pendingCreditLimit`` channels.
     private(set) var pendingCredit: [String: Credit] = [:]
     /// The bytes of the names in ``pendingCredit``.
@@ -141,13 +125,13 @@ final class Connection {
     /// When the peer half-closed; the connection closes once its open requests are answered (or, if
     /// they take longer than the drain timeout, cancels them and closes: see `ServerCore.keepHouse`).
     private(set) var peerFinishedAt: UInt64?
-    private var peerFinishedSending: Bool { peerFinishedAt != nil }
+    var peerFinishedSending: Bool { peerFinishedAt != nil }
     /// Reading is paused: the output it would make has nowhere to go (see ``mustPauseInput``).
     private(set) var isInputPaused = false
     /// `processInput` is running: answers given meanwhile must not start it again.
     private var isProcessingInput = false
     /// How a half-closed connection's close is counted once its requests are answered.
-    private var closeReasonOncePeerIsDone = CloseReason.peerClosed
+    var closeReasonOncePeerIsDone = CloseReason.peerClosed
     var lastInbound: UInt64
     var lastPing: UInt64
     /// When it was accepted, and its traffic, for `switchboard/connections`.
@@ -162,32 +146,8 @@ final class Connection {
     /// When housekeeping first saw the current unfinished frame (or line, or head), and `bytesIn` then.
     private var partialSince: UInt64?
     private var bytesInWhenPartialSeen = 0
-    /// The connection as plugins see it, made with the connection when plugins are loaded (only code
-    /// that runs then asks for it).
-    var context: ConnectionContext {
-        guard let pluginContext else { preconditionFailure("a plugin context asked for with no plugin loaded") }
-        return pluginContext
-    }
-    private let pluginContext: ConnectionContext?
-    /// The trace of the request being routed, taken by ``makeRequest(_:methodCodec:)`` (see ``RequestTrace``).
-    var pendingTrace: RequestTrace?
-    /// What the plugins loaded at start-up ask of every connection, read once (the pipeline is fixed
-    /// while the server runs): constants, so that the paths no plugin touches test them for free.
-    let hasPlugins: Bool, seesRequests: Bool, tracesRequests: Bool
-    /// The pipeline's inbound stages (a constant: read without a run-time exclusivity check).
-    let inboundStages: [Pipeline.Stage<any InboundProcessor, InboundKind>]
-    /// The same stages as gates, when all are and no stage sees answers: binary calls and sends are then
-    /// judged by ``admit(_:_:through:)`` and go on as without plugins, rather than take the whole pipeline.
-    let gates: [Pipeline.Stage<any InboundGate, InboundKind>]?
-    /// ``Pipeline/gateEpoch``.
-    let gateEpoch: VerdictEpoch
     /// ``ServerConfiguration/maxOpenRequests``.
     let maxOpenRequests: Int
-    /// The gates' verdicts on the last channel and kind judged by ``admit(_:_:through:)``; a HELLO
-    /// forgets them.
-    var gateMemo: GateMemo?
-    /// Whether the identity the transport proved (a TLS certificate) has been asked about.
-    private var hasIdentifiedPeer = false
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -201,21 +161,23 @@ final class Connection {
         openedAt = lastInbound
         logger = core.logger
         logger[metadataKey: "connection.id"] = "\(id)"
-        hasPlugins = !core.pipeline.isEmpty
-        seesRequests = core.pipeline.seesRequests
-        tracesRequests = core.pipeline.seesAnswers
-        inboundStages = core.pipeline.inbound
-        gates = core.pipeline.seesAnswers ? nil : core.pipeline.gates
-        gateEpoch = core.pipeline.gateEpoch
         maxOpenRequests = core.config.maxOpenRequests
-        pluginContext = hasPlugins ? ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop) : nil
+        plugins = core.pipeline.isEmpty ? nil
+            : PluginSession(context: ConnectionContext(id: id, remoteAddress: transport.remoteAddress, eventLoop: core.eventLoop),
+                            pipeline: core.pipeline)
     }
 
-    var pendingBytes: Int { outbound.count + transport.queuedBytes }
+    var hasPlugins: Bool { plugins != nil }
+    /// The connection as plugins see it (only code that runs when plugins are loaded asks for it).
+    var context: ConnectionContext {
+        guard let plugins else { preconditionFailure("a plugin context asked for with no plugin loaded") }
+        return plugins.context
+    }
+    var pendingBytes: Int { outbound.bytes.count + transport.queuedBytes }
     /// Bytes of events waiting in this connection's stream queues (for credit or for outbound room).
     var waitingEventBytes = 0
     var isOverOutboundLimit: Bool { pendingBytes >= core.config.outboundLimit }
-    var openRequestCount: Int { binaryRequests.count + textRequests.count }
+    var openRequestCount: Int { requests.openCount }
     var isText: Bool { mode == .text }
     var hasChosenBinary: Bool { mode == .binary }
 
@@ -229,7 +191,7 @@ final class Connection {
             bytesIn += bytes.count
             lastInbound = core.eventLoop.now
             guard !bytes.isEmpty else { return }  // traffic without bytes (a WebSocket ping): the heartbeat's
-            if hasPlugins, !hasIdentifiedPeer, !identifyPeer() {
+            if let plugins, !plugins.hasIdentifiedPeer, !plugins.identifyPeer(of: self) {
                 mode = Mode(firstByte: bytes[0])  // the refusal goes out in the mode the client chose
                 return fail(.unauthorized, id: 0)
             }
@@ -273,7 +235,7 @@ final class Connection {
         buffer.append(bytes)
         if mode == .undecided, buffer.readableBytes > 0 {
             mode = Mode(firstByte: buffer.byte(at: 0))
-            pluginContext?.encoding = mode == .text ? .text : .binary
+            plugins?.context.encoding = mode == .text ? .text : .binary
             logger.debug("connection opened in \(mode) mode")
             if core.isDraining { sendGoAway() }
             if mode == .binary, Mode.startsAWord(buffer.byte(at: 0)) { return answerTypedWord(buffer) }
@@ -281,7 +243,7 @@ final class Connection {
         var count = 0
         if mode == .text {
             var decoder = lineDecoder
-            while !isClosing, outbound.count < outboundRoom, let line = decoder.next(from: &buffer) {
+            while !isClosing, outbound.bytes.count < outboundRoom, let line = decoder.next(from: &buffer) {
                 count += 1
                 TextMode.handle(line, on: self)
             }
@@ -289,7 +251,7 @@ final class Connection {
         } else {
             var decoder = FrameDecoder(maxFrame: 0)  // swapped, not copied: no retain of its channel cache
             swap(&decoder, &frameDecoder)
-            while !isClosing, outbound.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
+            while !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
                 count += 1
                 buffer.consume(length)  // after the frame's view (and its payload slice) is gone
             }
@@ -356,7 +318,12 @@ final class Connection {
         case .reply: handleReply(frame)
         case .cancel: cancelRequest(frame.id)
         case .demand: handleDemand(frame)
-        case .register: seesRequests ? runInbound(register: frame) : core.register(frame.frame, from: self)
+        case .register:
+            if let plugins, plugins.seesRequests {
+                plugins.runInbound(register: frame, on: self)
+            } else {
+                core.register(frame.frame, from: self)
+            }
         case .unregister: core.unregister(frame.channel, id: frame.id, from: self)
         case .welcome, .error, .goAway: break  // refused above
         }
@@ -384,7 +351,7 @@ final class Connection {
                 return fail(.unauthorized, id: id, textID: textID)
             }
         }
-        if hasPlugins, !identify(hello) { return fail(.unauthorized, id: id, textID: textID) }
+        if let plugins, !plugins.identify(hello, of: self) { return fail(.unauthorized, id: id, textID: textID) }
         isAuthenticated = true
         clientName = hello["client"]?.stringValue
         let welcome = core.welcome
@@ -395,39 +362,9 @@ final class Connection {
         }
     }
 
-    /// Before its first bytes: a client that proved who it is with a TLS certificate is that identity
-    /// from its first request, HELLO or not. False if the plugins refuse the certificate.
-    @inline(never)
-    private func identifyPeer() -> Bool {
-        hasIdentifiedPeer = true
-        guard transport.peerIdentity != nil else { return true }
-        return identify(token: nil, client: nil)
-    }
-
-    /// Asks the plugins who the HELLO's client is; false if one refuses it.
-    @inline(never)
-    private func identify(_ hello: ChannelValue) -> Bool {
-        identify(token: hello["token"]?.stringValue, client: hello["client"]?.stringValue)
-    }
-
-    /// Asks the plugins who the client is, from its HELLO and its TLS certificate; false if one refuses.
-    /// A verified certificate's subject is the identity when no plugin names another.
-    private func identify(token: String?, client: String?) -> Bool {
-        let certificate = transport.peerIdentity
-        let hello = Hello(token: token, client: client, certificateSubject: certificate)
-        switch core.pipeline.authenticate(hello, connection: context) {
-        case .refuse: return false
-        case .identity(let identity): context.authenticated(as: identity)
-        case .pass: context.authenticated(as: certificate)
-        }
-        gateMemo = nil  // the verdicts were for the identity before
-        context.clientName = client
-        return true
-    }
-
     /// A MESSAGE, with its payload still in the inbound buffer: a method call is decoded in place.
     private func handleMessage(_ frame: FrameDecoder.View) {
-        if frame.id != 0, !binaryRequests.isEmpty, let first = withBinaryRequests({ $0[frame.id] }) {
+        if frame.id != 0, !requests.binary.isEmpty, let first = withBinaryRequests({ $0[frame.id] }) {
             // An ERROR carrying a pending request's id is that request's answer (wire-v1 section 2), so
             // this one ERROR answers the id: the first request goes on, but its own answer never follows.
             detach(first)
@@ -438,39 +375,32 @@ final class Connection {
             return
         }
         if frame.id != 0, !admitsRequest(id: frame.id) { return }
-        if seesRequests, frame.id != 0 || !isHolderEvent(frame) {
-            // Gates judge a call or a send here, then it goes on as without plugins; anything else (or
-            // any other stage) takes the whole pipeline.
-            guard let gates else { return runInbound(message: frame) }
-            let route = core.route(named: frame.channel, for: self)
-            guard let kind = gatedKind(of: route) else { return runInbound(message: frame) }
-            switch admit(frame.channel, kind, through: gates) {
-            case .admitted: break
-            case .refused(let refusal):
-                if frame.id != 0 { writeError(refusal, id: frame.id) }  // id 0: nobody waits (counted)
-                return
-            case .byMethod: return runInbound(message: frame)
-            }
-            if frame.id != 0, case .local(.method(let method))? = route {  // as below, with the route in hand
-                var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
-                core.invoke(method, payload: frame.payload, request: request, connection: self)
-                return settle(&request)
-            }
+        let route = route(named: frame.channel)
+        // Gates judge a call or a send here, then it goes on as without plugins; anything else (or any
+        // other stage) takes the whole pipeline.
+        if let plugins, plugins.seesRequests, frame.id != 0 || !isHolderEvent(frame),
+           !plugins.letsThroughGates(frame, taking: route, on: self) {
+            return
         }
-        if frame.id == 0 {
+        if case .local(.method(let method))? = route {
+            dispatchCall(to: method, payload: frame.payload, origin: frame.id == 0 ? nil : .binary(id: frame.id))
+        } else if frame.id == 0 {
             core.route(channel: frame.channel, input: .bytes(frame.payload), origin: nil, connection: self)
-        } else if case .local(.method(let method))? = core.route(named: frame.channel, for: self) {
-            var request = makeRequest(.binary(id: frame.id), methodCodec: method.codec)
-            core.invoke(method, payload: frame.payload, request: request, connection: self)
-            settle(&request)
         } else {
             handleRequest(.binary(id: frame.id), channel: frame.channel, input: .bytes(frame.payload))
         }
     }
 
-    private func handleReply(_ frame: FrameDecoder.View) {
-        guard let waiting = withOutgoing({ $0.removeValue(forKey: frame.id) }) else { core.stats.ignoredFrames += 1; return }
-        waiting.complete(.success(frame.payload.map(Array.init)), core: core)
+    /// Where `name` leads, through the connection's one-entry cache: a connection mostly calls one
+    /// channel, and its frame decoder hands back the same string object each time, so a hit costs a
+    /// pointer comparison instead of hashing the name (twice, for a channel a client holds, or one
+    /// that is nowhere on this loop: nil).
+    func route(named name: String) -> Route? {
+        let version = core.routesVersion
+        if routeCache.version == version, routeCache.name == name { return routeCache.route }
+        let route = core.route(named: name)
+        routeCache = RouteCache(name: name, route: route, version: version)
+        return route
     }
 
     private func handleDemand(_ frame: FrameDecoder.View) {
@@ -488,7 +418,7 @@ final class Connection {
     /// Adds credit to the channel's active stream, or keeps it for the next `listen` while the channels
     /// kept stay within ``pendingCreditLimit`` (past it, the DEMAND is ignored and counted).
     func addDemand(_ n: UInt32, channel: String) {
-        let channel = hasPlugins ? context.channelRenames[channel] ?? channel : channel
+        let channel = plugins?.context.channelRenames[channel] ?? channel
         if let stream = streams[channel] {
             stream.addCredit(n)
         } else if let credit = pendingCredit[channel] {
@@ -513,389 +443,14 @@ final class Connection {
         return credit
     }
 
-    // MARK: Requests
-
-    /// Whether this client may open one more request: every request, binary or text, with plugins or
-    /// without, asks before it is routed. Past ``ServerConfiguration/maxOpenRequests`` open ones, the
-    /// request is refused with `too_many_requests` carrying its id (`textID` in text mode), and counted.
-    func admitsRequest(id: UInt32, textID: ChannelValue? = nil) -> Bool {
-        guard binaryRequests.count + textRequests.count >= maxOpenRequests else { return true }
-        core.stats.openRequestsRefused += 1
-        writeError(.tooManyRequests, id: id, textID: textID)
-        return false
-    }
-
-    /// Routes a request from this client. One its handler does not answer at once is kept in the table
-    /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).
-    func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput, refusing refusedKinds: UInt8 = 0) {
-        var request = core.route(channel: channel, input: input, origin: origin, connection: self, refusing: refusedKinds)
-        settle(&request)
-    }
-
-    /// After a request's handler has run: an open request goes into the table of open requests; an
-    /// answered one becomes the spare for the next request, unless its handler kept its `MethodResult`
-    /// (which a later answer would then reach).
-    func settle(_ request: inout PendingRequest) {
-        guard !request.isAnswered else {
-            if isKnownUniquelyReferenced(&request) { spareRequest = request }
-            return
-        }
-        if isClosing { return request.abandonCancelling() }
-        request.isRegistered = true
-        switch request.origin {
-        case .binary(let id): withBinaryRequests { $0[id] = request }
-        case .text: textRequests[request.serial] = request
-        }
-        core.stats.repliesPending += 1
-    }
-
-    /// A new request from this client (detached, answered nowhere, when `origin` is nil).
-    func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: SharedMethodCodec?) -> PendingRequest {
-        guard let origin else { return .detached(connectionID: id) }
-        nextSerial += 1
-        let request: PendingRequest
-        if let spare = spareRequest {
-            spareRequest = nil
-            spare.reuse(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
-            request = spare
-        } else {
-            request = PendingRequest(connection: self, origin: origin, serial: nextSerial, methodCodec: methodCodec)
-        }
-        if tracesRequests { request.trace = pendingTrace }  // nil too: a reused request keeps no old trace
-        return request
-    }
-
-    /// The kind of a binary MESSAGE taking `route` when the route alone tells it (a call or a send); nil
-    /// when it takes the method (an event channel's listen or cancel, or a channel nobody serves).
-    private func gatedKind(of route: Route?) -> InboundKind? {
-        switch route {
-        case .local(.method)?: .call
-        case .local(.message)?: .message
-        case .held(let registration)?:
-            switch registration.kind {
-            case .message?: .message
-            case .method?, nil: .call
-            case .event?: nil
-            }
-        case .local(.event)?, nil: nil
-        }
-    }
-
     /// A holder's event on its own event channel (a MESSAGE with id 0): an event, not a request.
     private func isHolderEvent(_ frame: FrameDecoder.View) -> Bool {
-        guard frame.id == 0, case .held(let registration)? = core.route(named: frame.channel, for: self) else { return false }
+        guard frame.id == 0, case .held(let registration)? = route(named: frame.channel) else { return false }
         return registration.holder === self && registration.kind == .event
     }
 
-    /// Takes an open request out of the tables without answering it: a parked request goes on as a new one.
-    func withdraw(_ request: PendingRequest) {
-        forget(request)
-        request.abandon()
-    }
-
-    private func cancelRequest(_ id: UInt32) {
-        guard let request = withBinaryRequests({ $0[id] }) else { core.stats.ignoredFrames += 1; return }
-        cancel(request)
-    }
-
-    /// Cancels `request` as a CANCEL does: whoever works on it is told, and it is answered, by the loop
-    /// or node it was relayed to if it was (in the form the channel's own node gives), else here.
-    private func cancel(_ request: PendingRequest) {
-        request.notifyCancel()
-        if case .relayed = request.onCancel { return }
-        request.answer(request.cancelAnswer)
-    }
-
-    /// Closes `request` and writes its answer in this connection's encoding.
-    func finish(_ request: PendingRequest, with answer: Answer) {
-        guard !isClosing else { return }
-        var answer = answer
-        if tracesRequests, let trace = request.trace { answer = filterAnswer(answer, trace: trace, codec: request.methodCodec?.codec) }
-        forget(request)
-        switch request.origin {
-        case .binary(let id): writeBinaryAnswer(answer, id: id)
-        case .text(let id, let kind): TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
-        }
-        afterAnswer(request)
-    }
-
-    /// ``finish(_:with:)`` for a success envelope, the common answer, without wrapping the value in an
-    /// ``Answer`` (each wrapping copies it).
-    func finish(_ request: PendingRequest, success value: ChannelValue, codec: any MethodCodec) {
-        guard !isClosing else { return }
-        if tracesRequests { return finish(request, with: .success(value, codec)) }
-        forget(request)
-        switch request.origin {
-        case .binary(let id): writeSuccess(value, codec: codec, id: id)
-        case .text(let id, let kind): TextMode.writeAnswer(.success(value, codec), id: id, kind: kind, on: self)
-        }
-        afterAnswer(request)
-    }
-
-    /// Runs `body` with ``methodCallReuse`` taken out of the connection for the call (so no access to
-    /// the property spans the codec's code), then puts it back.
-    func withMethodCallReuse<Result>(_ body: (inout MethodCallReuse) throws(CodecError) -> Result) throws(CodecError) -> Result {
-        var reuse = MethodCallReuse()
-        swap(&reuse, &methodCallReuse)
-        defer { swap(&reuse, &methodCallReuse) }
-        return try body(&reuse)
-    }
-
-    /// Takes an answered request out of the table of open requests.
-    private func forget(_ request: PendingRequest) {
-        guard request.isRegistered else { return }
-        switch request.origin {
-        case .binary(let id): withBinaryRequests { _ = $0.removeValue(forKey: id) }
-        case .text: textRequests.removeValue(forKey: request.serial)
-        }
-        core.stats.repliesPending -= 1
-    }
-
-    /// Takes an open request off the wire: it goes on, but its answer will go nowhere.
-    private func detach(_ request: PendingRequest) {
-        forget(request)
-        request.abandon()
-        afterAnswer(request)
-    }
-
-    /// The shutdown drain or a half-closed peer may have waited for this answer.
-    private func afterAnswer(_ request: PendingRequest) {
-        guard request.isRegistered else { return }
-        core.requestFinished()
-        closeIfPeerIsDone()
-    }
-
-    /// The peer half-closed and its open requests outlived the drain timeout: each is cancelled, oldest
-    /// first, as by a CANCEL (its handler is told, and it is answered, with `cancelled` unless the
-    /// handler answers at once), and the connection closes once they are, counted as `peerGone`.
-    func abandonOpenRequests() {
-        closeReasonOncePeerIsDone = .peerGone
-        let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
-        for request in open { cancel(request) }
-    }
-
-    func closeIfPeerIsDone() {
-        if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(closeReasonOncePeerIsDone) }
-    }
-
-    /// Writes a REPLY with a success envelope, encoded in place in the outbound buffer.
-    private func writeSuccess(_ value: ChannelValue, codec: any MethodCodec, id: UInt32) {
-        guard !isClosed else { return }
-        var bytes = takeOutbound()
-        let start = Frame.startFrame(.reply, id: id, to: &bytes)
-        do throws(CodecError) {
-            try codec.encodeSuccessEnvelope(value, appendingTo: &bytes)
-        } catch {
-            bytes.removeSubrange(start...)
-            restoreOutbound(bytes)
-            return writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
-        }
-        Frame.finishFrame(startingAt: start, in: &bytes)
-        unflushedFrames += 1
-        restoreOutbound(bytes)
-        markDirty()
-    }
-
-    private func writeBinaryAnswer(_ answer: Answer, id: UInt32) {
-        switch answer {
-        case .success(let value, let codec):
-            writeSuccess(value, codec: codec, id: id)
-        case .failure(let error, let codec):
-            if let payload = try? codec.encodeErrorEnvelope(error) {
-                writeFrame(.reply, id: id, payload: payload)
-            } else {
-                writeError(.badPayload("error envelope could not be encoded"), id: id)
-            }
-        case .notImplemented: writeFrame(.reply, id: id, payload: nil)
-        case .messageBytes(let bytes): writeFrame(.reply, id: id, payload: bytes)
-        case .messageValue: writeError(.badPayload("reply has no binary form"), id: id)
-        case .error(let error): writeError(error, id: id)
-        }
-    }
-
-    /// Answers every open request (for shutdown), oldest first.
-    func answerAllOpenRequests(with answer: Answer) {
-        let open = (Array(binaryRequests.values) + Array(textRequests.values)).sorted { $0.serial < $1.serial }
-        for request in open { request.answer(answer) }
-    }
-
-    /// What waits for the REPLY to a server-initiated request: the REPLY payload, or why none came.
-    typealias OutgoingCompletion = (Result<[UInt8]?, InvokeError>) -> Void
-
-    /// A server-initiated request waiting for this client's REPLY.
-    struct Outgoing {
-        enum Waiter {
-            /// A client's request, forwarded: the answer is relayed to it (no closure per request).
-            case relay(PendingRequest)
-            case completion(OutgoingCompletion)
-        }
-        let waiter: Waiter
-        /// The held channel the request was forwarded on, to be failed if the holder lets the channel go;
-        /// nil for the server's own requests (`invokeMethod`, `send`).
-        let registration: Registration?
-
-        func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
-            switch waiter {
-            case .relay(let request): core.relay(result, of: registration, to: request)
-            case .completion(let completion): completion(result)
-            }
-        }
-    }
-
-    /// Sends a server-initiated MESSAGE (forwarded on `registration`, if given); `waiter` gets its
-    /// answer. Returns the id used on this connection (nil if it could not be sent; `waiter` then got a
-    /// failure).
-    @discardableResult
-    func sendRequest(channel: String, payload: [UInt8]?, forwardedOn registration: Registration? = nil,
-                     waiter: Outgoing.Waiter) -> UInt32? {
-        let request = Outgoing(waiter: waiter, registration: registration)
-        guard mode == .binary, !isClosing else {
-            request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
-            return nil
-        }
-        // One hash per request: an id still in use (only after 2^32 requests) is put back and skipped.
-        repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0
-        while let inUse = withOutgoing({ $0.updateValue(request, forKey: nextOutgoingID) }) {
-            withOutgoing { $0[nextOutgoingID] = inUse }
-            repeat { nextOutgoingID &+= 1 } while nextOutgoingID == 0
-        }
-        writeFrame(.message, id: nextOutgoingID, channel: channel, payload: payload)
-        return nextOutgoingID
-    }
-
-    // On the per-call paths, the tables of binary and server-initiated requests are used through the
-    // table itself, taken out of the connection for the lookup or change (nothing calls out meanwhile):
-    // no access to the properties spans a call, so the compiler proves them exclusive and checks none at
-    // run time.
-
-    private func withBinaryRequests<Result>(_ body: (inout [UInt32: PendingRequest]) -> Result) -> Result {
-        var table: [UInt32: PendingRequest] = [:]
-        swap(&table, &binaryRequests)
-        defer { swap(&table, &binaryRequests) }
-        return body(&table)
-    }
-
-    private func withOutgoing<Result>(_ body: (inout [UInt32: Outgoing]) -> Result) -> Result {
-        var table: [UInt32: Outgoing] = [:]
-        swap(&table, &outgoing)
-        defer { swap(&table, &outgoing) }
-        return body(&table)
-    }
-
-    /// Fails a server-initiated request still waiting for this client's REPLY.
-    func failOutgoing(_ id: UInt32, _ error: InvokeError) {
-        withOutgoing { $0.removeValue(forKey: id) }?.complete(.failure(error), core: core)
-    }
-
-    /// Fails, in id order, every request forwarded on `registration` (on any held channel, when nil)
-    /// that still waits for a REPLY.
-    func failForwarded(on registration: Registration?, _ error: InvokeError) {
-        let ids = outgoing.compactMap { id, request -> UInt32? in
-            guard let forwardedOn = request.registration else { return nil }
-            return registration == nil || forwardedOn === registration ? id : nil
-        }
-        for id in ids.sorted() { failOutgoing(id, error) }
-    }
-
-    /// Tells this client that the server no longer wants the answer to its request `id`.
-    func sendCancel(_ id: UInt32) {
-        guard withOutgoing({ $0.removeValue(forKey: id) }) != nil else { return }
-        writeFrame(.cancel, id: id, payload: nil)
-    }
-
-    // MARK: Output
-
-    func markDirty() {
-        if !isDirty {
-            isDirty = true
-            nextDirty = core.firstDirty
-            core.firstDirty = self
-        }
-    }
-
-    func writeFrame(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) {
-        guard !isClosed else { return }
-        var bytes = takeOutbound()
-        Frame.write(kind, id: id, channel: channel, payload: payload, to: &bytes)
-        unflushedFrames += 1
-        restoreOutbound(bytes)
-        markDirty()
-    }
-
-    /// Takes `outbound` out of the connection while a call that is not the connection's own (the wire
-    /// encoder, a codec, which may run custom code) appends to it: no access to the property spans such a
-    /// call, and output the call makes on this connection meanwhile lands in a fresh buffer.
-    private func takeOutbound() -> [UInt8] {
-        var bytes: [UInt8] = []
-        swap(&bytes, &outbound)
-        return bytes
-    }
-
-    /// Puts back what `takeOutbound()` took, ahead of anything written meanwhile.
-    private func restoreOutbound(_ bytes: consuming [UInt8]) {
-        var meanwhile = bytes
-        swap(&meanwhile, &outbound)
-        guard !meanwhile.isEmpty else { return }  // rare: output made while the buffer was out
-        var buffer = takeOutbound()
-        buffer.append(contentsOf: meanwhile)
-        swap(&buffer, &outbound)
-    }
-
-    func writeRaw(_ bytes: [UInt8]) {
-        guard !isClosed else { return }
-        var buffer = takeOutbound()
-        buffer.append(contentsOf: bytes)
-        restoreOutbound(buffer)
-        unflushedFrames += 1
-        markDirty()
-    }
-
-    /// Writes an ERROR frame (or, in text mode, an error line with `textID`) that leaves the connection open.
-    func writeError(_ error: WireError, id: UInt32 = 0, textID: ChannelValue? = nil) {
-        if mode == .text {
-            TextMode.writeError(error, id: textID, on: self)
-            return
-        }
-        writeFrame(.error, id: id, payload: error.payload)
-    }
-
-    /// The size of `event` in this connection's encoding; nil if it has none.
-    func encodedSize(of event: OutboundEvent) -> Int? {
-        (mode == .text ? event.textLine : event.binaryFrame)?.count
-    }
-
-    /// Writes an event in this connection's encoding; false if it could not be encoded (counted as a drop).
-    @discardableResult
-    func writeEvent(_ event: OutboundEvent) -> Bool {
-        guard let bytes = mode == .text ? event.textLine : event.binaryFrame else {
-            core.countDrop("unencodable")
-            return false
-        }
-        writeRaw(bytes)
-        return true
-    }
-
-    /// Hands `outbound` to the transport: for every dirty connection once per loop turn, and at once
-    /// before a close. A dirty connection stays in the dirty list (flushed again, then with nothing to
-    /// write) until that list is flushed.
-    func flush() {
-        guard !isClosed else { return }
-        if !outbound.isEmpty {
-            core.stats.framesOut += unflushedFrames
-            core.stats.bytesOut += outbound.count
-            bytesOut += outbound.count
-            unflushedFrames = 0
-            // The transport may report a failed write synchronously, and closing touches `outbound`:
-            // hand it a buffer of its own, then take the (emptied) buffer back to keep its capacity.
-            var bytes = takeOutbound()
-            transport.write(&bytes)
-            if outbound.isEmpty, !isClosed { swap(&bytes, &outbound) }
-        }
-        afterWrite()
-    }
-
     /// Tracks the outbound limit, and lets waiting streams and paused input go once there is room.
-    private func afterWrite() {
+    func afterWrite() {
         guard !isClosed else { return }
         if isOverOutboundLimit {
             if overLimitSince == nil { overLimitSince = core.eventLoop.now }
@@ -1022,27 +577,21 @@ final class Connection {
 
     /// Ends streams (handlers told), fails server-initiated requests, cancels open requests (their answers go nowhere).
     private func releaseState(_ reason: CloseReason) {
-        pluginContext?.dropStates()
+        plugins?.context.dropStates()
         core.holderLeft(self)
         for stream in Array(streams.values) {
             endStream(stream, notifyHandler: true)
         }
-        let waiting = withOutgoing { table in
-            defer { table = [:] }
-            return table
-        }
-        for request in waiting.values { request.complete(.failure(.disconnected), core: core) }
-        let open = withBinaryRequests { table in
-            defer { table = [:] }
-            return table
-        }
-        // Whatever the close (a reset, an error, a slow consumer), the requests' answers can go nowhere:
-        // each is cancelled, so that its handler, holder, loop or node stops working on it.
-        for request in open.values { request.abandonCancelling() }
-        for request in textRequests.values { request.abandonCancelling() }
-        core.stats.repliesPending -= open.count + textRequests.count
-        textRequests = [:]
+        dropRequests()
         core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")
     }
+}
+
+/// Where a connection's last request went (see ``Connection/route(named:)``).
+struct RouteCache {
+    var name = ""
+    var route: Route?
+    /// The `ServerCore.routesVersion` the route belongs to (-1: none yet).
+    var version = -1
 }

@@ -43,7 +43,7 @@ final class Pipeline {
     let gateEpoch = VerdictEpoch()
     /// The gates' epochs that lead ``gateEpoch``.
     private var gateEpochs: [ObjectIdentifier] = []
-    /// Requests go through the plugins (the gates, or ``Connection/runInbound(message:)`` and its kin):
+    /// Requests go through the plugins (the gates, or ``PluginSession/runInbound(message:on:)`` and its kin):
     /// some stage sees them on the way in, or sees their answers on the way out.
     private(set) var seesRequests = false
     /// Some outbound stage sees replies or errors: requests then carry a ``RequestTrace``.
@@ -143,7 +143,7 @@ final class ParkedRequest {
     func resume(with decision: InboundDecision?) {
         guard let connection, let request else { return }
         self.request = nil
-        connection.resume(self, request: request, with: decision)
+        connection.plugins?.resume(self, request: request, with: decision, on: connection)
     }
 }
 
@@ -184,7 +184,7 @@ extension ServerCore {
             }
         }
 
-        switch route(named: request.channel, for: connection) {
+        switch connection.route(named: request.channel) {
         case .local(.method(let entry))?:
             request.kind = isSend ? .message : .call
             request.codec = entry.codec
@@ -234,286 +234,6 @@ extension ServerCore {
     }
 }
 
-extension Connection {
-    // MARK: Inbound
-
-    /// A binary MESSAGE, through the inbound stages.
-    @inline(never)
-    func runInbound(message frame: FrameDecoder.View) {
-        var request = InboundRequest(connection: context, channel: frame.channel, method: nil, payload: .bytes(frame.payload),
-                                     expectsAnswer: frame.id != 0, isText: false)
-        start(&request)
-        continueInbound(&request, target: .request(frame.id == 0 ? nil : .binary(id: frame.id)), from: 0)
-    }
-
-    /// A text-mode call, listen, cancel (`method` given) or send (`method` nil), through the inbound stages.
-    func runInbound(text origin: PendingRequest.Origin, method: String?, channel: String, value: ChannelValue) {
-        var request = InboundRequest(connection: context, channel: channel, method: method, payload: .value(value),
-                                     expectsAnswer: true, isText: true)
-        start(&request)
-        continueInbound(&request, target: .request(origin), from: 0)
-    }
-
-    /// A REGISTER, through the inbound stages.
-    @inline(never)
-    func runInbound(register frame: FrameDecoder.View) {
-        var request = InboundRequest(connection: context, channel: frame.channel, method: nil, payload: .bytes(frame.payload),
-                                     expectsAnswer: frame.id != 0, isText: false)
-        request.kind = .register
-        if tracesRequests { request.receivedAt = EventLoop.nanoseconds() }
-        continueInbound(&request, target: .register(id: frame.id), from: 0)
-    }
-
-    private func start(_ request: inout InboundRequest) {
-        core.classify(&request, for: self)
-        if tracesRequests { request.receivedAt = EventLoop.nanoseconds() }
-    }
-
-    /// Runs the stages from `index` on, then routes what they let through.
-    func continueInbound(_ request: inout InboundRequest, target: InboundTarget, from index: Int) {
-        let stages = inboundStages
-        var next = index
-        while next < stages.count {
-            let stage = stages[next]
-            next += 1
-            guard stage.sees(request.channel, request.kind) else { continue }
-            let decision: InboundDecision
-            do {
-                if let gate = stage.gate {
-                    let verdict = request.possibleKinds == 0
-                        ? gate.judge(request.connection, channel: request.channel, kind: request.kind)
-                        : verdictOnEveryKind(of: &request, by: gate)
-                    decision = verdict.admit(now: request.connection.now, method: request.method).map { .reject($0) } ?? .next
-                } else {
-                    decision = try stage.processor.process(&request)
-                }
-            } catch {
-                return refuse(request, target, error: pluginFailed(stage.plugin, "\(error)"))
-            }
-            if request.isPayloadChanged || request.isRenamed {
-                request.isPayloadChanged = false
-                request.isRenamed = false
-                if request.kind != .register { core.classify(&request, for: self) }  // what it is may have changed
-            }
-            switch consume decision {
-            case .next: continue
-            case .reject(let rejection):
-                core.countRejection(by: stage.plugin, code: rejection.code)
-                return refuse(request, target, error: rejection.error)
-            case .answer(let answer):
-                return answerDirectly(answer, request: request, target: target, plugin: stage.plugin)
-            case .later(let body):
-                let parked = park(request, target: target, resumeAt: next, plugin: stage.plugin)
-                return body(Decider(token: DecisionToken(LoopBound(parked, loop: core.handle))))
-            }
-        }
-        dispatch(request, target: target)
-    }
-
-    /// A gate's verdict on a request whose kind only another node can tell: its verdict on each kind
-    /// the request could be. The kinds it refuses travel with the request, for the holder's node to
-    /// refuse (protocol/cluster.md); the request is refused here only when every kind it could be is.
-    private func verdictOnEveryKind(of request: inout InboundRequest, by gate: any InboundGate) -> GateVerdict {
-        var admitted: GateVerdict?, refused: GateVerdict?
-        for kind in InboundKind.allCases where request.possibleKinds & kind.bit != 0 {
-            var verdict = gate.judge(request.connection, channel: request.channel, kind: kind)
-            if case .byMethod(let judge) = verdict, let rejection = judge(request.method) { verdict = .refuse(rejection) }
-            if case .refuse = verdict {
-                request.refusedKinds |= kind.bit
-                refused = refused ?? verdict
-            } else if kind == request.kind || admitted == nil {
-                admitted = verdict  // a meter counts the request as the kind its method says, when it may be that
-            }
-        }
-        return admitted ?? refused ?? .admit
-    }
-
-    /// Routes a request every stage let through: a binary method call as ``handleMessage(_:)`` would,
-    /// anything else through the router.
-    private func dispatch(_ request: InboundRequest, target: InboundTarget) {
-        switch target {
-        case .register(let id):
-            var payload: [UInt8]?
-            if case .bytes(let bytes) = request.payload { payload = bytes.map(Array.init) }
-            core.register(Frame(.register, id: id, channel: request.channel, payload: payload), from: self)
-        case .request(let origin):
-            if request.kind == .listen { followRename(of: request) }
-            if let origin, case .bytes(let bytes) = request.payload,
-               case .local(.method(let method))? = core.route(named: request.channel, for: self) {
-                var pending = traced(request) { makeRequest(origin, methodCodec: method.codec) }
-                core.invoke(method, payload: bytes, request: pending, connection: self)
-                return settle(&pending)
-            }
-            let input: RouteInput = switch request.payload {
-            case .bytes(let bytes): .bytes(bytes)
-            case .value(let value) where request.kind == .message: .message(value)
-            case .value(let value): .call(MethodCall(method: request.knownMethod ?? request.kind.rawValue, arguments: value))
-            }
-            guard let origin else {
-                core.route(channel: request.channel, input: input, origin: nil, connection: self, refusing: request.refusedKinds)
-                return
-            }
-            traced(request) { handleRequest(origin, channel: request.channel, input: input, refusing: request.refusedKinds) }
-        }
-    }
-
-    /// A `listen` a stage renamed: the client's DEMANDs on the name it used go to the new name, the
-    /// credit it already gave included.
-    private func followRename(of request: InboundRequest) {
-        let original = request.originalChannel.flatMap { $0 == request.channel ? nil : $0 }
-        context.listened(to: request.channel, as: original)
-        if let original, let credit = takePendingCredit(for: original) { keepPendingCredit(credit, for: request.channel) }
-    }
-
-    /// Counts and logs a plugin's failure; returns the `plugin_error` its request is answered with.
-    @discardableResult
-    func pluginFailed(_ plugin: String, _ why: String) -> WireError {
-        core.countPluginFailure(plugin)
-        logger.warning("plugin \(plugin) failed: \(why)")
-        return .plugin(code: "plugin_error", message: "plugin \(plugin) failed: \(why)", details: nil)
-    }
-
-    /// Refuses a request with `error`: an ERROR (an error line in text mode), nothing for id 0.
-    private func refuse(_ request: InboundRequest, _ target: InboundTarget, error: WireError) {
-        switch target {
-        case .register(let id): writeError(error, id: id)
-        case .request(nil): break  // id 0: nobody waits for an answer (the refusal is counted)
-        case .request(let origin?): answerNow(origin, .error(error), request: request)
-        }
-    }
-
-    private func answerDirectly(_ answer: DirectAnswer, request: InboundRequest, target: InboundTarget, plugin: String) {
-        guard case .request(let origin) = target else {  // REGISTER
-            return refuse(request, target, error: pluginFailed(plugin, "a REGISTER cannot be answered by a plugin"))
-        }
-        guard let origin else { return }
-        answerNow(origin, self.answer(for: answer, request: request), request: request)
-    }
-
-    /// What a direct answer is in the requester's encoding.
-    private func answer(for answer: DirectAnswer, request: InboundRequest) -> Answer {
-        let codec = request.codec?.codec ?? StandardMethodCodec()
-        switch answer {
-        case .notImplemented: return .notImplemented
-        case .success(let value) where request.kind == .message:
-            if request.isText { return .messageValue(value) }
-            guard let encode = request.encodeMessage else {
-                return .error(.plugin(code: "plugin_error", message: "the channel's message codec is unknown", details: nil))
-            }
-            do throws(CodecError) { return .messageBytes(try encode(value)) } catch {
-                return .error(.badPayload("reply could not be encoded: \(error)"))
-            }
-        case .success(let value): return .success(value, codec)
-        case .failure(let error) where request.kind == .message && !request.isText:
-            return .error(WireError(carrying: error))  // a message reply has no error envelope
-        case .failure(let error): return .failure(error, codec)
-        }
-    }
-
-    /// Answers a request that never reached a channel.
-    private func answerNow(_ origin: PendingRequest.Origin, _ answer: Answer, request inbound: InboundRequest) {
-        var request = traced(inbound) { makeRequest(origin, methodCodec: inbound.codec) }
-        request.answer(answer)
-        settle(&request)
-    }
-
-    /// Runs `body` with the request's trace ready for the ``PendingRequest`` it makes.
-    private func traced<Result>(_ request: InboundRequest, _ body: () -> Result) -> Result {
-        guard request.receivedAt != 0 else { return body() }
-        var request = request
-        pendingTrace = RequestTrace(channel: request.channel, method: request.method, receivedAt: request.receivedAt)
-        defer { pendingTrace = nil }
-        return body()
-    }
-
-    private func park(_ request: InboundRequest, target: InboundTarget, resumeAt: Int, plugin: String) -> ParkedRequest {
-        var kept = request
-        if case .bytes(let bytes?) = request.payload { kept.payload = .bytes(ArraySlice(Array(bytes))) }  // off the read buffer
-        var placeholder: PendingRequest?
-        if case .request(let origin?) = target {
-            var open = traced(request) { makeRequest(origin, methodCodec: request.codec) }
-            placeholder = open
-            settle(&open)  // registers it: CANCEL, duplicate ids, disconnects and the drain see it
-        }
-        return ParkedRequest(connection: self, request: kept, target: target, resumeAt: resumeAt, plugin: plugin,
-                             placeholder: placeholder)
-    }
-
-    /// A deferred decision arrived (on the loop); nil: the plugin dropped its decider undecided.
-    func resume(_ parked: ParkedRequest, request: InboundRequest, with decision: InboundDecision?) {
-        if let placeholder = parked.placeholder {
-            guard !placeholder.isAnswered, placeholder.connection != nil else { return }  // cancelled, closed or drained
-        } else if isClosing {
-            return
-        }
-        if case .next? = decision {
-            if let placeholder = parked.placeholder { withdraw(placeholder) }
-            var request = request
-            if request.kind != .register { core.classify(&request, for: self) }  // the routes may have changed meanwhile
-            continueInbound(&request, target: parked.target, from: parked.resumeAt)
-            if parked.placeholder != nil {  // as after any answer: the drain or a half-closed peer may wait for it
-                core.requestFinished()
-                closeIfPeerIsDone()
-            }
-            return
-        }
-        let answer: Answer
-        switch decision {
-        case .reject(let rejection)?:
-            core.countRejection(by: parked.plugin, code: rejection.code)
-            answer = .error(rejection.error)
-        case .answer(let direct)? where parked.placeholder != nil: answer = self.answer(for: direct, request: request)
-        case .answer?:
-            if case .request(nil) = parked.target { return }  // id 0: answered nowhere
-            answer = .error(pluginFailed(parked.plugin, "a REGISTER cannot be answered by a plugin"))
-        case .later?: answer = .error(pluginFailed(parked.plugin, "deferred twice"))
-        case nil, .next?: answer = .error(pluginFailed(parked.plugin, "dropped its decision"))
-        }
-        if let placeholder = parked.placeholder { return placeholder.answer(answer) }
-        if case .error(let error) = answer { refuse(request, parked.target, error: error) }
-    }
-
-    // MARK: Outbound
-
-    /// Passes an answer through the outbound stages that see it; a stage that drops it or fails turns it
-    /// into `plugin_error`, since the request still needs its one answer.
-    func filterAnswer(_ answer: Answer, trace: RequestTrace, codec methodCodec: (any MethodCodec)?) -> Answer {
-        let kind: OutboundKind
-        let content: OutboundMessage.Content
-        switch answer {
-        case .success(let value, _): (kind, content) = (.reply, .value(value))
-        case .messageValue(let value): (kind, content) = (.reply, .value(value))
-        case .messageBytes(let bytes): (kind, content) = (.reply, .bytes(bytes))
-        case .notImplemented: (kind, content) = (.reply, .notImplemented)
-        case .failure(let error, _): (kind, content) = (.error, .error(error))
-        case .error(let error):
-            (kind, content) = (.error, .error(ChannelError(code: error.code, message: error.message, details: error.details ?? .null)))
-        }
-        var message = OutboundMessage(connection: context, channel: trace.channel, kind: kind, method: trace.method,
-                                      elapsed: .nanoseconds(Int64(EventLoop.nanoseconds() &- trace.receivedAt)), content: content)
-        for stage in core.pipeline.outbound where stage.sees(trace.channel, kind) {
-            guard stage.processor.applies(to: context, channel: trace.channel) else { continue }
-            let decision: OutboundDecision
-            do { decision = try stage.processor.process(&message) } catch {
-                return .error(pluginFailed(stage.plugin, "\(error)"))
-            }
-            if case .drop = decision {
-                core.countDrop("plugin")
-                return .error(.plugin(code: "plugin_error", message: "plugin \(stage.plugin) withheld the answer", details: nil))
-            }
-        }
-        guard message.isChanged else { return answer }
-        // A method call's answer stays an envelope in its codec; a message's reply a message.
-        switch message.content {
-        case .value(let value): return methodCodec.map { .success(value, $0) } ?? .messageValue(value)
-        case .error(let error):
-            return methodCodec.map { .failure(error, $0) } ?? .error(WireError(carrying: error))
-        case .bytes(let bytes): return .messageBytes(bytes)
-        case .notImplemented, .end: return .notImplemented
-        }
-    }
-}
-
 extension WireError {
     /// An ERROR carrying an error envelope's code, message and details (where no envelope can go).
     init(carrying error: ChannelError) {
@@ -543,7 +263,7 @@ extension EventStream {
         for stage in stages where stage.sees(message.channel, message.kind) {
             let decision: OutboundDecision
             do { decision = try stage.processor.process(&message) } catch {
-                connection.pluginFailed(stage.plugin, "on an event: \(error)")
+                connection.plugins?.pluginFailed(stage.plugin, "on an event: \(error)", on: connection)
                 if event.isEnd { continue }  // an end always goes out: the stream must end
                 connection.core.countDrop("plugin")
                 return nil
@@ -617,48 +337,4 @@ enum GateAdmission {
     case refused(WireError)
     /// A gate judges it by its method: it takes the whole pipeline.
     case byMethod
-}
-
-extension Connection {
-    /// Runs a binary call or send through the gates, with the verdicts kept for its channel and kind
-    /// when they still hold.
-    func admit(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> GateAdmission {
-        let memo = verdicts(on: channel, kind, through: gates)
-        if memo.judgesMethods { return .byMethod }
-        guard let (plugin, rejection) = memo.admit(now: core.eventLoop.now) else { return .admitted }
-        return .refused(refuse(rejection, by: plugin))
-    }
-
-    @inline(never)
-    private func refuse(_ rejection: Rejection, by plugin: String) -> WireError {
-        core.countRejection(by: plugin, code: rejection.code)
-        return rejection.error
-    }
-
-    /// The kept verdicts if they still hold for `kind` requests on `channel`; else the gates' new ones.
-    private func verdicts(on channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>]) -> GateMemo {
-        let epoch = gateEpoch.value
-        if let kept = gateMemo, kept.kind == kind, kept.epoch == epoch, kept.channel == channel { return kept }
-        let memo = judge(channel, kind, through: gates, epoch: epoch)
-        gateMemo = memo
-        return memo
-    }
-
-    /// Asks each gate that sees `kind` requests on `channel` for its verdict, up to the first refusal.
-    @inline(never)  // once per connection and channel: out of the per-request path
-    private func judge(_ channel: String, _ kind: InboundKind, through gates: [Pipeline.Stage<any InboundGate, InboundKind>],
-                       epoch: Int) -> GateMemo {
-        var meters: [GateMemo.Metered] = []
-        var refusal: (plugin: String, rejection: Rejection)?
-        for gate in gates where gate.sees(channel, kind) {
-            switch gate.processor.judge(context, channel: channel, kind: kind) {
-            case .admit: continue
-            case .meter(let meter): meters.append(GateMemo.Metered(plugin: gate.plugin, meter: meter))
-            case .refuse(let rejection): refusal = (gate.plugin, rejection)
-            case .byMethod: return GateMemo(channel: channel, kind: kind, epoch: epoch, meters: [], refusal: nil, judgesMethods: true)
-            }
-            if refusal != nil { break }
-        }
-        return GateMemo(channel: channel, kind: kind, epoch: epoch, meters: meters, refusal: refusal)
-    }
 }

@@ -95,7 +95,7 @@ final class ServerCore {
     var remoteStreams: [String: RemoteStream] = [:]
     var nextRemoteStreamID: UInt64 = 0
     /// The connection that last made output this turn, first of a list linked through
-    /// `Connection.nextDirty`: all are flushed once, just before the loop blocks. A list rather than an
+    /// `OutboundBuffer.nextDirty`: all are flushed once, just before the loop blocks. A list rather than an
     /// array, so that marking a connection is two plain stores.
     var firstDirty: Connection?
     private var beforeSleep: BeforeSleep?
@@ -360,12 +360,9 @@ final class ServerCore {
         routesVersion &+= 1
     }
 
-    /// Where `name` leads, through the connection's one-entry cache: a connection mostly calls one
-    /// channel, and its frame decoder hands back the same string object each time, so a hit costs a
-    /// pointer comparison instead of hashing the name (twice, for a channel a client holds, or one
-    /// that is nowhere on this loop: nil).
-    func route(named name: String, for connection: Connection) -> Route? {
-        if connection.lastRouteVersion == routesVersion, connection.lastRouteName == name { return connection.lastRoute }
+    /// Where `name` leads on this loop (nil: nowhere here); each connection keeps its last answer (see
+    /// ``Connection/route(named:)``).
+    func route(named name: String) -> Route? {
         let route: Route?
         if let entry = channels[name] {
             route = .local(entry)
@@ -374,9 +371,6 @@ final class ServerCore {
         } else {
             route = nil
         }
-        connection.lastRoute = route
-        connection.lastRouteName = name
-        connection.lastRouteVersion = routesVersion
         return route
     }
 
@@ -387,7 +381,7 @@ final class ServerCore {
     func route(channel name: String, input: RouteInput, origin: PendingRequest.Origin?, connection: Connection,
                refusing refusedKinds: UInt8 = 0) -> PendingRequest {
         let entry: ChannelEntry
-        switch route(named: name, for: connection) {
+        switch connection.route(named: name) {
         case .local(let local)?: entry = local
         case .held(let registration)?:
             if registration.holder !== connection || origin != nil { registration.countRequest() }  // not its own events
@@ -409,9 +403,6 @@ final class ServerCore {
         switch entry {
         case .method(let method):
             request = connection.makeRequest(origin, methodCodec: method.codec)
-            if case .bytes(let payload) = input {
-                return invoke(method, payload: payload, request: request, connection: connection)
-            }
             method.counts.requests += 1
             guard let call = methodCall(input, codec: method.codec.codec, request: request) else { return request }
             method.handler(call, MethodResult(request: request, loop: handle))
@@ -569,9 +560,9 @@ final class ServerCore {
             // post's broadcast), so its sender can send again while the other connections are written.
             var next: Connection? = first
             while let connection = next {
-                next = connection.nextDirty
-                connection.nextDirty = nil
-                connection.isDirty = false  // here, not in flush(): marked means linked
+                next = connection.outbound.nextDirty
+                connection.outbound.nextDirty = nil
+                connection.outbound.isDirty = false  // here, not in flush(): marked means linked
                 connection.flush()
             }
             rounds += 1
@@ -731,8 +722,8 @@ final class ServerCore {
         connections = [:]
         closingConnections = []
         while let connection = firstDirty {
-            firstDirty = connection.nextDirty
-            connection.nextDirty = nil
+            firstDirty = connection.outbound.nextDirty
+            connection.outbound.nextDirty = nil
         }
         channels = [:]
         registrations = [:]

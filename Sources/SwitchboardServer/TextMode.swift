@@ -71,17 +71,21 @@ enum TextMode {
             input = .message(request["message"] ?? .null)
             kind = .send
         }
-        if connection.seesRequests { return throughPlugins(input, origin: .text(id: id, kind: kind), channel: channel, on: connection) }
+        if let plugins = connection.plugins, plugins.seesRequests {
+            return throughPlugins(input, origin: .text(id: id, kind: kind), channel: channel, through: plugins, on: connection)
+        }
         connection.handleRequest(.text(id: id, kind: kind), channel: channel, input: input)
     }
 
     /// A request, through the plugins' stages (out of line: most servers load none).
     @inline(never)
-    private static func throughPlugins(_ input: RouteInput, origin: PendingRequest.Origin, channel: String, on connection: Connection) {
+    private static func throughPlugins(_ input: RouteInput, origin: PendingRequest.Origin, channel: String,
+                                       through plugins: PluginSession, on connection: Connection) {
         switch input {
-        case .call(let call): connection.runInbound(text: origin, method: call.method, channel: channel, value: call.arguments)
-        case .message(let message): connection.runInbound(text: origin, method: nil, channel: channel, value: message)
-        case .bytes: connection.runInbound(text: origin, method: nil, channel: channel, value: .null)
+        case .call(let call):
+            plugins.runInbound(text: origin, method: call.method, channel: channel, value: call.arguments, on: connection)
+        case .message(let message): plugins.runInbound(text: origin, method: nil, channel: channel, value: message, on: connection)
+        case .bytes: plugins.runInbound(text: origin, method: nil, channel: channel, value: .null, on: connection)
         }
     }
 

@@ -1,0 +1,320 @@
+import SwitchboardCodec
+import SwitchboardWire
+
+/// A connection's requests: those its client made that are still open after their handler's first run
+/// (binary ones by wire id, text ones by serial), those the server made of the client that wait for its
+/// REPLY, and the spares that let most calls allocate nothing. A struct stored in its connection: no
+/// object of its own and no retain per call.
+///
+/// No access to the connection's table spans a call or a release anywhere (the tables are used through
+/// a swap, see ``Connection/withBinaryRequests(_:)``), so the compiler proves every access exclusive and
+/// checks none at run time: one access that did would cost a check on each of them, on every call.
+struct RequestTable {
+    /// Open binary requests by their wire id.
+    var binary: [UInt32: PendingRequest] = [:]
+    /// Open text requests by serial number.
+    var text: [UInt64: PendingRequest] = [:]
+    /// The serial number of the last request made (see ``PendingRequest/serial``).
+    var lastSerial: UInt64 = 0
+    /// An answered request to reuse for the next one (see ``PendingRequest/reuse(connection:origin:serial:methodCodec:)``).
+    var spare: PendingRequest?
+    /// What decoding the last method call leaves for the next (see ``MethodCallReuse``).
+    var methodCallReuse = MethodCallReuse()
+    /// Server-initiated requests waiting for this client's REPLY, by the id they were sent with.
+    var outgoing: [UInt32: Connection.Outgoing] = [:]
+    /// The id of the last server-initiated request.
+    var lastOutgoingID: UInt32 = 0
+
+    var openCount: Int { binary.count + text.count }
+}
+
+extension Connection {
+    // MARK: Requests
+
+    /// Whether this client may open one more request: every request, binary or text, with plugins or
+    /// without, asks before it is routed. Past ``ServerConfiguration/maxOpenRequests`` open ones, the
+    /// request is refused with `too_many_requests` carrying its id (`textID` in text mode), and counted.
+    func admitsRequest(id: UInt32, textID: ChannelValue? = nil) -> Bool {
+        guard requests.openCount >= maxOpenRequests else { return true }
+        core.stats.openRequestsRefused += 1
+        writeError(.tooManyRequests, id: id, textID: textID)
+        return false
+    }
+
+    /// Routes a request from this client. One its handler does not answer at once is kept in the table
+    /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).
+    func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput, refusing refusedKinds: UInt8 = 0) {
+        var request = core.route(channel: channel, input: input, origin: origin, connection: self, refusing: refusedKinds)
+        settle(&request)
+    }
+
+    /// Hands a binary method call to its channel's handler on this loop, decoded in place: the common
+    /// request, and the one way a binary call reaches a local method, whether it comes straight from the
+    /// read loop, past the gates or through the whole pipeline (`origin` nil: a MESSAGE with id 0,
+    /// answered nowhere). It skips the routing enum, and an answered request becomes the next one's spare.
+    @inline(__always)
+    func dispatchCall(to method: MethodEntry, payload: ArraySlice<UInt8>?, origin: PendingRequest.Origin?) {
+        var request = makeRequest(origin, methodCodec: method.codec)
+        core.invoke(method, payload: payload, request: request, connection: self)
+        if origin != nil { settle(&request) }
+    }
+
+    /// After a request's handler has run: an open request goes into the table of open requests; an
+    /// answered one becomes the spare for the next request, unless its handler kept its `MethodResult`
+    /// (which a later answer would then reach).
+    func settle(_ request: inout PendingRequest) {
+        guard !request.isAnswered else {
+            guard isKnownUniquelyReferenced(&request) else { return }
+            var spare: PendingRequest? = request
+            swap(&spare, &requests.spare)  // the old spare, if any, is let go outside the access
+            return
+        }
+        if isClosing { return request.abandonCancelling() }
+        request.isRegistered = true
+        switch request.origin {
+        case .binary(let id): withBinaryRequests { $0[id] = request }
+        case .text: withTextRequests { $0[request.serial] = request }
+        }
+        core.stats.repliesPending += 1
+    }
+
+    /// A new request from this client (detached, answered nowhere, when `origin` is nil).
+    func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: SharedMethodCodec?) -> PendingRequest {
+        guard let origin else { return .detached(connectionID: id) }
+        requests.lastSerial += 1
+        let request: PendingRequest
+        var spare: PendingRequest?
+        swap(&spare, &requests.spare)
+        if let spare {
+            spare.reuse(connection: self, origin: origin, serial: requests.lastSerial, methodCodec: methodCodec)
+            request = spare
+        } else {
+            request = PendingRequest(connection: self, origin: origin, serial: requests.lastSerial, methodCodec: methodCodec)
+        }
+        if let plugins, plugins.tracesRequests { request.trace = plugins.pendingTrace }  // nil too: a reused request keeps no old trace
+        return request
+    }
+
+    /// Takes an open request out of the tables without answering it: a parked request goes on as a new one.
+    func withdraw(_ request: PendingRequest) {
+        forget(request)
+        request.abandon()
+    }
+
+    func cancelRequest(_ id: UInt32) {
+        guard let request = withBinaryRequests({ $0[id] }) else { core.stats.ignoredFrames += 1; return }
+        cancel(request)
+    }
+
+    /// Cancels `request` as a CANCEL does: whoever works on it is told, and it is answered, by the loop
+    /// or node it was relayed to if it was (in the form the channel's own node gives), else here.
+    private func cancel(_ request: PendingRequest) {
+        request.notifyCancel()
+        if case .relayed = request.onCancel { return }
+        request.answer(request.cancelAnswer)
+    }
+
+    /// Closes `request` and writes its answer in this connection's encoding.
+    func finish(_ request: PendingRequest, with answer: Answer) {
+        guard !isClosing else { return }
+        var answer = answer
+        if let plugins, plugins.tracesRequests, let trace = request.trace {
+            answer = plugins.filterAnswer(answer, trace: trace, codec: request.methodCodec?.codec, on: self)
+        }
+        forget(request)
+        switch request.origin {
+        case .binary(let id): writeBinaryAnswer(answer, id: id)
+        case .text(let id, let kind): TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
+        }
+        afterAnswer(request)
+    }
+
+    /// ``finish(_:with:)`` for a success envelope, the common answer, without wrapping the value in an
+    /// ``Answer`` (each wrapping copies it).
+    func finish(_ request: PendingRequest, success value: ChannelValue, codec: any MethodCodec) {
+        guard !isClosing else { return }
+        if plugins?.tracesRequests == true { return finish(request, with: .success(value, codec)) }
+        forget(request)
+        switch request.origin {
+        case .binary(let id): writeSuccess(value, codec: codec, id: id)
+        case .text(let id, let kind): TextMode.writeAnswer(.success(value, codec), id: id, kind: kind, on: self)
+        }
+        afterAnswer(request)
+    }
+
+    /// Runs `body` with ``RequestTable/methodCallReuse`` taken out of the connection for the call (so no
+    /// access to the table spans the codec's code), then puts it back.
+    func withMethodCallReuse<Result>(_ body: (inout MethodCallReuse) throws(CodecError) -> Result) throws(CodecError) -> Result {
+        var reuse = MethodCallReuse()
+        swap(&reuse, &requests.methodCallReuse)
+        defer { swap(&reuse, &requests.methodCallReuse) }
+        return try body(&reuse)
+    }
+
+    /// Takes an answered request out of the table of open requests.
+    private func forget(_ request: PendingRequest) {
+        guard request.isRegistered else { return }
+        switch request.origin {
+        case .binary(let id): withBinaryRequests { _ = $0.removeValue(forKey: id) }
+        case .text: withTextRequests { _ = $0.removeValue(forKey: request.serial) }
+        }
+        core.stats.repliesPending -= 1
+    }
+
+    /// Takes an open request off the wire: it goes on, but its answer will go nowhere.
+    func detach(_ request: PendingRequest) {
+        forget(request)
+        request.abandon()
+        afterAnswer(request)
+    }
+
+    /// The shutdown drain or a half-closed peer may have waited for this answer.
+    private func afterAnswer(_ request: PendingRequest) {
+        guard request.isRegistered else { return }
+        core.requestFinished()
+        closeIfPeerIsDone()
+    }
+
+    /// The peer half-closed and its open requests outlived the drain timeout: each is cancelled, oldest
+    /// first, as by a CANCEL (its handler is told, and it is answered, with `cancelled` unless the
+    /// handler answers at once), and the connection closes once they are, counted as `peerGone`.
+    func abandonOpenRequests() {
+        closeReasonOncePeerIsDone = .peerGone
+        for request in openRequestsOldestFirst { cancel(request) }
+    }
+
+    func closeIfPeerIsDone() {
+        if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(closeReasonOncePeerIsDone) }
+    }
+
+    /// Answers every open request (for shutdown), oldest first.
+    func answerAllOpenRequests(with answer: Answer) {
+        for request in openRequestsOldestFirst { request.answer(answer) }
+    }
+
+    private var openRequestsOldestFirst: [PendingRequest] {
+        let open = withBinaryRequests { Array($0.values) } + withTextRequests { Array($0.values) }
+        return open.sorted { $0.serial < $1.serial }
+    }
+
+    /// What waits for the REPLY to a server-initiated request: the REPLY payload, or why none came.
+    typealias OutgoingCompletion = (Result<[UInt8]?, InvokeError>) -> Void
+
+    /// A server-initiated request waiting for this client's REPLY.
+    struct Outgoing {
+        enum Waiter {
+            /// A client's request, forwarded: the answer is relayed to it (no closure per request).
+            case relay(PendingRequest)
+            case completion(OutgoingCompletion)
+        }
+        let waiter: Waiter
+        /// The held channel the request was forwarded on, to be failed if the holder lets the channel go;
+        /// nil for the server's own requests (`invokeMethod`, `send`).
+        let registration: Registration?
+
+        func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
+            switch waiter {
+            case .relay(let request): core.relay(result, of: registration, to: request)
+            case .completion(let completion): completion(result)
+            }
+        }
+    }
+
+    /// Sends a server-initiated MESSAGE (forwarded on `registration`, if given); `waiter` gets its
+    /// answer. Returns the id used on this connection (nil if it could not be sent; `waiter` then got a
+    /// failure).
+    @discardableResult
+    func sendRequest(channel: String, payload: [UInt8]?, forwardedOn registration: Registration? = nil,
+                     waiter: Outgoing.Waiter) -> UInt32? {
+        let request = Outgoing(waiter: waiter, registration: registration)
+        guard mode == .binary, !isClosing else {
+            request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
+            return nil
+        }
+        // One hash per request: an id still in use (only after 2^32 requests) is put back and skipped.
+        var id = requests.lastOutgoingID
+        repeat { id &+= 1 } while id == 0
+        while let inUse = withOutgoing({ $0.updateValue(request, forKey: id) }) {
+            withOutgoing { $0[id] = inUse }
+            repeat { id &+= 1 } while id == 0
+        }
+        requests.lastOutgoingID = id
+        writeFrame(.message, id: id, channel: channel, payload: payload)
+        return id
+    }
+
+    // The tables of open and server-initiated requests are used through the table itself, taken out of
+    // the connection for the lookup or change (nothing calls out meanwhile): no access to the property
+    // spans a call, so the compiler proves them exclusive and checks none at run time.
+
+    func withBinaryRequests<Result>(_ body: (inout [UInt32: PendingRequest]) -> Result) -> Result {
+        var table: [UInt32: PendingRequest] = [:]
+        swap(&table, &requests.binary)
+        defer { swap(&table, &requests.binary) }
+        return body(&table)
+    }
+
+    private func withTextRequests<Result>(_ body: (inout [UInt64: PendingRequest]) -> Result) -> Result {
+        var table: [UInt64: PendingRequest] = [:]
+        swap(&table, &requests.text)
+        defer { swap(&table, &requests.text) }
+        return body(&table)
+    }
+
+    private func withOutgoing<Result>(_ body: (inout [UInt32: Outgoing]) -> Result) -> Result {
+        var table: [UInt32: Outgoing] = [:]
+        swap(&table, &requests.outgoing)
+        defer { swap(&table, &requests.outgoing) }
+        return body(&table)
+    }
+
+    func handleReply(_ frame: FrameDecoder.View) {
+        guard let waiting = withOutgoing({ $0.removeValue(forKey: frame.id) }) else { core.stats.ignoredFrames += 1; return }
+        waiting.complete(.success(frame.payload.map(Array.init)), core: core)
+    }
+
+    /// Fails a server-initiated request still waiting for this client's REPLY.
+    func failOutgoing(_ id: UInt32, _ error: InvokeError) {
+        withOutgoing { $0.removeValue(forKey: id) }?.complete(.failure(error), core: core)
+    }
+
+    /// Fails, in id order, every request forwarded on `registration` (on any held channel, when nil)
+    /// that still waits for a REPLY.
+    func failForwarded(on registration: Registration?, _ error: InvokeError) {
+        let ids = withOutgoing { table in
+            table.compactMap { id, request -> UInt32? in
+                guard let forwardedOn = request.registration else { return nil }
+                return registration == nil || forwardedOn === registration ? id : nil
+            }
+        }
+        for id in ids.sorted() { failOutgoing(id, error) }
+    }
+
+    /// Tells this client that the server no longer wants the answer to its request `id`.
+    func sendCancel(_ id: UInt32) {
+        guard withOutgoing({ $0.removeValue(forKey: id) }) != nil else { return }
+        writeFrame(.cancel, id: id, payload: nil)
+    }
+
+    /// For a close: fails the server-initiated requests, and cancels the open ones, whose answers can go
+    /// nowhere whatever the close (a reset, an error, a slow consumer), so that each one's handler, holder,
+    /// loop or node stops working on it.
+    func dropRequests() {
+        let waiting = withOutgoing { table in
+            defer { table = [:] }
+            return table
+        }
+        for request in waiting.values { request.complete(.failure(.disconnected), core: core) }
+        let open = withBinaryRequests { table in
+            defer { table = [:] }
+            return table
+        }
+        let openText = withTextRequests { table in
+            defer { table = [:] }
+            return table
+        }
+        for request in open.values { request.abandonCancelling() }
+        for request in openText.values { request.abandonCancelling() }
+        core.stats.repliesPending -= open.count + openText.count
+    }
+}
