@@ -1,3 +1,4 @@
+import SwitchboardCluster
 import SwitchboardCodec
 
 /// A request on a channel a client holds on another loop of this server, on its way there: a typed job,

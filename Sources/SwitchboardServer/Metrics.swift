@@ -1,5 +1,6 @@
 import CoreMetrics
 import Prometheus
+import SwitchboardCodec
 
 /// Where the server's counters go: a swift-metrics factory, Prometheus's by default (served at
 /// `GET /metrics`). An embedder can give another backend's factory.
@@ -220,5 +221,46 @@ final class MetricsReporter {
 
     private static func key(_ label: String, _ dimensions: [String: String]) -> String {
         dimensions.isEmpty ? label : label + "{" + dimensions.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",") + "}"
+    }
+}
+
+/// `switchboard/stats` of one loop.
+extension ServerCore {
+    /// This loop's stats (``LoopGroup/sum(_:)`` adds up the loops'): with several loops, `loops` counts
+    /// 1 per loop, and `crossLoop` what went between them (for the loops of a cluster's node, their
+    /// typed calls only: the rest crossed NATS and is in `cluster`).
+    var statsValue: ChannelValue {
+        guard case .map(var entries) = localStats, let cluster else { return localStats }
+        if loopCount > 1 {
+            entries.append(.init("loops", .int(1)))
+            let (out, into, pending, serving) = (loopCallsOut, loopCallsIn, loopCallsPending, loopCallsServed.count)
+            entries.append(.init("crossLoop", linksLoops
+                ? cluster.loopStatsValue(callsOut: out, callsIn: into, callsPending: pending, callsServing: serving)
+                : .stringMap(["callsOut": .int(out), "callsIn": .int(into), "callsPending": .int(pending), "callsServing": .int(serving)])))
+        }
+        if !linksLoops { entries.append(.init("cluster", cluster.statsValue)) }
+        return .map(entries)
+    }
+
+    private var localStats: ChannelValue {
+        .stringMap([
+            "server": .string(switchboardServerName),
+            "connections": .int(connections.count),
+            "framesIn": .int(stats.framesIn), "framesOut": .int(stats.framesOut),
+            "bytesIn": .int(stats.bytesIn), "bytesOut": .int(stats.bytesOut),
+            "repliesPending": .int(stats.repliesPending),
+            "eventsDropped": .map(tallies.eventsDropped.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "slowConsumersClosed": .int(stats.slowConsumersClosed),
+            "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
+            "connectionsTotal": .int(stats.connectionsTotal),
+            "ignoredFrames": .int(stats.ignoredFrames),
+            "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
+            "openRequestsRefused": .int(stats.openRequestsRefused), "demandsIgnored": .int(stats.demandsIgnored),
+            "forwardedRequests": .int(stats.forwardedRequests),
+            "acceptErrors": .int(stats.acceptErrors),
+            "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "plugins": pluginStats,
+            "requests": .int(totals.requests), "events": .int(totals.events),
+        ])
     }
 }

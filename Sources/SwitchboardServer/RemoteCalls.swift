@@ -46,111 +46,6 @@ struct RemoteListen {
     }
 }
 
-/// An answer from another node's holder: its node, and the answer as its batch record carries it.
-struct RemoteReply {
-    /// The holder's node (its instance).
-    let node: String
-    /// A ``RemoteAnswer/Kind``, as a byte.
-    let kind: UInt8
-    let flags: UInt8
-    /// A slice of the batch: copied by whatever keeps it.
-    let payload: ArraySlice<UInt8>
-
-    /// Flags: the envelope is in the JSON method codec (else the standard one); the answer starts the
-    /// caller node's stream (the success of a listen on an event channel).
-    static let jsonFlag: UInt8 = 1, streamFlag: UInt8 = 2
-    /// Flags: what the holder's node knows the channel to be, from its holder's registration: a method
-    /// channel in the standard or the JSON method codec, or another kind (none: not told).
-    static let standardMethodFlag: UInt8 = 4, jsonMethodFlag: UInt8 = 8, otherKindFlag: UInt8 = 16
-
-    /// The flag telling a channel's kind, from its mark (``ClusterLink/channelMark(methodCodec:)``).
-    static func kindFlag(mark: Character) -> UInt8 {
-        switch mark {
-        case "s": standardMethodFlag
-        case "j": jsonMethodFlag
-        default: otherKindFlag
-        }
-    }
-
-    /// The mark a record's flags tell, if they tell one.
-    static func mark(flags: UInt8) -> Character? {
-        if flags & standardMethodFlag != 0 { return "s" }
-        if flags & jsonMethodFlag != 0 { return "j" }
-        return flags & otherKindFlag != 0 ? "-" : nil
-    }
-
-    var startsStream: Bool { flags & Self.streamFlag != 0 }
-}
-
-/// An ``Answer`` as it crosses the bus from the holder's node to the caller's: a kind, a codec flag
-/// for an envelope, and the payload's bytes (protocol/cluster.md).
-enum RemoteAnswer {
-    /// What the payload holds.
-    enum Kind: UInt8 {
-        /// The holder's REPLY payload (`b`), or none (`n`).
-        case bytes = 0x62, empty = 0x6E
-        /// A success (`s`) or error (`f`) envelope.
-        case success = 0x73, failure = 0x66
-        /// Not implemented, or a null reply (`z`): no payload.
-        case null = 0x7A
-        /// A text-mode message reply, as JSON (`v`).
-        case value = 0x76
-        /// An ERROR payload (`{"code","message","details"}`, `e`).
-        case error = 0x65
-    }
-
-    /// The kind, whether the envelope is JSON, and the payload of `answer`.
-    static func encode(_ answer: Answer) -> (kind: Kind, isJSON: Bool, payload: [UInt8]) {
-        switch answer {
-        case .success(let value, let codec):
-            guard let payload = try? codec.encodeSuccessEnvelope(value) else {
-                return encode(.error(.badPayload("the answer could not be encoded")))
-            }
-            return (.success, codec is JSONMethodCodec, payload)
-        case .failure(let error, let codec):
-            guard let payload = try? codec.encodeErrorEnvelope(error) else {
-                return encode(.error(.badPayload("error envelope could not be encoded")))
-            }
-            return (.failure, codec is JSONMethodCodec, payload)
-        case .notImplemented: return (.null, false, [])
-        case .messageBytes(nil): return (.empty, false, [])
-        case .messageBytes(let bytes?): return (.bytes, false, bytes)
-        case .messageValue(let value):
-            guard let payload = try? JSONText.serialize(value) else { return encode(.error(.badPayload("reply has no JSON form"))) }
-            return (.value, false, payload)
-        case .error(let error): return (.error, false, error.payload)
-        }
-    }
-
-    static func decode(_ reply: RemoteReply) -> Answer {
-        let malformed = Answer.error(.badPayload("another node's answer could not be read"))
-        switch Kind(rawValue: reply.kind) {
-        case .success, .failure:
-            let codec: any MethodCodec = reply.flags & RemoteReply.jsonFlag != 0 ? JSONMethodCodec() : StandardMethodCodec()
-            switch try? codec.decodeEnvelope(Array(reply.payload)) {
-            case .success(let value)?: return .success(value, codec)
-            case .failure(let error)?: return .failure(error, codec)
-            case nil: return malformed
-            }
-        case .null: return .notImplemented
-        case .empty: return .messageBytes(nil)
-        case .bytes: return .messageBytes(Array(reply.payload))
-        case .value:
-            guard let value = try? JSONText.parse(reply.payload) else { return malformed }
-            return .messageValue(value)
-        case .error:
-            guard let error = try? JSONText.parse(reply.payload), let code = error["code"]?.stringValue else { return malformed }
-            switch code {
-            case WireError.handlerGone.code: return .error(.handlerGone)
-            case WireError.cancelled.code: return .error(.cancelled)
-            case WireError.goingAway.code: return .error(.goingAway)
-            default: return .error(.plugin(code: code, message: error["message"]?.stringValue ?? "", details: error["details"]))
-            }
-        case nil: return malformed
-        }
-    }
-}
-
 extension ServerCore {
     // MARK: Calling another node
 
@@ -228,7 +123,7 @@ extension ServerCore {
         case .reply(let reply): request.answer(RemoteAnswer.decode(reply))
         case .noHolder: request.answer(.notImplemented)
         case .expired: request.answer(.error(.handlerGone))
-        case .cancelled(let methodCodec): request.answer(PendingRequest.cancelAnswer(methodCodec: methodCodec))
+        case .cancelled(let mark): request.answer(PendingRequest.cancelAnswer(methodCodec: mark.flatMap(RemoteAnswer.methodCodec(marked:))))
         }
     }
 
@@ -346,12 +241,12 @@ extension ServerCore {
         // An event channel's listen: its success starts the caller node's stream.
         let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
         let methodCodec = registration.kind == .method ? registration.sharedMethodCodec : nil
-        let kindFlag = RemoteReply.kindFlag(mark: ClusterLink.channelMark(methodCodec: methodCodec?.codec))
+        let kindFlag = ClusterReply.kindFlag(mark: RemoteAnswer.channelMark(methodCodec: methodCodec?.codec))
         let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec) {
             [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
         }
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))
-        cluster.serve(key, by: request)
+        if !request.isAnswered { cluster.serve(key, by: request) }
     }
 
     /// `node`'s beacon told how many listeners it has on channels held here. Fewer than counted here

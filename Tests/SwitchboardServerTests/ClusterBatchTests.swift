@@ -1,6 +1,5 @@
 import Testing
-import SwitchboardCluster
-@testable import SwitchboardServer
+@testable import SwitchboardCluster
 
 /// The records calls and answers cross the bus in (protocol/cluster.md, "Batches").
 @Suite("Cluster batches") struct ClusterBatchTests {
