@@ -150,13 +150,6 @@ extension ClusterLink {
         BatchRecord.append(id: key.id, kind: kind, flags: flags, payload: payload, to: &batches[index].records)
     }
 
-    /// What a bus between loops may drop when the loop it goes to has too much waiting: broadcasts and
-    /// holders' events, as NATS core may. Calls, answers, cancels and leaves are never dropped: without
-    /// beacons, nothing would make up for them.
-    package static func mayDrop(_ message: BusMessage) -> Bool {
-        message.subject.hasPrefix("switchboard.event.")
-    }
-
     func cancelled(_ message: BusMessage) {
         guard let caller = message.header("Sb-Caller"), let id = UInt64(String(decoding: message.payload, as: UTF8.self)),
               let call = served[CallKey(caller: caller, id: id)] else { return }  // answered meanwhile
@@ -180,7 +173,7 @@ package protocol ServedCall: AnyObject {
 
 /// An answer from another node's holder: its node, and the answer as its batch record carries it
 /// (the server reads the record's kind and payload).
-package struct ClusterReply {
+package struct ClusterReply: Sendable {
     /// The holder's node (its instance).
     package let node: String
     /// The answer's kind, as a byte.

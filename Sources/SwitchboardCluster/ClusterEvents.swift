@@ -17,13 +17,13 @@ extension ClusterLink {
         guard let frame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
         sendBatches()  // a listen's answer goes before the stream's first event
         let dropped = bus.counters.dropped
-        // Numbered only between nodes; a number is used only by an event that left, so that what the
+        // A number is used only by an event that left, so that what the
         // sender counts as unsent is never counted again as missed where it did not arrive.
-        let number = joinsNodes ? (sentCounts[channel] ?? 0) &+ 1 : nil
+        let number = (sentCounts[channel] ?? 0) &+ 1
         do {
             let subject = subject(.event, channel)
             var headers = fromHolder ? nodeHeaders : siblingHeaders
-            if let number { headers.append(BusMessage.Header("Sb-Seq", "\(instance) \(number)")) }
+            headers.append(BusMessage.Header("Sb-Seq", "\(instance) \(number)"))
             try bus.publish(subject, headers: headers, payload: frame)
         } catch {
             eventsUnsent += 1
@@ -31,7 +31,7 @@ extension ClusterLink {
         }
         guard bus.counters.dropped == dropped else { eventsUnsent += 1; return }
         eventsOut += 1
-        if let number { noteSent(number, on: channel) }
+        noteSent(number, on: channel)
     }
 
     /// Events of a channel held here that a node's listeners missed because this node had forgotten

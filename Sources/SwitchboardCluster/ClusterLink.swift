@@ -24,9 +24,7 @@ package final class ClusterLink {
     static let leaseMs: UInt64 = 1500
     let loop: EventLoop
     let logger: Logger
-    let beaconTimer: Timer?
-    /// Whether this link joins nodes (with liveness), not the loops of one server.
-    let joinsNodes: Bool
+    let beaconTimer: Timer
     /// When the last beacon went, and how often the loop stalled past a lease between two (a stopped
     /// or starved process: the other nodes took this one for gone, and NATS may have dropped its
     /// connection as a slow consumer).
@@ -70,7 +68,6 @@ package final class ClusterLink {
     var eventsUnsent = 0, eventsMalformed = 0
     /// Events this node sent on each channel, numbered (`Sb-Seq`), so that a node that listens sees a
     /// gap where the bus lost some: a dead connection's unflushed messages, which no sender can count.
-    /// Only between nodes: the loops of one server lose nothing uncounted between them.
     /// Kept in the bounded cache of subjects; emptied with it, the numbers start again, which a
     /// receiver takes for a new start, not a gap.
     var sentCounts: [String: UInt64] = [:]
@@ -109,7 +106,7 @@ package final class ClusterLink {
     package var callsForbidden = 0
 
     /// What a call's payload holds (the kind of its batch record).
-    package enum CallInput: UInt8 {
+    package enum CallInput: UInt8, Sendable {
         /// A binary MESSAGE payload as it is (`b`); a MESSAGE without payload (`n`).
         case bytes = 0x62, empty = 0x6E
         /// A text-mode call (`{"method":…,"args":…}`, `c`) or send (`m`), as JSON.
@@ -190,7 +187,7 @@ package final class ClusterLink {
     // MARK: State: calls from other nodes
 
     /// A call from another node's client to a channel held here: one record of a batch.
-    package struct IncomingCall {
+    package struct IncomingCall: Sendable {
         /// The calling node's instance.
         package let caller: String
         /// The caller's id for it; nil when it wants no answer.
@@ -205,11 +202,25 @@ package final class ClusterLink {
 
         /// Where its answer goes; nil when it wants none.
         package var key: CallKey? { id.map { CallKey(caller: caller, id: $0) } }
+
+        package init(caller: String, id: UInt64?, input: CallInput?, isText: Bool, refusedKinds: UInt8, payload: ArraySlice<UInt8>) {
+            self.caller = caller
+            self.id = id
+            self.input = input
+            self.isText = isText
+            self.refusedKinds = refusedKinds
+            self.payload = payload
+        }
     }
     /// A call from another node, as its answer names it: the calling node's instance and its id.
-    package struct CallKey: Hashable {
+    package struct CallKey: Hashable, Sendable {
         package let caller: String
         package let id: UInt64
+
+        package init(caller: String, id: UInt64) {
+            self.caller = caller
+            self.id = id
+        }
     }
     /// Calls from other nodes being worked on here, named in every beacon until answered.
     var served: [CallKey: any ServedCall] = [:]
@@ -257,22 +268,20 @@ package final class ClusterLink {
         bus.onConnectionChange = { connected in
             if connected { logger.notice("cluster bus connected") } else { logger.warning("cluster bus lost its connection") }
         }
-        try self.init(bus: bus, node: node, liveness: true, loop: loop, logger: logger)
+        try self.init(bus: bus, node: node, loop: loop, logger: logger)
         if let process {
             siblingsMark = .init("Sb-Process", process)
             siblingHeaders = [.init("Sb-Process", process)]
         }
     }
 
-    /// A link over `bus`. Without `liveness` (the loops of one server, which stop together and lose
-    /// nothing between them) no beacon goes out and no call or node lapses.
-    package init(bus: any ClusterBus, node: String, liveness: Bool, loop: EventLoop, logger: Logger) throws(UVError) {
+    /// A link over `bus`.
+    package init(bus: any ClusterBus, node: String, loop: EventLoop, logger: Logger) throws(UVError) {
         self.node = node
         self.bus = bus
         self.loop = loop
         self.logger = logger
-        beaconTimer = liveness ? try Timer(loop: loop) : nil
-        joinsNodes = liveness
+        beaconTimer = try Timer(loop: loop)
         callerHeaders = [.init("Sb-Caller", instance)]
         nodeHeaders = [.init("Sb-Node", instance)]
         // Subjects are checked here once: these are made of hex digits and fixed words.
@@ -282,17 +291,17 @@ package final class ClusterLink {
             guard let digest = message.subject.split(separator: ".").last else { return }
             incoming(message, on: heldByDigest[String(digest)])  // no longer held here: no handler, at once
         }
-        if liveness { _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [unowned self] message in beacon(message) } }
+        _ = try? bus.subscribe("switchboard.beacon", queue: nil) { [unowned self] message in beacon(message) }
     }
 
     /// The bus and the timer call back into this link: they never outlive it (a link that was never
     /// closed stops its timer here).
-    deinit { beaconTimer?.cancel() }
+    deinit { beaconTimer.cancel() }
 
     package func start() {
         bus.start()
         lastTick = loop.now
-        beaconTimer?.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [unowned self] in tick() }
+        beaconTimer.start(after: Self.beaconIntervalMs, repeat: Self.beaconIntervalMs) { [unowned self] in tick() }
     }
 
     /// Sends the batches made this turn and writes what the bus holds: the server calls it at the end
@@ -307,7 +316,7 @@ package final class ClusterLink {
     package func close() {
         if bus.isConnected { flush() }  // the last turn's answers (a shutdown's going_away), as far as they can still go
         isClosed = true
-        beaconTimer?.cancel()
+        beaconTimer.cancel()
         batches = []
         openBatches = [:]
         lastBatch = nil

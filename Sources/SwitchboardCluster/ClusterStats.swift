@@ -32,19 +32,6 @@ extension ClusterLink {
         return (totals.map { ("switchboard_cluster_\($0.0)_total", $0.1) }, gauges.map { ("switchboard_cluster_\($0.0)", $0.1) })
     }
 
-    /// For `switchboard/stats`, between the loops of one server: what crossed, and what was dropped
-    /// because a loop had too much waiting.
-    /// The calls that went by the loops' own typed path are added in.
-    package func loopStatsValue(callsOut typedOut: Int, callsIn typedIn: Int, callsPending typedPending: Int, callsServing typedServing: Int) -> ChannelValue {
-        .stringMap([
-            "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn), "eventsUnsent": .int(eventsUnsent),
-            "callsOut": .int(callsOut + typedOut), "callsIn": .int(callsIn + typedIn),
-            "callsPending": .int(outgoing.count + typedPending), "callsServing": .int(served.count + typedServing),
-            "messagesOut": .int(bus.counters.messagesOut), "messagesIn": .int(bus.counters.messagesIn),
-            "dropped": .int(bus.counters.dropped),
-        ])
-    }
-
     /// For `switchboard/stats`.
     package var statsValue: ChannelValue {
         let bus = self.bus.counters

@@ -9,31 +9,12 @@ import SwitchboardWire
 
 extension ClusterLink {
     /// A node of the cluster `settings` describe: the whole server, or (`loop`) one of its loops, whose
-    /// broadcasts carry `process`, the server's mark (``ServerCore/shareWithSiblingLoops(_:)``).
+    /// broadcasts carry `process`, the server's mark: its sibling loops had them in-process (``SiblingLoops``).
     convenience init(settings: ClusterSettings, loop index: Int?, process: String, eventLoop loop: EventLoop, logger: Logger) throws(UVError) {
         var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)" + (index.map { " loop \($0)" } ?? ""))
         options.connectTimeoutMs = settings.connectTimeoutMs
         options.pingIntervalMs = settings.pingIntervalMs
         try self.init(options: options, node: settings.node, process: index == nil ? nil : process, eventLoop: loop, logger: logger)
-    }
-
-    /// Sends a local event to the other nodes: a broadcast, or (`fromHolder`) an event of a channel a
-    /// client holds here, for the listeners other nodes have through this node.
-    func publish(_ event: OutboundEvent, fromHolder: Bool = false) {
-        publish(on: event.channel, frame: event.binaryFrame, fromHolder: fromHolder)
-    }
-
-    /// Sends the answer to the call `key` names (nil: it wants none) and stops naming it in beacons;
-    /// `startsStream` marks the success of an event channel's listen, which starts the caller node's
-    /// stream; `kindFlag` tells the caller's node what the channel is (``ClusterReply/kindFlag(mark:)``).
-    func answer(_ key: CallKey?, with answer: Answer, startsStream: Bool = false, kindFlag: UInt8 = 0) {
-        guard key != nil else { return }
-        var (kind, isJSON, payload) = RemoteAnswer.encode(answer)
-        if payload.count > recordRoom {  // what cannot cross is said, not lost
-            (kind, isJSON, payload) = RemoteAnswer.encode(.error(.badPayload("the answer (\(payload.count) bytes) is larger than the cluster bus carries")))
-        }
-        let flags = (isJSON ? ClusterReply.jsonFlag : 0) | (startsStream && kind == .success ? ClusterReply.streamFlag : 0) | kindFlag
-        self.answer(key, kind: kind.rawValue, flags: flags, payload: payload)
     }
 }
 

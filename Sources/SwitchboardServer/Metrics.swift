@@ -111,7 +111,7 @@ extension ServerCore {
             for (code, value) in codes { total("switchboard_plugin_rejections_total", value, ["plugin": plugin, "code": code]) }
         }
         for (plugin, value) in tallies.pluginFailures { total("switchboard_plugin_failures_total", value, ["plugin": plugin]) }
-        if let cluster, !linksLoops {
+        if let cluster {
             let metrics = cluster.metrics
             for (label, value) in metrics.totals { total(label, value) }
             for (label, value) in metrics.gauges { snapshot.gauges[label] = value }
@@ -227,18 +227,14 @@ final class MetricsReporter {
 /// `switchboard/stats` of one loop.
 extension ServerCore {
     /// This loop's stats (``LoopGroup/sum(_:)`` adds up the loops'): with several loops, `loops` counts
-    /// 1 per loop, and `crossLoop` what went between them (for the loops of a cluster's node, their
-    /// typed calls only: the rest crossed NATS and is in `cluster`).
+    /// 1 per loop, and `crossLoop` what went between them; on a cluster's node, `cluster`.
     var statsValue: ChannelValue {
-        guard case .map(var entries) = localStats, let cluster else { return localStats }
-        if loopCount > 1 {
+        guard case .map(var entries) = localStats, siblings != nil || cluster != nil else { return localStats }
+        if let siblings {
             entries.append(.init("loops", .int(1)))
-            let (out, into, pending, serving) = (loopCallsOut, loopCallsIn, loopCallsPending, loopCallsServed.count)
-            entries.append(.init("crossLoop", linksLoops
-                ? cluster.loopStatsValue(callsOut: out, callsIn: into, callsPending: pending, callsServing: serving)
-                : .stringMap(["callsOut": .int(out), "callsIn": .int(into), "callsPending": .int(pending), "callsServing": .int(serving)])))
+            entries.append(.init("crossLoop", siblings.statsValue))
         }
-        if !linksLoops { entries.append(.init("cluster", cluster.statsValue)) }
+        if let cluster { entries.append(.init("cluster", cluster.statsValue)) }
         return .map(entries)
     }
 

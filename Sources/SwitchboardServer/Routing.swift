@@ -40,10 +40,12 @@ extension ServerCore {
             return request
         case nil:
             let request = connection.makeRequest(origin, methodCodec: nil)
-            if loopCount > 1, let holder = group?.holder(of: name), holder.loop != index, !holder.isEvent {  // a client of another loop holds it
-                routeToLoop(holder.loop, channel: name, input: input, request: request)
-            } else if let cluster {  // a client of another node (or loop) may hold it
-                routeToCluster(cluster, channel: name, input: input, request: request, connection: connection, refusing: refusedKinds)
+            if let siblings, let holder = group?.holder(of: name), holder.loop != index {  // a client of another loop holds it
+                routeElsewhere(siblings, channel: name, input: input, request: request, connection: connection,
+                               refusing: refusedKinds, mayBeStream: holder.isEvent)
+            } else if let cluster {  // a client of another node may hold it
+                routeElsewhere(cluster, channel: name, input: input, request: request, connection: connection,
+                               refusing: refusedKinds, mayBeStream: true)
             } else {
                 request.answer(.notImplemented)
             }
@@ -128,11 +130,12 @@ extension ServerCore {
         stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
         connection.streams[entry.name] = stream
         entry.listeners.add(stream)
-        // Interest in other nodes' broadcasts, for a server-side channel (a held channel's events come
-        // from its holder alone); the stream remembers, so that its leaving is counted the same way.
-        if let cluster, isFedByCluster(entry) {
+        // Interest in events from elsewhere: broadcasts on a server-side channel, the events of a channel
+        // held elsewhere (a held channel's events here come from its holder alone); the stream remembers,
+        // so that its leaving is counted the same way.
+        if siblings != nil || cluster != nil, isFedFromElsewhere(entry) {
             stream.countsForCluster = true
-            cluster.listenerAdded(on: entry.name)
+            for source in sources(of: entry) { source.listenerAdded(on: entry.name) }
         }
         return stream
     }
@@ -152,8 +155,9 @@ extension ServerCore {
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
+        // To the sibling loops in-process, never by a bus, which may be down or hung (protocol/cluster.md).
+        siblings?.publish(event)
         cluster?.publish(event)
-        if cluster != nil, !linksLoops { shareWithSiblingLoops(event) }  // never by the bus, which may be down or hung
     }
 
     /// Ends the streams of this loop's listeners on the server-side channel `name` (after what waits in them).
@@ -163,15 +167,22 @@ extension ServerCore {
         for stream in entry.listeners.all { stream.deliver(end) }
     }
 
-    /// Whether `entry` gets events from other nodes: a server-side channel's broadcasts, or the events
-    /// of a channel held on another node (a held channel's events here come from its holder alone).
-    private func isFedByCluster(_ entry: EventEntry) -> Bool {
+    /// Whether `entry` gets events from elsewhere: a server-side channel's broadcasts, or the events
+    /// of a channel held on another loop or node (a held channel's events here come from its holder alone).
+    private func isFedFromElsewhere(_ entry: EventEntry) -> Bool {
         if case .event(let local)? = channels[entry.name], local === entry { return true }
         return remoteStreams[entry.name]?.entry === entry
     }
 
-    /// An event from another node for this node's listeners: a broadcast, or (`holderNode` set) an
-    /// event of the channel held there that this node's listeners follow.
+    /// Where the events of `entry` (``isFedFromElsewhere(_:)``) come from: a channel held elsewhere's
+    /// from its holder's side; a server-side channel's broadcasts from the sibling loops and other nodes.
+    private func sources(of entry: EventEntry) -> [any Elsewhere] {
+        if let remote = entry.handler as? RemoteListeners { return elsewhere(holding: remote.holderNode).map { [$0] } ?? [] }
+        return [siblings as (any Elsewhere)?, cluster].compactMap { $0 }
+    }
+
+    /// An event from another loop or node for this loop's listeners: a broadcast, or (`holderNode` set)
+    /// an event of the channel held there that this loop's listeners follow.
     func deliverRemote(on name: String, envelope: [UInt8]?, frame: [UInt8], holderNode: String?) {
         let entry: EventEntry
         if let holderNode {
@@ -189,7 +200,8 @@ extension ServerCore {
 
     /// `stream` left its channel's listeners.
     func listenerRemoved(_ stream: EventStream) {
-        if stream.countsForCluster { cluster?.listenerRemoved(from: stream.entry.name) }
+        guard stream.countsForCluster else { return }
+        for source in sources(of: stream.entry) { source.listenerRemoved(from: stream.entry.name) }
     }
 
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,

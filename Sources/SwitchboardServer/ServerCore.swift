@@ -113,22 +113,14 @@ final class ServerCore {
     private var reportedDrained = false
     /// Snapshots of this loop's counts taken for the metrics reporter.
     var metricsSnapshots: UInt64 = 0
-    /// Calls this loop sent to holders on other loops, waiting for their answers, by id.
-    var loopCallsWaiting: [UInt64: PendingRequest] = [:]
-    var nextLoopCall: UInt64 = 0
-    /// Calls from other loops that a holder here works on.
-    var loopCallsServed: [LoopCallKey: PendingRequest] = [:]
-    var loopCallsOut = 0, loopCallsIn = 0
-    /// Each loop's name as a caller (`loop 2`), made once.
-    private(set) lazy var loopNames = (0..<loopCount).map { "loop \($0)" }
     private var signalWatchers: [SignalWatcher] = []
     let startedAt: UInt64
     private var metricsTimer: Timer?
     var connectionCount: Int { connections.count }
-    /// The other nodes (``ServerConfiguration/cluster``) or the other loops of this server, once bound.
+    /// Where work goes that this loop cannot do (``Elsewhere``), once bound: the other loops of this
+    /// server (with several), then the other nodes (``ServerConfiguration/cluster``).
+    private(set) var siblings: SiblingLoops?
     private(set) var cluster: ClusterLink?
-    /// Whether ``cluster`` joins the loops of this server rather than nodes.
-    private(set) var linksLoops = false
     /// The caps on connections, shared by the server's loops.
     let quota: ConnectionQuota
     /// The last refusal logged (see ``lastAcceptErrorLog``).
@@ -164,35 +156,35 @@ final class ServerCore {
         return listener.port
     }
 
-    /// Starts the per-turn work, and the link to the other nodes or loops.
+    /// Starts the per-turn work, and the ways to the other loops and nodes.
     func startServing() throws(UVError) {
         try startPerTurnWork()
-        let link: ClusterLink
-        if let settings = config.cluster {
-            link = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, process: group?.process ?? "",
-                                   eventLoop: eventLoop, logger: logger)
-        } else if let hub = group?.hub {
-            link = try ClusterLink(bus: hub.bus(index, loop: eventLoop), node: "loop \(index)", liveness: false,
-                                   loop: eventLoop, logger: logger)
-            linksLoops = true
-        } else {
-            return
+        if let group, group.count > 1 {
+            let siblings = SiblingLoops(index: index, group: group)
+            connect(siblings)
+            siblings.onDropped = { [unowned self] in self.cluster?.loopEventsDropped += 1 }
+            self.siblings = siblings
         }
-        do {
-            let cluster = link
-            cluster.onEvent = { [unowned self] channel, envelope, frame, holderNode in
-                deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: holderNode)
-            }
-            cluster.onCalls = { [unowned self] channel, calls in serveRemote(calls, on: channel) }
-            cluster.onPeerLost = { [unowned self] node in peerLost(node) }
-            cluster.onServedAnswered = { [unowned self] in requestFinished() }
-            cluster.listenersToReport = { [unowned self] in
-                remoteStreams.values.map { ($0.holderNode, $0.entry.name, $0.entry.listeners.all.count) }
-            }
-            cluster.onListenerReport = { [unowned self] node, counts in reconcileListeners(of: node, counts) }
-            cluster.start()
-            self.cluster = cluster
+        guard let settings = config.cluster else { return }
+        let cluster = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, process: group?.process ?? "",
+                                      eventLoop: eventLoop, logger: logger)
+        connect(cluster)
+        cluster.onPeerLost = { [unowned self] node in peerLost(node) }
+        cluster.listenersToReport = { [unowned self] in
+            remoteStreams.values.filter { !SiblingLoops.isLoop($0.holderNode) }.map { ($0.holderNode, $0.entry.name, $0.entry.listeners.all.count) }
         }
+        cluster.onListenerReport = { [unowned self] node, counts in reconcileListeners(of: node, counts) }
+        cluster.start()
+        self.cluster = cluster
+    }
+
+    /// Takes what comes from `elsewhere`: events, and calls for the holders here.
+    private func connect(_ elsewhere: some Elsewhere) {
+        elsewhere.onEvent = { [unowned self] channel, envelope, frame, holderNode in
+            deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: holderNode)
+        }
+        elsewhere.onCalls = { [unowned self, unowned elsewhere] channel, calls in serveRemote(calls, on: channel, via: elsewhere) }
+        elsewhere.onServedAnswered = { [unowned self] in requestFinished() }
     }
 
     /// A connection loop 0 accepted: served here, or handed to the loop whose turn it is.
@@ -431,7 +423,6 @@ final class ServerCore {
                 connection.writeFrame(.ping, payload: nil)
             }
         }
-        forgetAnsweredLoopCalls()
         closingConnections.removeAll { connection in
             if connection.transport.isOpen {
                 guard let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) else { return false }
@@ -458,7 +449,7 @@ final class ServerCore {
         // Other nodes' calls go to other holders from now on. Other loops' calls still come: those
         // loops refuse new requests themselves, and one made just before they heard of the shutdown
         // is served here, as on one loop.
-        if !linksLoops { cluster?.stopTakingCalls() }
+        cluster?.stopTakingCalls()
         let timer = try? Timer(loop: eventLoop)
         shutdownTimer = timer
         timer?.start(after: config.drainTimeoutMs) { [unowned self] in finishShutdown() }
@@ -473,7 +464,7 @@ final class ServerCore {
 
     /// Whether no request waits for an answer: from this node's clients, nor from other nodes' (served
     /// here by a client holding the channel).
-    private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 && loopCallsServed.isEmpty }
+    private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 && (siblings?.servingCount ?? 0) == 0 }
 
     /// Nothing waits for an answer on this loop: with one loop the drain is over; with several it is
     /// over when every loop's is (until then this loop's port stays open, and its new requests get
@@ -492,7 +483,7 @@ final class ServerCore {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
         cluster?.stopServing()  // calls from other nodes get going_away; the bus stays up to send it
-        stopServingLoopCalls()
+        siblings?.stopServing()
         listener?.cancel()
         listener = nil
         tlsListener?.cancel()
@@ -518,6 +509,7 @@ final class ServerCore {
             if index == 0, let group, group.count > 1, group.stoppedLoops < group.count - 1, waited < 4000 { return }
             for connection in closingConnections { connection.close(.shutdown) }
             cluster?.close()
+            siblings?.close()
             phase = .stopped
             logger.notice("stopped")
             eventLoop.stop()
@@ -538,10 +530,10 @@ final class ServerCore {
         channels = [:]
         registrations = [:]
         remoteStreams = [:]
-        loopCallsWaiting = [:]
-        loopCallsServed = [:]
         cluster?.close()
         cluster = nil
+        siblings?.close()
+        siblings = nil
         group = nil
         listener = nil
         tlsListener = nil
