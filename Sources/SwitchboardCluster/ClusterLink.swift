@@ -13,6 +13,11 @@ import SwitchboardWire
 /// - Liveness: every node sends a beacon four times a second, naming the calls it is working on for
 ///   each other node. A call no beacon has named for ``leaseMs`` is over (`handler_gone`), and so is a
 ///   node no beacon came from for as long (a `kill -9`, a stopped process, a lost bus connection).
+///
+/// It works on bytes and ids; the server's adapter (SwitchboardServer's ClusterAdapter.swift and
+/// Elsewhere.swift) maps its requests, answers and events. Here: the state and its lifecycle; the
+/// jobs are in ClusterSubjects.swift (subjects and batches), ClusterCalls.swift, ClusterEvents.swift,
+/// ClusterBeacons.swift (beacons, leases, peers) and ClusterStats.swift.
 package final class ClusterLink {
     /// This node's name, as the stats show it.
     package let node: String

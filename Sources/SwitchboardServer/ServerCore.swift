@@ -369,7 +369,7 @@ final class ServerCore {
             }
             rounds += 1
         }
-        // This turn's calls and answers to other nodes or loops, those the writes above let in included
+        // This turn's calls and answers to other nodes, those the writes above let in included
         // (a paused connection reads again once its output drains).
         cluster?.flush()
         if firstDirty != nil { kickLoop() }  // more output is ready: don't let the loop block
