@@ -40,6 +40,8 @@ final class SiblingLoops: Elsewhere {
     var onEvent: ((_ channel: String, _ envelope: [UInt8]?, _ frame: [UInt8], _ holderNode: String?) -> Void)?
     /// An event a sibling loop had no room for.
     var onDropped: (() -> Void)?
+    /// Whether a client of this loop holds a channel.
+    var holdsHere: ((String) -> Bool)?
 
     init(index: Int, group: LoopGroup) {
         self.index = index
@@ -87,11 +89,11 @@ final class SiblingLoops: Elsewhere {
         }
     }
 
-    /// A call from another loop on `channel`. If a client of yet another loop holds the channel now (it
-    /// moved on the way), the call is passed on there, once.
+    /// A call from another loop on `channel`. If no client here holds the channel but one of yet another
+    /// loop does (it moved on the way), the call is passed on there, once.
     private func incoming(_ call: ClusterLink.IncomingCall, on channel: String, passedOn: Bool = false) {
         guard !isStopping, !isClosed else { return answer(call.key, with: .error(.goingAway)) }
-        if !passedOn, let holder = group.holder(of: channel), holder.loop != index {
+        if !passedOn, holdsHere?(channel) == false, let holder = group.holder(of: channel), holder.loop != index {
             let next = group.cores[holder.loop]
             if next.loop.execute({ next.value.siblings?.incoming(call, on: channel, passedOn: true) }) { return }
         }
@@ -204,6 +206,7 @@ final class SiblingLoops: Elsewhere {
         onServedAnswered = nil
         onEvent = nil
         onDropped = nil
+        holdsHere = nil
     }
 
     /// For `switchboard/stats`: what crossed between the loops (``LoopGroup/sum(_:)`` adds up the loops').
