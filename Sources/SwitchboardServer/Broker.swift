@@ -137,6 +137,16 @@ final class Registration {
     /// The declared method codec, made once and shared by the requests forwarded to the holder.
     let sharedMethodCodec: SharedMethodCodec?
     var methodCodec: (any MethodCodec)? { sharedMethodCodec?.codec }
+    /// What the channel is, as the cluster marks it (``ServedCall/channelMark``): a method channel's
+    /// method codec (`s`, `j`), or `-`.
+    var channelMark: Character {
+        guard kind == .method else { return "-" }
+        switch codec {
+        case .standard?: return "s"
+        case .json?: return "j"
+        default: return "-"
+        }
+    }
 }
 
 /// The stream handler of a client-held event channel: the server keeps the listeners itself; when the

@@ -29,6 +29,8 @@ protocol Elsewhere: AnyObject {
     func answer(_ key: ClusterLink.CallKey?, kind: UInt8, flags: UInt8, payload: [UInt8])
     /// The largest payload an answer can carry.
     var recordRoom: Int { get }
+    /// A call came for a channel no client here holds (any more).
+    func notHeld(_ call: ClusterLink.IncomingCall, on channel: String)
     /// Where calls from elsewhere go, and who hears that one of them was answered.
     var onCalls: ((_ channel: String, _ calls: [ClusterLink.IncomingCall]) -> Void)? { get set }
     var onServedAnswered: (() -> Void)? { get set }
@@ -93,4 +95,7 @@ extension Elsewhere {
 /// The other nodes of a cluster.
 extension ClusterLink: Elsewhere {
     var servesWhileDraining: Bool { false }
+
+    /// Answered as NATS's no-responders would be: the null reply.
+    func notHeld(_ call: ClusterLink.IncomingCall, on channel: String) { answer(call.key, with: .notImplemented) }
 }

@@ -57,10 +57,10 @@ extension ServerCore {
     }
 
     /// A request on a channel nobody serves here: it goes to the loop or the nodes whose clients hold
-    /// the channel (``Elsewhere``), and their answer comes back to the requester. A listen or cancel it
-    /// `mayBeStream` carry (on a channel whose kind only the holder's side may know, or an event
-    /// channel) starts or ends a stream here.
-    func routeElsewhere(_ elsewhere: any Elsewhere, channel name: String, input: RouteInput, request: PendingRequest,
+    /// the channel (``Elsewhere``; to `node`, when known), and their answer comes back to the requester.
+    /// A listen or cancel it `mayBeStream` carry (on a channel whose kind only the holder's side may
+    /// know, or an event channel) starts or ends a stream here.
+    func routeElsewhere(_ elsewhere: any Elsewhere, node: String?, channel name: String, input: RouteInput, request: PendingRequest,
                         connection: Connection, refusing refusedKinds: UInt8, mayBeStream: Bool) {
         let streamCall = mayBeStream ? self.streamCall(input) : nil
         // A cancel of the stream this connection has from another node's holder (retired or not) ends it
@@ -95,11 +95,11 @@ extension ServerCore {
                                                      arguments: streamCall.arguments, request: request, connection: connection))
         }
         guard !request.isDetached else {
-            elsewhere.call(name, node: nil, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload, completion: nil)
+            elsewhere.call(name, node: node, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload, completion: nil)
             return
         }
         // The core outlives every call: its ways elsewhere drop them when they close.
-        let id = elsewhere.call(name, node: nil, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload) {
+        let id = elsewhere.call(name, node: node, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload) {
             [unowned self] outcome in remoteAnswered(outcome, request: request)
         }
         // A CANCEL goes to the holder's side, which answers it as it would its own client's.
@@ -144,7 +144,7 @@ extension ServerCore {
         let node = remoteStreams[name].flatMap { self.elsewhere(holding: $0.holderNode) === elsewhere ? $0.holderNode : nil }
         let id = elsewhere.call(name, node: node, input: listen.input, fromText: listen.request.isText,
                                 refusing: listen.refusedKinds, payload: listen.payload[...]) { [unowned self, weak elsewhere] outcome in
-            guard let elsewhere else { return }
+            guard let elsewhere else { return remoteAnswered(outcome, request: listen.request) }
             remoteListenAnswered(outcome, channel: name, via: elsewhere, listen)
             elsewhere.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
         }
@@ -206,7 +206,7 @@ extension ServerCore {
     /// Calls from clients of another loop or node (one batch), on a channel a client here holds.
     func serveRemote(_ calls: [ClusterLink.IncomingCall], on name: String, via elsewhere: any Elsewhere) {
         guard let registration = registrations[name] else {
-            for call in calls { elsewhere.answer(call.key, with: .notImplemented) }
+            for call in calls { elsewhere.notHeld(call, on: name) }
             return
         }
         for call in calls { serveRemote(call, by: registration, elsewhere) }
@@ -251,7 +251,7 @@ extension ServerCore {
         // An event channel's listen: its success starts the caller node's stream.
         let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
         let methodCodec = registration.kind == .method ? registration.sharedMethodCodec : nil
-        let kindFlag = ClusterReply.kindFlag(mark: RemoteAnswer.channelMark(methodCodec: methodCodec?.codec))
+        let kindFlag = ClusterReply.kindFlag(mark: registration.channelMark)
         let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec) {
             [weak elsewhere] answer in elsewhere?.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
         }

@@ -41,10 +41,10 @@ extension ServerCore {
         case nil:
             let request = connection.makeRequest(origin, methodCodec: nil)
             if let siblings, let holder = group?.holder(of: name), holder.loop != index {  // a client of another loop holds it
-                routeElsewhere(siblings, channel: name, input: input, request: request, connection: connection,
-                               refusing: refusedKinds, mayBeStream: holder.isEvent)
+                routeElsewhere(siblings, node: siblings.names[holder.loop], channel: name, input: input, request: request,
+                               connection: connection, refusing: refusedKinds, mayBeStream: holder.isEvent)
             } else if let cluster {  // a client of another node may hold it
-                routeElsewhere(cluster, channel: name, input: input, request: request, connection: connection,
+                routeElsewhere(cluster, node: nil, channel: name, input: input, request: request, connection: connection,
                                refusing: refusedKinds, mayBeStream: true)
             } else {
                 request.answer(.notImplemented)

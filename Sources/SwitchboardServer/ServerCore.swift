@@ -163,7 +163,6 @@ final class ServerCore {
             let siblings = SiblingLoops(index: index, group: group)
             connect(siblings)
             siblings.onDropped = { [unowned self] in self.cluster?.loopEventsDropped += 1 }
-            siblings.holdsHere = { [unowned self] channel in registrations[channel] != nil }
             self.siblings = siblings
         }
         guard let settings = config.cluster else { return }

@@ -15,6 +15,8 @@ final class SiblingLoops: Elsewhere {
     /// This loop's place, and its name as a caller or holder (`loop 2`).
     let index: Int
     let name: String
+    /// Every loop's name, made once.
+    let names: [String]
     /// The server's loops; released with the core.
     private let group: LoopGroup
 
@@ -40,12 +42,13 @@ final class SiblingLoops: Elsewhere {
     var onEvent: ((_ channel: String, _ envelope: [UInt8]?, _ frame: [UInt8], _ holderNode: String?) -> Void)?
     /// An event a sibling loop had no room for.
     var onDropped: (() -> Void)?
-    /// Whether a client of this loop holds a channel.
-    var holdsHere: ((String) -> Bool)?
+    /// Whether the call being handed to the server (``onCalls``) was passed on already.
+    private var handingPassedOn = false
 
     init(index: Int, group: LoopGroup) {
         self.index = index
-        name = "loop \(index)"
+        names = (0..<group.count).map { "loop \($0)" }
+        name = names[index]
         self.group = group
     }
 
@@ -89,16 +92,23 @@ final class SiblingLoops: Elsewhere {
         }
     }
 
-    /// A call from another loop on `channel`. If no client here holds the channel but one of yet another
-    /// loop does (it moved on the way), the call is passed on there, once.
+    /// A call from another loop on `channel`.
     private func incoming(_ call: ClusterLink.IncomingCall, on channel: String, passedOn: Bool = false) {
         guard !isStopping, !isClosed else { return answer(call.key, with: .error(.goingAway)) }
-        if !passedOn, holdsHere?(channel) == false, let holder = group.holder(of: channel), holder.loop != index {
+        callsIn += 1
+        handingPassedOn = passedOn
+        onCalls?(channel, [call])
+        handingPassedOn = false
+    }
+
+    /// No client here holds `channel`: if one of yet another loop does (it moved on the way), the call
+    /// is passed on there, once; else it gets the null reply.
+    func notHeld(_ call: ClusterLink.IncomingCall, on channel: String) {
+        if !handingPassedOn, let holder = group.holder(of: channel), holder.loop != index {
             let next = group.cores[holder.loop]
             if next.loop.execute({ next.value.siblings?.incoming(call, on: channel, passedOn: true) }) { return }
         }
-        callsIn += 1
-        onCalls?(channel, [call])
+        answer(call.key, with: .notImplemented)
     }
 
     private func cancelled(_ key: ClusterLink.CallKey) {
@@ -206,7 +216,6 @@ final class SiblingLoops: Elsewhere {
         onServedAnswered = nil
         onEvent = nil
         onDropped = nil
-        holdsHere = nil
     }
 
     /// For `switchboard/stats`: what crossed between the loops (``LoopGroup/sum(_:)`` adds up the loops').
