@@ -102,8 +102,9 @@ extension ServerCore {
         let id = elsewhere.call(name, node: node, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload) {
             [unowned self] outcome in remoteAnswered(outcome, request: request)
         }
-        // A CANCEL goes to the holder's side, which answers it as it would its own client's.
-        if let id { request.onCancel = .relayed { [weak elsewhere] in elsewhere?.cancelCall(id) } }
+        // A CANCEL goes to the holder's side, which answers it as it would its own client's. (Each way
+        // elsewhere lives as long as the core, and drops its calls when it closes.)
+        if let id { request.onCancel = .relayed { elsewhere.cancelCall(id) } }
     }
 
     /// The listen or cancel a request may carry (decoded as the holder's side would).
@@ -143,12 +144,11 @@ extension ServerCore {
         elsewhere.listenerAdded(on: name)
         let node = remoteStreams[name].flatMap { self.elsewhere(holding: $0.holderNode) === elsewhere ? $0.holderNode : nil }
         let id = elsewhere.call(name, node: node, input: listen.input, fromText: listen.request.isText,
-                                refusing: listen.refusedKinds, payload: listen.payload[...]) { [unowned self, weak elsewhere] outcome in
-            guard let elsewhere else { return remoteAnswered(outcome, request: listen.request) }
+                                refusing: listen.refusedKinds, payload: listen.payload[...]) { [unowned self] outcome in
             remoteListenAnswered(outcome, channel: name, via: elsewhere, listen)
             elsewhere.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
         }
-        if let id, !listen.request.isDetached { listen.request.onCancel = .relayed { [weak elsewhere] in elsewhere?.cancelCall(id) } }
+        if let id, !listen.request.isDetached { listen.request.onCancel = .relayed { elsewhere.cancelCall(id) } }
     }
 
     private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, via elsewhere: any Elsewhere,
@@ -253,7 +253,7 @@ extension ServerCore {
         let methodCodec = registration.kind == .method ? registration.sharedMethodCodec : nil
         let kindFlag = ClusterReply.kindFlag(mark: registration.channelMark)
         let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec) {
-            [weak elsewhere] answer in elsewhere?.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
+            answer in elsewhere.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
         }
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))
         if !request.isAnswered { elsewhere.serve(key, by: request) }

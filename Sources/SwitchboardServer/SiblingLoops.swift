@@ -52,16 +52,38 @@ final class SiblingLoops: Elsewhere {
         self.group = group
     }
 
-    /// Whether `node` names a loop of this server (a node's instance is hex digits, without a space).
-    static func isLoop(_ node: String) -> Bool { node.hasPrefix("loop ") }
+    /// Whether `node` names a loop of this server (`loop <i>`), not another node (whose instance is hex
+    /// digits, never an `l`).
+    static func isLoop(_ node: String) -> Bool { node.utf8.first == UInt8(ascii: "l") }
 
-    private static func loop(named node: String) -> Int? { isLoop(node) ? Int(node.dropFirst(5)) : nil }
+    /// The `i` of `loop <i>`; the last one read is kept, since this runs for every call and answer
+    /// between loops, which mostly name the same few loops.
+    private func loop(named node: String) -> Int? {
+        if let last = lastNamed, last.name == node { return last.loop }
+        guard let loop = Self.loop(named: node) else { return nil }
+        lastNamed = (node, loop)
+        return loop
+    }
+    private var lastNamed: (name: String, loop: Int)?
+
+    private static func loop(named node: String) -> Int? {
+        var bytes = node.utf8.makeIterator()
+        guard bytes.next() == UInt8(ascii: "l"), bytes.next() == UInt8(ascii: "o"), bytes.next() == UInt8(ascii: "o"),
+              bytes.next() == UInt8(ascii: "p"), bytes.next() == UInt8(ascii: " ") else { return nil }
+        var loop = 0, digits = 0
+        while let byte = bytes.next() {
+            guard (48...57).contains(byte), digits < 9 else { return nil }
+            loop = loop * 10 + Int(byte - 48)
+            digits += 1
+        }
+        return digits > 0 ? loop : nil
+    }
 
     // MARK: Calls
 
     func call(_ channel: String, node: String?, input: ClusterLink.CallInput, fromText: Bool, refusing refusedKinds: UInt8,
               payload: ArraySlice<UInt8>, completion: ((ClusterLink.CallOutcome) -> Void)?) -> UInt64? {
-        let target = if let node { Self.loop(named: node) } else { group.holder(of: channel)?.loop }
+        let target = if let node { loop(named: node) } else { group.holder(of: channel)?.loop }
         guard !isClosed, let target, target != index, group.cores.indices.contains(target) else {
             completion?(.noHolder)
             return nil
@@ -121,7 +143,7 @@ final class SiblingLoops: Elsewhere {
     }
 
     func answer(_ key: ClusterLink.CallKey?, kind: UInt8, flags: UInt8, payload: [UInt8]) {
-        guard let key, let loop = Self.loop(named: key.caller), group.cores.indices.contains(loop) else { return }
+        guard let key, let loop = loop(named: key.caller), group.cores.indices.contains(loop) else { return }
         if served.removeValue(forKey: key) != nil { onServedAnswered?() }
         let reply = ClusterReply(node: name, kind: kind, flags: flags, payload: payload[...])
         let core = group.cores[loop]
