@@ -75,7 +75,7 @@ let package = Package(
         ),
         .target(
             name: "SwitchboardCluster",
-            dependencies: ["SwitchboardCodec", "SwitchboardTransport", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: safeSettings
         ),
         .target(

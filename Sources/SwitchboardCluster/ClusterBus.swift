@@ -1,6 +1,6 @@
 /// The message bus between Switchboard nodes: subjects, publish and subscribe, queue groups, and
-/// reply subjects with NATS's no-responders status. ``NATSBus`` joins nodes; ``LoopBus`` joins the
-/// loops of one server.
+/// reply subjects with NATS's no-responders status. ``NATSBus`` is the one a node uses; tests may
+/// give a ``ClusterLink`` another.
 ///
 /// Loop thread only: every method is called, and every handler runs, on the bus's loop.
 /// Delivery is at most once, as in NATS core: what is published while the bus is disconnected is

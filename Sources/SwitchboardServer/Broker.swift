@@ -137,6 +137,16 @@ final class Registration {
     /// The declared method codec, made once and shared by the requests forwarded to the holder.
     let sharedMethodCodec: SharedMethodCodec?
     var methodCodec: (any MethodCodec)? { sharedMethodCodec?.codec }
+    /// What the channel is, as the cluster marks it (``ServedCall/channelMark``): a method channel's
+    /// method codec (`s`, `j`), or `-`.
+    var channelMark: Character {
+        guard kind == .method else { return "-" }
+        switch codec {
+        case .standard?: return "s"
+        case .json?: return "j"
+        default: return "-"
+        }
+    }
 }
 
 /// The stream handler of a client-held event channel: the server keeps the listeners itself; when the
@@ -234,8 +244,8 @@ extension ServerCore {
         guard let events = registration.events else { return }
         let ending = endListeners(of: events)
         if !registration.remoteListeners.isEmpty {
+            for event in ending { publishFromHolder(event, registration) }
             registration.remoteListeners = [:]
-            for event in ending { cluster?.publish(event, fromHolder: true) }
         }
     }
 
@@ -413,9 +423,7 @@ extension ServerCore {
             if case .local(let connection) = listen.caller { connection.streams[events.name]?.activate() }
         }
         // After the answers: another node sees its listen's answer before these (one NATS connection).
-        if !registration.remoteListeners.isEmpty {
-            for event in early { cluster?.publish(event, fromHolder: true) }
-        }
+        for event in early { publishFromHolder(event, registration) }
         if early.contains(where: \.isEnd) {  // the holder ended the stream before it answered the listen
             registration.upstream = .idle
             registration.remoteListeners = [:]
@@ -474,10 +482,21 @@ extension ServerCore {
             registration.early.append(event)
         }
         for stream in events.listeners.all { stream.deliver(event) }
-        if !registration.remoteListeners.isEmpty { cluster?.publish(event, fromHolder: true) }
+        if !registration.remoteListeners.isEmpty { publishFromHolder(event, registration) }
         if payload == nil, case .active = registration.upstream {
             registration.upstream = .idle
             registration.remoteListeners = [:]  // their streams end with this event
         }  // while starting, the end waits in `early` for the holder's answer to the listen
+    }
+
+    /// Sends an event of `registration` to its listeners elsewhere: the sibling loops and the other
+    /// nodes with listeners on it.
+    func publishFromHolder(_ event: OutboundEvent, _ registration: Registration) {
+        var toLoops = false, toNodes = false
+        for node in registration.remoteListeners.keys {
+            if SiblingLoops.isLoop(node) { toLoops = true } else { toNodes = true }
+        }
+        if toLoops { siblings?.publish(event, fromHolder: true) }
+        if toNodes { cluster?.publish(event, fromHolder: true) }
     }
 }

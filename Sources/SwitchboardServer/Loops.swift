@@ -1,14 +1,11 @@
 import Synchronization
-import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardTransport
 
 /// The loops of one server and what they share (README.md, "Scaling"). Each loop is a ``ServerCore``
-/// with its own connections; loop 0 accepts and hands connections round. Broadcasts and streams cross
-/// over a ``LoopBus`` (or NATS, on a cluster's node, except broadcasts, which a loop hands to its
-/// siblings itself) through each core's ``ClusterLink``; calls to
-/// channels held on another loop go as typed jobs (``LoopCall``). The tables here are the only state
-/// the loops share.
+/// with its own connections; loop 0 accepts and hands connections round. What crosses between loops
+/// (calls, answers, cancels, streams, broadcasts) goes as typed jobs, through each core's
+/// ``SiblingLoops``. The tables here are the only state the loops share.
 final class LoopGroup: Sendable {
     /// Each loop's core; a core's index is its place here.
     let cores: [LoopBound<ServerCore>]
@@ -17,8 +14,7 @@ final class LoopGroup: Sendable {
     let claims = Mutex<[String: Claim]>([:])
 
     /// A client-held channel's loop, and the kind and codec its holder declared: every loop judges a
-    /// request on it by what it is there (protocol/plugins.md), and an event channel's listens and
-    /// cancels go between loops by the bus, which keeps the streams.
+    /// request on it by what it is there (protocol/plugins.md).
     struct Claim: Sendable {
         let loop: Int
         let kind: Registration.Kind?
@@ -31,27 +27,24 @@ final class LoopGroup: Sendable {
     private let drained = Atomic<Int>(0)
     /// The one reporter of the server's counters: it reports the sum over the loops.
     private let metricsReporter: Mutex<Reporting>
-    /// The bus between the loops (with more than one).
-    let hub: LoopBusHub?
-    /// For each loop of a cluster node, the broadcasts its siblings made that
-    /// wait to run there: at most ``siblingBroadcastLimit``, as the loop bus's inboxes hold.
-    let siblingBroadcastsWaiting: [WaitingCount]
-    /// This server's mark on the bus, the same for all its loops (random, as a node's instance is).
+    /// The loops with listeners on each channel: where broadcasts and a held channel's events go.
+    private let interest = Mutex<[String: Set<Int>]>([:])
+    /// For each loop, the events (broadcasts, held channels' events) its siblings sent that wait to run
+    /// there: at most ``siblingEventLimit``; one more is dropped and counted.
+    let siblingEventsWaiting: [WaitingCount]
+    /// This server's mark on a cluster's bus, the same for all its loops (random, as a node's instance is).
     let process = String(UInt64.random(in: 1..<(1 << 60)), radix: 16)
-    static let siblingBroadcastLimit = 65_536
+    static let siblingEventLimit = 65_536
 
     /// A count that loops share.
     final class WaitingCount: Sendable {
         let value = Atomic<Int>(0)
     }
 
-    /// With `joinedByNATS` (a node of a cluster), each loop is a node of the cluster and the loops
-    /// reach each other through NATS, as they reach other nodes; otherwise by a ``LoopBusHub``.
-    init(cores: [ServerCore], metrics: MetricsSettings, joinedByNATS: Bool) {
+    init(cores: [ServerCore], metrics: MetricsSettings) {
         self.cores = cores.map { LoopBound($0, loop: $0.handle) }
         metricsReporter = Mutex(Reporting(reporter: MetricsReporter(settings: metrics)))
-        hub = cores.count > 1 && !joinedByNATS ? LoopBusHub(loops: cores.map(\.handle), mayDrop: ClusterLink.mayDrop) : nil
-        siblingBroadcastsWaiting = cores.map { _ in WaitingCount() }
+        siblingEventsWaiting = cores.map { _ in WaitingCount() }
     }
 
     var count: Int { cores.count }
@@ -100,6 +93,23 @@ final class LoopGroup: Sendable {
         claims.withLock { claims in
             if claims[channel]?.loop == index { claims.removeValueShrinking(forKey: channel) }
         }
+    }
+
+    /// Loop `index` has listeners on `channel` now, or none any more.
+    func listen(to channel: String, loop index: Int) {
+        _ = interest.withLock { $0[channel, default: []].insert(index) }
+    }
+
+    func stopListening(to channel: String, loop index: Int) {
+        interest.withLock { interest in
+            interest[channel]?.remove(index)
+            if interest[channel]?.isEmpty == true { interest.removeValueShrinking(forKey: channel) }
+        }
+    }
+
+    /// The loops but `index` with listeners on `channel`.
+    func loopsListening(to channel: String, besides index: Int) -> [Int] {
+        interest.withLock { $0[channel]?.filter { $0 != index } ?? [] }
     }
 
     /// A loop has stopped; returns how many have.

@@ -1,5 +1,6 @@
 import CoreMetrics
 import Prometheus
+import SwitchboardCodec
 
 /// Where the server's counters go: a swift-metrics factory, Prometheus's by default (served at
 /// `GET /metrics`). An embedder can give another backend's factory.
@@ -110,7 +111,7 @@ extension ServerCore {
             for (code, value) in codes { total("switchboard_plugin_rejections_total", value, ["plugin": plugin, "code": code]) }
         }
         for (plugin, value) in tallies.pluginFailures { total("switchboard_plugin_failures_total", value, ["plugin": plugin]) }
-        if let cluster, !linksLoops {
+        if let cluster {
             let metrics = cluster.metrics
             for (label, value) in metrics.totals { total(label, value) }
             for (label, value) in metrics.gauges { snapshot.gauges[label] = value }
@@ -220,5 +221,42 @@ final class MetricsReporter {
 
     private static func key(_ label: String, _ dimensions: [String: String]) -> String {
         dimensions.isEmpty ? label : label + "{" + dimensions.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",") + "}"
+    }
+}
+
+/// `switchboard/stats` of one loop.
+extension ServerCore {
+    /// This loop's stats (``LoopGroup/sum(_:)`` adds up the loops'): with several loops, `loops` counts
+    /// 1 per loop, and `crossLoop` what went between them; on a cluster's node, `cluster`.
+    var statsValue: ChannelValue {
+        guard case .map(var entries) = localStats, siblings != nil || cluster != nil else { return localStats }
+        if let siblings {
+            entries.append(.init("loops", .int(1)))
+            entries.append(.init("crossLoop", siblings.statsValue))
+        }
+        if let cluster { entries.append(.init("cluster", cluster.statsValue)) }
+        return .map(entries)
+    }
+
+    private var localStats: ChannelValue {
+        .stringMap([
+            "server": .string(switchboardServerName),
+            "connections": .int(connections.count),
+            "framesIn": .int(stats.framesIn), "framesOut": .int(stats.framesOut),
+            "bytesIn": .int(stats.bytesIn), "bytesOut": .int(stats.bytesOut),
+            "repliesPending": .int(stats.repliesPending),
+            "eventsDropped": .map(tallies.eventsDropped.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "slowConsumersClosed": .int(stats.slowConsumersClosed),
+            "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
+            "connectionsTotal": .int(stats.connectionsTotal),
+            "ignoredFrames": .int(stats.ignoredFrames),
+            "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
+            "openRequestsRefused": .int(stats.openRequestsRefused), "demandsIgnored": .int(stats.demandsIgnored),
+            "forwardedRequests": .int(stats.forwardedRequests),
+            "acceptErrors": .int(stats.acceptErrors),
+            "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "plugins": pluginStats,
+            "requests": .int(totals.requests), "events": .int(totals.events),
+        ])
     }
 }

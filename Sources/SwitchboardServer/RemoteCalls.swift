@@ -2,8 +2,8 @@ import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardWire
 
-/// This node's listeners of an event channel a client holds on another node (`holderNode`): their
-/// events come from that node, on the channel's subject. Loop thread only.
+/// This loop's listeners of an event channel a client holds on another loop or node (`holderNode`, as
+/// ``Elsewhere`` names it): their events come from there. Loop thread only.
 final class RemoteStream {
     let entry: EventEntry
     let holderNode: String
@@ -18,10 +18,12 @@ final class RemoteStream {
     }
 }
 
-/// The stream handler of a ``RemoteStream``: a listener's leaving is told to the holder's node, which
-/// cancels the holder's stream when no node has a listener left.
+/// The stream handler of a ``RemoteStream``: a listener's leaving is told to the holder's side, which
+/// cancels the holder's stream when no loop or node has a listener left.
 struct RemoteListeners: StreamHandler {
     let streamID: UInt64
+    /// The holder's side (``RemoteStream/holderNode``).
+    let holderNode: String
 
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? { nil }
     func onCancel(arguments: ChannelValue, sink: EventSink) {
@@ -30,7 +32,7 @@ struct RemoteListeners: StreamHandler {
     }
 }
 
-/// A listen on its way to another node.
+/// A listen on its way to another loop or node.
 struct RemoteListen {
     let input: ClusterLink.CallInput
     /// What the caller's plugins refused it, were it of that kind (``InboundRequest/refusedKinds``).
@@ -46,119 +48,21 @@ struct RemoteListen {
     }
 }
 
-/// An answer from another node's holder: its node, and the answer as its batch record carries it.
-struct RemoteReply {
-    /// The holder's node (its instance).
-    let node: String
-    /// A ``RemoteAnswer/Kind``, as a byte.
-    let kind: UInt8
-    let flags: UInt8
-    /// A slice of the batch: copied by whatever keeps it.
-    let payload: ArraySlice<UInt8>
-
-    /// Flags: the envelope is in the JSON method codec (else the standard one); the answer starts the
-    /// caller node's stream (the success of a listen on an event channel).
-    static let jsonFlag: UInt8 = 1, streamFlag: UInt8 = 2
-    /// Flags: what the holder's node knows the channel to be, from its holder's registration: a method
-    /// channel in the standard or the JSON method codec, or another kind (none: not told).
-    static let standardMethodFlag: UInt8 = 4, jsonMethodFlag: UInt8 = 8, otherKindFlag: UInt8 = 16
-
-    /// The flag telling a channel's kind, from its mark (``ClusterLink/channelMark(methodCodec:)``).
-    static func kindFlag(mark: Character) -> UInt8 {
-        switch mark {
-        case "s": standardMethodFlag
-        case "j": jsonMethodFlag
-        default: otherKindFlag
-        }
-    }
-
-    /// The mark a record's flags tell, if they tell one.
-    static func mark(flags: UInt8) -> Character? {
-        if flags & standardMethodFlag != 0 { return "s" }
-        if flags & jsonMethodFlag != 0 { return "j" }
-        return flags & otherKindFlag != 0 ? "-" : nil
-    }
-
-    var startsStream: Bool { flags & Self.streamFlag != 0 }
-}
-
-/// An ``Answer`` as it crosses the bus from the holder's node to the caller's: a kind, a codec flag
-/// for an envelope, and the payload's bytes (protocol/cluster.md).
-enum RemoteAnswer {
-    /// What the payload holds.
-    enum Kind: UInt8 {
-        /// The holder's REPLY payload (`b`), or none (`n`).
-        case bytes = 0x62, empty = 0x6E
-        /// A success (`s`) or error (`f`) envelope.
-        case success = 0x73, failure = 0x66
-        /// Not implemented, or a null reply (`z`): no payload.
-        case null = 0x7A
-        /// A text-mode message reply, as JSON (`v`).
-        case value = 0x76
-        /// An ERROR payload (`{"code","message","details"}`, `e`).
-        case error = 0x65
-    }
-
-    /// The kind, whether the envelope is JSON, and the payload of `answer`.
-    static func encode(_ answer: Answer) -> (kind: Kind, isJSON: Bool, payload: [UInt8]) {
-        switch answer {
-        case .success(let value, let codec):
-            guard let payload = try? codec.encodeSuccessEnvelope(value) else {
-                return encode(.error(.badPayload("the answer could not be encoded")))
-            }
-            return (.success, codec is JSONMethodCodec, payload)
-        case .failure(let error, let codec):
-            guard let payload = try? codec.encodeErrorEnvelope(error) else {
-                return encode(.error(.badPayload("error envelope could not be encoded")))
-            }
-            return (.failure, codec is JSONMethodCodec, payload)
-        case .notImplemented: return (.null, false, [])
-        case .messageBytes(nil): return (.empty, false, [])
-        case .messageBytes(let bytes?): return (.bytes, false, bytes)
-        case .messageValue(let value):
-            guard let payload = try? JSONText.serialize(value) else { return encode(.error(.badPayload("reply has no JSON form"))) }
-            return (.value, false, payload)
-        case .error(let error): return (.error, false, error.payload)
-        }
-    }
-
-    static func decode(_ reply: RemoteReply) -> Answer {
-        let malformed = Answer.error(.badPayload("another node's answer could not be read"))
-        switch Kind(rawValue: reply.kind) {
-        case .success, .failure:
-            let codec: any MethodCodec = reply.flags & RemoteReply.jsonFlag != 0 ? JSONMethodCodec() : StandardMethodCodec()
-            switch try? codec.decodeEnvelope(Array(reply.payload)) {
-            case .success(let value)?: return .success(value, codec)
-            case .failure(let error)?: return .failure(error, codec)
-            case nil: return malformed
-            }
-        case .null: return .notImplemented
-        case .empty: return .messageBytes(nil)
-        case .bytes: return .messageBytes(Array(reply.payload))
-        case .value:
-            guard let value = try? JSONText.parse(reply.payload) else { return malformed }
-            return .messageValue(value)
-        case .error:
-            guard let error = try? JSONText.parse(reply.payload), let code = error["code"]?.stringValue else { return malformed }
-            switch code {
-            case WireError.handlerGone.code: return .error(.handlerGone)
-            case WireError.cancelled.code: return .error(.cancelled)
-            case WireError.goingAway.code: return .error(.goingAway)
-            default: return .error(.plugin(code: code, message: error["message"]?.stringValue ?? "", details: error["details"]))
-            }
-        case nil: return malformed
-        }
-    }
-}
-
 extension ServerCore {
-    // MARK: Calling another node
+    // MARK: Calling another loop or node
 
-    /// A request on a channel nobody serves here: it goes to the nodes whose clients hold the channel
-    /// (in a batch, to their queue group), and their answer comes back to the requester.
-    func routeToCluster(_ cluster: ClusterLink, channel name: String, input: RouteInput, request: PendingRequest,
-                        connection: Connection, refusing refusedKinds: UInt8) {
-        let streamCall = self.streamCall(input)
+    /// Where the holder's side `node` (a loop, or a node's instance) is reached.
+    func elsewhere(holding node: String) -> (any Elsewhere)? {
+        SiblingLoops.isLoop(node) ? siblings : cluster
+    }
+
+    /// A request on a channel nobody serves here: it goes to the loop or the nodes whose clients hold
+    /// the channel (``Elsewhere``; to `node`, when known), and their answer comes back to the requester.
+    /// A listen or cancel it `mayBeStream` carry (on a channel whose kind only the holder's side may
+    /// know, or an event channel) starts or ends a stream here.
+    func routeElsewhere(_ elsewhere: any Elsewhere, node: String?, channel name: String, input: RouteInput, request: PendingRequest,
+                        connection: Connection, refusing refusedKinds: UInt8, mayBeStream: Bool) {
+        let streamCall = mayBeStream ? self.streamCall(input) : nil
         // A cancel of the stream this connection has from another node's holder (retired or not) ends it
         // here; any other `cancel` goes on as a call (the channel may well be a method channel).
         if let streamCall, streamCall.method == "cancel", let stream = connection.streams[name],
@@ -187,23 +91,23 @@ extension ServerCore {
             payload = json[...]
         }
         if let streamCall, streamCall.method == "listen" {
-            return listenRemotely(name, RemoteListen(input: kind, refusedKinds: refusedKinds, payload: Array(payload),
+            return listenRemotely(name, via: elsewhere, RemoteListen(input: kind, refusedKinds: refusedKinds, payload: Array(payload),
                                                      arguments: streamCall.arguments, request: request, connection: connection))
         }
         guard !request.isDetached else {
-            cluster.call(name, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload, completion: nil)
+            elsewhere.call(name, node: node, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload, completion: nil)
             return
         }
-        // The core outlives every call: its cluster link drops them when it closes.
-        let id = cluster.call(name, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload) { [unowned self] outcome in
-            remoteAnswered(outcome, request: request)
+        // The core outlives every call: its ways elsewhere drop them when they close.
+        let id = elsewhere.call(name, node: node, input: kind, fromText: request.isText, refusing: refusedKinds, payload: payload) {
+            [unowned self] outcome in remoteAnswered(outcome, request: request)
         }
-        // A CANCEL goes to the holder's node, which answers it as it would its own client's.
-        if let id { request.onCancel = .relayed { [unowned self] in self.cluster?.cancelCall(id) } }
+        // A CANCEL goes to the holder's side, which answers it as it would its own client's. (Each way
+        // elsewhere lives as long as the core, and drops its calls when it closes.)
+        if let id { request.onCancel = .relayed { elsewhere.cancelCall(id) } }
     }
 
-    /// The listen or cancel a request may carry (decoded as the holder's node would): the channel's
-    /// kind is known there only.
+    /// The listen or cancel a request may carry (decoded as the holder's side would).
     private func streamCall(_ input: RouteInput) -> MethodCall? {
         let call: MethodCall?
         switch input {
@@ -228,25 +132,27 @@ extension ServerCore {
         case .reply(let reply): request.answer(RemoteAnswer.decode(reply))
         case .noHolder: request.answer(.notImplemented)
         case .expired: request.answer(.error(.handlerGone))
-        case .cancelled(let methodCodec): request.answer(PendingRequest.cancelAnswer(methodCodec: methodCodec))
+        case .cancelled(let mark): request.answer(PendingRequest.cancelAnswer(methodCodec: mark.flatMap(RemoteAnswer.methodCodec(marked:))))
         }
     }
 
-    /// Sends a listen to the node that feeds this node's listeners of `name`, or, with no stream yet,
-    /// to the holders' queue group.
-    private func listenRemotely(_ name: String, _ listen: RemoteListen) {
-        guard let cluster, listen.isWanted else { return }
-        // Subscribed to the channel's events before the listen goes, so that none sent after its answer is missed.
-        cluster.listenerAdded(on: name)
-        let id = cluster.call(name, node: remoteStreams[name]?.holderNode, input: listen.input, fromText: listen.request.isText,
-                              refusing: listen.refusedKinds, payload: listen.payload[...]) { [unowned self] outcome in
-            remoteListenAnswered(outcome, channel: name, listen)
-            self.cluster?.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
+    /// Sends a listen, by `elsewhere`, to the holder's side that feeds this loop's listeners of `name`,
+    /// or, with no stream yet, to whoever holds it.
+    private func listenRemotely(_ name: String, via elsewhere: any Elsewhere, _ listen: RemoteListen) {
+        guard listen.isWanted else { return }
+        // Interested in the channel's events before the listen goes, so that none sent after its answer is missed.
+        elsewhere.listenerAdded(on: name)
+        let node = remoteStreams[name].flatMap { self.elsewhere(holding: $0.holderNode) === elsewhere ? $0.holderNode : nil }
+        let id = elsewhere.call(name, node: node, input: listen.input, fromText: listen.request.isText,
+                                refusing: listen.refusedKinds, payload: listen.payload[...]) { [unowned self] outcome in
+            remoteListenAnswered(outcome, channel: name, via: elsewhere, listen)
+            elsewhere.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
         }
-        if let id, !listen.request.isDetached { listen.request.onCancel = .relayed { [unowned self] in self.cluster?.cancelCall(id) } }
+        if let id, !listen.request.isDetached { listen.request.onCancel = .relayed { elsewhere.cancelCall(id) } }
     }
 
-    private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, _ listen: RemoteListen) {
+    private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, via elsewhere: any Elsewhere,
+                                      _ listen: RemoteListen) {
         guard case .reply(let reply) = outcome, reply.startsStream, case .success(_, let codec) = RemoteAnswer.decode(reply) else {
             return remoteAnswered(outcome, request: listen.request)  // not an event channel's stream: a plain answer
         }
@@ -257,7 +163,7 @@ extension ServerCore {
         if let remote = remoteStreams[name], remote.holderNode != holderNode {
             // Two first listens went to different holders: this one follows the stream already here.
             leave(name, holderNode: holderNode, arguments: listen.arguments)
-            return listenRemotely(name, listen)
+            return listenRemotely(name, via: elsewhere, listen)
         }
         let connection = listen.connection
         if let old = connection.streams[name] { connection.endStream(old, notifyHandler: true) }  // a listen replaces a stream
@@ -266,7 +172,7 @@ extension ServerCore {
             entry = remote.entry
         } else {
             nextRemoteStreamID += 1
-            entry = EventEntry(name: name, codec: codec, handler: RemoteListeners(streamID: nextRemoteStreamID),
+            entry = EventEntry(name: name, codec: codec, handler: RemoteListeners(streamID: nextRemoteStreamID, holderNode: holderNode),
                                overflow: .dropOldest, queueLimit: config.eventQueueLimit)
             remoteStreams[name] = RemoteStream(entry: entry, holderNode: holderNode, id: nextRemoteStreamID)
         }
@@ -275,7 +181,7 @@ extension ServerCore {
         connection.streams[name]?.activate()
     }
 
-    /// One of this node's listeners of `name` left its stream `streamID`: the holder's node is told,
+    /// One of this loop's listeners of `name` left its stream `streamID`: the holder's side is told,
     /// unless that stream was retired; the stream goes with its last listener.
     func listenerLeftRemoteStream(_ name: String, streamID: UInt64, arguments: ChannelValue) {
         guard let remote = remoteStreams[name], remote.id == streamID else { return }
@@ -285,35 +191,34 @@ extension ServerCore {
 
     /// Tells `holderNode` that one listener of `name` here is gone (a `leave`, which wants no answer).
     private func leave(_ name: String, holderNode: String, arguments: ChannelValue) {
-        guard let cluster, let payload = try? JSONText.serialize(arguments) else { return }
-        cluster.call(name, node: holderNode, input: .leave, payload: payload[...], completion: nil)
+        guard let elsewhere = self.elsewhere(holding: holderNode), let payload = try? JSONText.serialize(arguments) else { return }
+        elsewhere.call(name, node: holderNode, input: .leave, fromText: false, refusing: 0, payload: payload[...], completion: nil)
     }
 
-    /// The holder of `name` ended the stream this node's listeners follow, or its node went silent:
-    /// later listens go to the holders' queue group again.
+    /// The holder of `name` ended the stream this loop's listeners follow, or its node went silent:
+    /// later listens go to whoever holds it again.
     func retireRemoteStream(_ name: String) {
         remoteStreams.removeValue(forKey: name)
     }
 
-    // MARK: Serving another node
+    // MARK: Serving another loop or node
 
-    /// Calls from clients of another node (one batch), on a channel a client here holds.
-    func serveRemote(_ calls: [ClusterLink.IncomingCall], on name: String) {
-        guard let cluster else { return }
+    /// Calls from clients of another loop or node (one batch), on a channel a client here holds.
+    func serveRemote(_ calls: [ClusterLink.IncomingCall], on name: String, via elsewhere: any Elsewhere) {
         guard let registration = registrations[name] else {
-            for call in calls { cluster.answer(call.key, with: .notImplemented) }
+            for call in calls { elsewhere.notHeld(call, on: name) }
             return
         }
-        for call in calls { serveRemote(call, by: registration, cluster) }
+        for call in calls { serveRemote(call, by: registration, elsewhere) }
     }
 
-    private func serveRemote(_ call: ClusterLink.IncomingCall, by registration: Registration, _ cluster: ClusterLink) {
+    private func serveRemote(_ call: ClusterLink.IncomingCall, by registration: Registration, _ elsewhere: any Elsewhere) {
         if call.input == .leave {  // one of that node's listeners left (heard while draining too)
             let arguments = (try? JSONText.parse(call.payload)) ?? .null
             return remoteListenerLeft(registration, node: call.caller, arguments: arguments)
         }
         let key = call.key
-        guard !isDraining || linksLoops else { return cluster.answer(key, with: .error(.goingAway)) }
+        guard !isDraining || elsewhere.servesWhileDraining else { return elsewhere.answer(key, with: .error(.goingAway)) }
         registration.countRequest()
         let input: RouteInput
         switch call.input {
@@ -321,15 +226,15 @@ extension ServerCore {
         case .empty: input = .bytes(nil)
         case .call:
             guard let json = try? JSONText.parse(call.payload), let method = json["method"]?.stringValue else {
-                return cluster.answer(key, with: .error(.badPayload("another node's call could not be read")))
+                return elsewhere.answer(key, with: .error(.badPayload("another node's call could not be read")))
             }
             input = .call(MethodCall(method: method, arguments: json["args"] ?? .null))
         case .message:
             guard let value = try? JSONText.parse(call.payload) else {
-                return cluster.answer(key, with: .error(.badPayload("another node's message could not be read")))
+                return elsewhere.answer(key, with: .error(.badPayload("another node's message could not be read")))
             }
             input = .message(value)
-        case .leave, nil: return cluster.answer(key, with: .error(.badRequest("another node's call has no known input")))
+        case .leave, nil: return elsewhere.answer(key, with: .error(.badRequest("another node's call has no known input")))
         }
         if call.refusedKinds != 0 {  // the caller's node could not tell what it is: its kind here decides
             let isSend = if case .message = input { true } else { false }
@@ -337,21 +242,21 @@ extension ServerCore {
                 heldEventCall(registration, input: input)?.method
             }
             if call.refusedKinds & kind.bit != 0 {
-                cluster.callsForbidden += 1
+                elsewhere.callsForbidden += 1
                 let right = kind == .message ? "send" : kind.rawValue
-                return cluster.answer(key, with: .error(.plugin(code: "forbidden", message: "the caller may not \(right) on \(registration.name)",
+                return elsewhere.answer(key, with: .error(.plugin(code: "forbidden", message: "the caller may not \(right) on \(registration.name)",
                                                                   details: nil)))
             }
         }
         // An event channel's listen: its success starts the caller node's stream.
         let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
         let methodCodec = registration.kind == .method ? registration.sharedMethodCodec : nil
-        let kindFlag = RemoteReply.kindFlag(mark: ClusterLink.channelMark(methodCodec: methodCodec?.codec))
+        let kindFlag = ClusterReply.kindFlag(mark: registration.channelMark)
         let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec) {
-            [unowned self] answer in self.cluster?.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
+            answer in elsewhere.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
         }
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))
-        cluster.serve(key, by: request)
+        if !request.isAnswered { elsewhere.serve(key, by: request) }
     }
 
     /// `node`'s beacon told how many listeners it has on channels held here. Fewer than counted here

@@ -43,7 +43,7 @@ public final class Server: Sendable {
             if configuration.loops > 1 { logger[metadataKey: "loop"] = "\(index)" }
             cores.append(try ServerCore(config: configuration, logger: logger, index: index, loops: configuration.loops, quota: quota))
         }
-        group = LoopGroup(cores: cores, metrics: configuration.metrics, joinedByNATS: configuration.cluster != nil)
+        group = LoopGroup(cores: cores, metrics: configuration.metrics)
         for core in cores { core.group = group }
     }
 

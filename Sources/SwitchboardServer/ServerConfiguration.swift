@@ -1,3 +1,4 @@
+import SwitchboardCluster
 import SwitchboardCodec
 import SwitchboardTransport
 
@@ -153,4 +154,22 @@ public enum InvokeError: Error, Equatable, Sendable {
     case codec(CodecError)
     /// Text-mode clients cannot be called by the server.
     case textClient
+}
+
+/// Joins a ``Server`` to other Switchboard nodes over NATS (protocol/cluster.md).
+public struct ClusterSettings: Sendable {
+    /// The NATS servers to connect to, tried in turn.
+    public var servers: [NATSBus.Server]
+    /// This node's name, as NATS and the stats show it.
+    public var node: String
+    /// How long a connection attempt may take before the next server is tried: a server that accepts
+    /// but never answers (a stopped process) must not hold the node.
+    public var connectTimeoutMs: UInt64 = 2000
+    /// How often the node pings its NATS server: two pings unanswered in a row mark the connection dead.
+    public var pingIntervalMs: UInt64 = 1000
+
+    public init(servers: [NATSBus.Server], node: String) {
+        self.servers = servers
+        self.node = node
+    }
 }

@@ -113,22 +113,14 @@ final class ServerCore {
     private var reportedDrained = false
     /// Snapshots of this loop's counts taken for the metrics reporter.
     var metricsSnapshots: UInt64 = 0
-    /// Calls this loop sent to holders on other loops, waiting for their answers, by id.
-    var loopCallsWaiting: [UInt64: PendingRequest] = [:]
-    var nextLoopCall: UInt64 = 0
-    /// Calls from other loops that a holder here works on.
-    var loopCallsServed: [LoopCallKey: PendingRequest] = [:]
-    var loopCallsOut = 0, loopCallsIn = 0
-    /// Each loop's name as a caller (`loop 2`), made once.
-    private(set) lazy var loopNames = (0..<loopCount).map { "loop \($0)" }
     private var signalWatchers: [SignalWatcher] = []
     let startedAt: UInt64
     private var metricsTimer: Timer?
     var connectionCount: Int { connections.count }
-    /// The other nodes (``ServerConfiguration/cluster``) or the other loops of this server, once bound.
+    /// Where work goes that this loop cannot do (``Elsewhere``), once bound: the other loops of this
+    /// server (with several), then the other nodes (``ServerConfiguration/cluster``).
+    private(set) var siblings: SiblingLoops?
     private(set) var cluster: ClusterLink?
-    /// Whether ``cluster`` joins the loops of this server rather than nodes.
-    private(set) var linksLoops = false
     /// The caps on connections, shared by the server's loops.
     let quota: ConnectionQuota
     /// The last refusal logged (see ``lastAcceptErrorLog``).
@@ -164,35 +156,35 @@ final class ServerCore {
         return listener.port
     }
 
-    /// Starts the per-turn work, and the link to the other nodes or loops.
+    /// Starts the per-turn work, and the ways to the other loops and nodes.
     func startServing() throws(UVError) {
         try startPerTurnWork()
-        let link: ClusterLink
-        if let settings = config.cluster {
-            link = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, process: group?.process ?? "",
-                                   eventLoop: eventLoop, logger: logger)
-        } else if let hub = group?.hub {
-            link = try ClusterLink(bus: hub.bus(index, loop: eventLoop), node: "loop \(index)", liveness: false,
-                                   loop: eventLoop, logger: logger)
-            linksLoops = true
-        } else {
-            return
+        if let group, group.count > 1 {
+            let siblings = SiblingLoops(index: index, group: group)
+            connect(siblings)
+            siblings.onDropped = { [unowned self] in self.cluster?.loopEventsDropped += 1 }
+            self.siblings = siblings
         }
-        do {
-            let cluster = link
-            cluster.onEvent = { [unowned self] channel, envelope, frame, holderNode in
-                deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: holderNode)
-            }
-            cluster.onCalls = { [unowned self] channel, calls in serveRemote(calls, on: channel) }
-            cluster.onPeerLost = { [unowned self] node in peerLost(node) }
-            cluster.onServedAnswered = { [unowned self] in requestFinished() }
-            cluster.listenersToReport = { [unowned self] in
-                remoteStreams.values.map { ($0.holderNode, $0.entry.name, $0.entry.listeners.all.count) }
-            }
-            cluster.onListenerReport = { [unowned self] node, counts in reconcileListeners(of: node, counts) }
-            cluster.start()
-            self.cluster = cluster
+        guard let settings = config.cluster else { return }
+        let cluster = try ClusterLink(settings: settings, loop: loopCount > 1 ? index : nil, process: group?.process ?? "",
+                                      eventLoop: eventLoop, logger: logger)
+        connect(cluster)
+        cluster.onPeerLost = { [unowned self] node in peerLost(node) }
+        cluster.listenersToReport = { [unowned self] in
+            remoteStreams.values.filter { !SiblingLoops.isLoop($0.holderNode) }.map { ($0.holderNode, $0.entry.name, $0.entry.listeners.all.count) }
         }
+        cluster.onListenerReport = { [unowned self] node, counts in reconcileListeners(of: node, counts) }
+        cluster.start()
+        self.cluster = cluster
+    }
+
+    /// Takes what comes from `elsewhere`: events, and calls for the holders here.
+    private func connect(_ elsewhere: some Elsewhere) {
+        elsewhere.onEvent = { [unowned self] channel, envelope, frame, holderNode in
+            deliverRemote(on: channel, envelope: envelope, frame: frame, holderNode: holderNode)
+        }
+        elsewhere.onCalls = { [unowned self, unowned elsewhere] channel, calls in serveRemote(calls, on: channel, via: elsewhere) }
+        elsewhere.onServedAnswered = { [unowned self] in requestFinished() }
     }
 
     /// A connection loop 0 accepted: served here, or handed to the loop whose turn it is.
@@ -360,196 +352,6 @@ final class ServerCore {
         routesVersion &+= 1
     }
 
-    /// Where `name` leads on this loop (nil: nowhere here); each connection keeps its last answer (see
-    /// ``Connection/route(named:)``).
-    func route(named name: String) -> Route? {
-        let route: Route?
-        if let entry = channels[name] {
-            route = .local(entry)
-        } else if let registration = registrations[name] {
-            route = .held(registration)
-        } else {
-            route = nil
-        }
-        return route
-    }
-
-    /// Hands a request (`origin` nil: a MESSAGE with id 0, answered nowhere) to the channel's handler or
-    /// holder; returns the request, which may or may not be answered yet. `refusedKinds`: what the
-    /// plugins refused a request that goes to another node, were it of that kind (``InboundRequest/refusedKinds``).
-    @discardableResult
-    func route(channel name: String, input: RouteInput, origin: PendingRequest.Origin?, connection: Connection,
-               refusing refusedKinds: UInt8 = 0) -> PendingRequest {
-        let entry: ChannelEntry
-        switch connection.route(named: name) {
-        case .local(let local)?: entry = local
-        case .held(let registration)?:
-            if registration.holder !== connection || origin != nil { registration.countRequest() }  // not its own events
-            let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
-            routeToHolder(registration, input: input, request: request, from: .local(connection))
-            return request
-        case nil:
-            let request = connection.makeRequest(origin, methodCodec: nil)
-            if loopCount > 1, let holder = group?.holder(of: name), holder.loop != index, !holder.isEvent {  // a client of another loop holds it
-                routeToLoop(holder.loop, channel: name, input: input, request: request)
-            } else if let cluster {  // a client of another node (or loop) may hold it
-                routeToCluster(cluster, channel: name, input: input, request: request, connection: connection, refusing: refusedKinds)
-            } else {
-                request.answer(.notImplemented)
-            }
-            return request
-        }
-        let request: PendingRequest
-        switch entry {
-        case .method(let method):
-            request = connection.makeRequest(origin, methodCodec: method.codec)
-            method.counts.requests += 1
-            guard let call = methodCall(input, codec: method.codec.codec, request: request) else { return request }
-            method.handler(call, MethodResult(request: request, loop: handle))
-        case .event(let event):
-            event.counts.requests += 1
-            request = connection.makeRequest(origin, methodCodec: nil)
-            guard let call = methodCall(input, codec: event.codec, request: request) else { return request }
-            switch call.method {
-            case "listen": listen(event, arguments: call.arguments, connection: connection, request: request)
-            case "cancel":
-                if let stream = connection.streams[name] {
-                    connection.endStream(stream, notifyHandler: true, arguments: call.arguments)
-                    request.answer(.success(.null, event.codec))
-                } else {
-                    request.answer(.failure(ChannelError(code: "error", message: "No active stream to cancel"), event.codec))
-                }
-            default: request.answer(.notImplemented)
-            }
-        case .message(let message):
-            message.counts.requests += 1
-            request = connection.makeRequest(origin, methodCodec: nil)
-            switch input {
-            case .bytes(let payload): message.handle(.bytes(payload.map(Array.init)), request)
-            case .message(let value): message.handle(.value(value), request)
-            case .call: request.answer(.error(.badRequest("\(name) is a message channel: use \"send\"")))
-            }
-        }
-        return request
-    }
-
-    /// Decodes a binary method call read in place and runs its channel's handler: the common request,
-    /// which `Connection` sends here straight, without the routing enum. Returns `request`.
-    @discardableResult @inline(__always)
-    func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: PendingRequest,
-                connection: Connection) -> PendingRequest {
-        method.counts.requests += 1
-        let call: MethodCall
-        do throws(CodecError) {
-            call = try connection.withMethodCallReuse { reuse throws(CodecError) in
-                try method.codec.codec.decodeMethodCall(from: payload, reusing: &reuse)
-            }
-        } catch {
-            request.answer(.error(.badPayload("method call could not be decoded: \(error)")))
-            return request
-        }
-        method.handler(call, MethodResult(request: request, loop: handle))
-        return request
-    }
-
-    private func methodCall(_ input: RouteInput, codec: any MethodCodec, request: PendingRequest) -> MethodCall? {
-        switch input {
-        case .call(let call): return call
-        case .message: request.answer(.error(.badRequest("this is a method or event channel: use \"call\" or \"listen\"")))
-        case .bytes(let payload):
-            do throws(CodecError) { return try codec.decodeMethodCall(from: payload) } catch {
-                request.answer(.error(.badPayload("method call could not be decoded: \(error)")))
-            }
-        }
-        return nil
-    }
-
-    /// Starts `connection`'s stream on `entry` (replacing its previous one, whose handler is told when
-    /// `notifyingReplaced`), with any credit that came before the listen. The stream waits for `activate()`.
-    @discardableResult
-    func addListener(_ entry: EventEntry, connection: Connection, arguments: ChannelValue, notifyingReplaced: Bool) -> EventStream {
-        if let old = connection.streams[entry.name] { connection.endStream(old, notifyHandler: notifyingReplaced) }
-        let credit = connection.takePendingCredit(for: entry.name) ?? .unbounded
-        let stages = connection.hasPlugins ? pipeline.eventStages(for: connection.context, channel: entry.name) : nil
-        let stream = EventStream(connection: connection, entry: entry, arguments: arguments, credit: credit, outboundStages: stages)
-        stream.sink = EventSink(stream: stream, loop: handle, client: ClientID(connection.id))
-        connection.streams[entry.name] = stream
-        entry.listeners.add(stream)
-        // Interest in other nodes' broadcasts, for a server-side channel (a held channel's events come
-        // from its holder alone); the stream remembers, so that its leaving is counted the same way.
-        if let cluster, isFedByCluster(entry) {
-            stream.countsForCluster = true
-            cluster.listenerAdded(on: entry.name)
-        }
-        return stream
-    }
-
-    private func listen(_ entry: EventEntry, arguments: ChannelValue, connection: Connection, request: PendingRequest) {
-        let stream = addListener(entry, connection: connection, arguments: arguments, notifyingReplaced: true)
-        if let refusal = entry.handler.onListen(arguments: arguments, sink: stream.sink) {
-            connection.endStream(stream, notifyHandler: false)
-            return request.answer(.failure(refusal, entry.codec))
-        }
-        request.answer(.success(.null, entry.codec))
-        stream.activate()
-    }
-
-    func broadcast(on name: String, _ content: EventContent) {
-        guard case .event(let entry)? = channels[name] else { return }
-        entry.counts.events += 1
-        let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
-        for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
-        cluster?.publish(event)
-        if cluster != nil, !linksLoops { shareWithSiblingLoops(event) }  // never by the bus, which may be down or hung
-    }
-
-    /// Ends the streams of this loop's listeners on the server-side channel `name` (after what waits in them).
-    func endListeners(on name: String) {
-        guard case .event(let entry)? = channels[name] else { return }
-        let end = OutboundEvent(channel: name, content: .end, codec: entry.codec)
-        for stream in entry.listeners.all { stream.deliver(end) }
-    }
-
-    /// Whether `entry` gets events from other nodes: a server-side channel's broadcasts, or the events
-    /// of a channel held on another node (a held channel's events here come from its holder alone).
-    private func isFedByCluster(_ entry: EventEntry) -> Bool {
-        if case .event(let local)? = channels[entry.name], local === entry { return true }
-        return remoteStreams[entry.name]?.entry === entry
-    }
-
-    /// An event from another node for this node's listeners: a broadcast, or (`holderNode` set) an
-    /// event of the channel held there that this node's listeners follow.
-    func deliverRemote(on name: String, envelope: [UInt8]?, frame: [UInt8], holderNode: String?) {
-        let entry: EventEntry
-        if let holderNode {
-            guard let remote = remoteStreams[name], remote.holderNode == holderNode else { return }
-            entry = remote.entry
-        } else {
-            guard case .event(let local)? = channels[name] else { return }
-            entry = local
-        }
-        entry.counts.events += 1
-        let event = OutboundEvent(channel: name, envelope: envelope, frame: frame, codec: entry.codec)
-        for stream in entry.listeners.all { stream.deliver(event) }
-        if holderNode != nil, envelope == nil { retireRemoteStream(name) }  // the holder ended it
-    }
-
-    /// `stream` left its channel's listeners.
-    func listenerRemoved(_ stream: EventStream) {
-        if stream.countsForCluster { cluster?.listenerRemoved(from: stream.entry.name) }
-    }
-
-    func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
-                     completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) {
-        guard let connection = connections[client.rawValue] else { return completion(.failure(.disconnected)) }
-        connection.sendRequest(channel: channel, payload: payload, waiter: .completion(completion))
-    }
-
-    func countDrop(_ reason: String, count: Int = 1) {
-        guard count > 0 else { return }
-        tallies.eventsDropped[reason, default: 0] += count
-    }
-
     // MARK: Per-turn work
 
     private func flushDirty() {
@@ -567,7 +369,7 @@ final class ServerCore {
             }
             rounds += 1
         }
-        // This turn's calls and answers to other nodes or loops, those the writes above let in included
+        // This turn's calls and answers to other nodes, those the writes above let in included
         // (a paused connection reads again once its output drains).
         cluster?.flush()
         if firstDirty != nil { kickLoop() }  // more output is ready: don't let the loop block
@@ -621,7 +423,6 @@ final class ServerCore {
                 connection.writeFrame(.ping, payload: nil)
             }
         }
-        forgetAnsweredLoopCalls()
         closingConnections.removeAll { connection in
             if connection.transport.isOpen {
                 guard let since = connection.closingSince, now - since >= min(1000, config.slowConsumerGraceMs) else { return false }
@@ -648,7 +449,7 @@ final class ServerCore {
         // Other nodes' calls go to other holders from now on. Other loops' calls still come: those
         // loops refuse new requests themselves, and one made just before they heard of the shutdown
         // is served here, as on one loop.
-        if !linksLoops { cluster?.stopTakingCalls() }
+        cluster?.stopTakingCalls()
         let timer = try? Timer(loop: eventLoop)
         shutdownTimer = timer
         timer?.start(after: config.drainTimeoutMs) { [unowned self] in finishShutdown() }
@@ -663,7 +464,7 @@ final class ServerCore {
 
     /// Whether no request waits for an answer: from this node's clients, nor from other nodes' (served
     /// here by a client holding the channel).
-    private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 && loopCallsServed.isEmpty }
+    private var isDrained: Bool { stats.repliesPending == 0 && (cluster?.servingCount ?? 0) == 0 && (siblings?.servingCount ?? 0) == 0 }
 
     /// Nothing waits for an answer on this loop: with one loop the drain is over; with several it is
     /// over when every loop's is (until then this loop's port stays open, and its new requests get
@@ -682,7 +483,7 @@ final class ServerCore {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
         cluster?.stopServing()  // calls from other nodes get going_away; the bus stays up to send it
-        stopServingLoopCalls()
+        siblings?.stopServing()
         listener?.cancel()
         listener = nil
         tlsListener?.cancel()
@@ -708,6 +509,7 @@ final class ServerCore {
             if index == 0, let group, group.count > 1, group.stoppedLoops < group.count - 1, waited < 4000 { return }
             for connection in closingConnections { connection.close(.shutdown) }
             cluster?.close()
+            siblings?.close()
             phase = .stopped
             logger.notice("stopped")
             eventLoop.stop()
@@ -728,10 +530,10 @@ final class ServerCore {
         channels = [:]
         registrations = [:]
         remoteStreams = [:]
-        loopCallsWaiting = [:]
-        loopCallsServed = [:]
         cluster?.close()
         cluster = nil
+        siblings?.close()
+        siblings = nil
         group = nil
         listener = nil
         tlsListener = nil
@@ -742,46 +544,6 @@ final class ServerCore {
         shutdownTimer = nil
         signalWatchers = []
         phase = .stopped
-    }
-
-    // MARK: Stats
-
-    /// This loop's stats (``LoopGroup/sum(_:)`` adds up the loops'): with several loops, `loops` counts
-    /// 1 per loop, and `crossLoop` what went between them (for the loops of a cluster's node, their
-    /// typed calls only: the rest crossed NATS and is in `cluster`).
-    var statsValue: ChannelValue {
-        guard case .map(var entries) = localStats, let cluster else { return localStats }
-        if loopCount > 1 {
-            entries.append(.init("loops", .int(1)))
-            let (out, into, pending, serving) = (loopCallsOut, loopCallsIn, loopCallsPending, loopCallsServed.count)
-            entries.append(.init("crossLoop", linksLoops
-                ? cluster.loopStatsValue(callsOut: out, callsIn: into, callsPending: pending, callsServing: serving)
-                : .stringMap(["callsOut": .int(out), "callsIn": .int(into), "callsPending": .int(pending), "callsServing": .int(serving)])))
-        }
-        if !linksLoops { entries.append(.init("cluster", cluster.statsValue)) }
-        return .map(entries)
-    }
-
-    private var localStats: ChannelValue {
-        .stringMap([
-            "server": .string(switchboardServerName),
-            "connections": .int(connections.count),
-            "framesIn": .int(stats.framesIn), "framesOut": .int(stats.framesOut),
-            "bytesIn": .int(stats.bytesIn), "bytesOut": .int(stats.bytesOut),
-            "repliesPending": .int(stats.repliesPending),
-            "eventsDropped": .map(tallies.eventsDropped.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
-            "slowConsumersClosed": .int(stats.slowConsumersClosed),
-            "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
-            "connectionsTotal": .int(stats.connectionsTotal),
-            "ignoredFrames": .int(stats.ignoredFrames),
-            "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
-            "openRequestsRefused": .int(stats.openRequestsRefused), "demandsIgnored": .int(stats.demandsIgnored),
-            "forwardedRequests": .int(stats.forwardedRequests),
-            "acceptErrors": .int(stats.acceptErrors),
-            "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
-            "plugins": pluginStats,
-            "requests": .int(totals.requests), "events": .int(totals.events),
-        ])
     }
 }
 

@@ -171,3 +171,40 @@ extension ClusterLoopTests {
         await nodes.stop()
     }
 }
+
+extension ClusterLoopTests {
+    @Test("a channel held on one loop of a node is listened to from its other loop while the node's bus is down: the listen, the holder's events and the cancel go between the loops, never by the bus")
+    func siblingStreamDuringOutage() async throws {
+        let nats = try NATSServerProcess()
+        let nodes = try ClusterNodes(1, loops: 2, nats: nats)
+        // The nth connection is on loop (n - 1) % 2: the holder on loop 0, the listener on loop 1.
+        let holder = try RawConnection(port: nodes.servers[0].port), listener = try RawConnection(port: nodes.servers[0].port)
+        let asker = try RawConnection(port: nodes.servers[0].port)
+        func cluster() async throws -> ChannelValue {
+            try asker.send(.call(1, "switchboard/stats", "get"))
+            return try await asker.frame().envelope().get()["cluster"] ?? .null
+        }
+        #expect(try await eventually { try await cluster()["connected"] == true })
+        try holder.send(Frame(.register, id: 1, channel: "held/feed", payload: Array(#"{"kind":"event"}"#.utf8)))
+        #expect(try await holder.frame().kind == .reply)
+        nats.stop()
+        // Both loops' buses are down: each has failed to reconnect at least once (the sum, at least twice each).
+        #expect(try await eventually {
+            let stats = try await cluster()
+            return stats["connected"] == false && stats["busConnectFailures"]?.intValue ?? 0 >= 4
+        })
+        try listener.send(.call(2, "held/feed", "listen"))
+        let listen = try await holder.frame()
+        #expect(try StandardMethodCodec().decodeMethodCall(from: listen.payload?[...]).method == "listen")
+        try holder.send(Frame(.reply, id: listen.id, payload: try StandardMethodCodec().encodeSuccessEnvelope(.null)))
+        #expect(try await listener.frame() == Frame(.reply, id: 2, payload: try StandardMethodCodec().encodeSuccessEnvelope(.null)))
+        let event = try StandardMethodCodec().encodeSuccessEnvelope(7)
+        try holder.send(Frame(.message, id: 0, channel: "held/feed", payload: event))
+        #expect(try await listener.frame() == Frame(.message, id: 0, channel: "held/feed", payload: event))
+        try listener.send(.call(3, "held/feed", "cancel"))
+        #expect(try await listener.frame().kind == .reply)
+        let cancel = try await holder.frame()
+        #expect(try StandardMethodCodec().decodeMethodCall(from: cancel.payload?[...]).method == "cancel")
+        await nodes.stop()
+    }
+}

@@ -12,9 +12,10 @@ final class ClusterNodes {
     let servers: [Server]
 
     /// `count` nodes of `loops` loops each, node i attached to `nats[i % nats.count]`, draining for
-    /// `drainTimeoutMs` when stopped; `setUp` runs on each before it starts (to load plugins, say).
+    /// `drainTimeoutMs` when stopped; `setUp` runs on each before it starts (to load plugins, say), and
+    /// `configure` changes each node's configuration first.
     init(_ count: Int, loops: Int = 1, drainTimeoutMs: UInt64 = 300, nats: NATSServerProcess...,
-         setUp: (Server) -> Void = { _ in }) throws {
+         setUp: (Server) -> Void = { _ in }, configure: (inout ServerConfiguration) -> Void = { _ in }) throws {
         servers = try (1...count).map { index in
             var config = ServerConfiguration()
             config.port = 0
@@ -22,6 +23,7 @@ final class ClusterNodes {
             config.drainTimeoutMs = drainTimeoutMs
             let port = nats[(index - 1) % nats.count].port
             config.cluster = ClusterSettings(servers: [NATSBus.Server(host: "127.0.0.1", port: port)], node: "node\(index)")
+            configure(&config)
             var logger = Logger(label: "node\(index)")
             logger.logLevel = .critical
             let server = try Server(configuration: config, logger: logger)

@@ -1,14 +1,13 @@
 import Testing
 import SwitchboardCodec
 import SwitchboardPlugins
-@testable import SwitchboardCluster
 @testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport
 import SwitchboardWire
 
 /// What one client can make the server keep in memory, past the frame and outbound limits: open
-/// requests, credit before a listen, and the cluster's subjects of the names it routes.
+/// requests, credit before a listen, and the tables of the channels it holds.
 @Suite struct MemoryBoundTests {
     private func stats(_ wire: RawConnection, id: UInt32) async throws -> ChannelValue {
         try wire.send(.call(id, "switchboard/stats", "get"))
@@ -89,44 +88,17 @@ import SwitchboardWire
         }
     }
 
-    @Test("the subjects the cluster link caches stay bounded however many names are routed to the bus")
-    func clusterSubjectsAreBounded() async throws {
-        var config = ServerConfiguration.forTests()
-        config.loops = 4
-        try await withServer({ $0 = config }) { server, port in
-            let wire = try RawConnection(port: port)
-            let name = String(repeating: "n", count: 4_000)
-            var batch: [UInt8] = []
-            for n in 0..<2_000 {
-                batch += Frame(.message, id: 0, channel: "\(n)/\(name)", payload: [7, 1, 0x61, 0]).bytes
-                if batch.count > 1 << 20 { try wire.send(batch); batch = [] }
-            }
-            try wire.send(batch)
-            _ = try await wire.barrier()
-            let cached = await withCheckedContinuation { (done: CheckedContinuation<[Int], Never>) in
-                server.group.gather(from: 0, { $0.cluster?.cachedSubjectBytes ?? 0 }) { done.resume(returning: $0.map { $0 ?? 0 }) }
-            }
-            #expect(cached.allSatisfy { $0 <= ClusterLink.subjectCacheBytes }, "\(cached)")
-            #expect(cached.reduce(0, +) > 0)
-        }
-    }
-
     /// The room (``Dictionary/capacity``) of every table that holds an entry per channel a client holds:
-    /// on each loop, its registrations, its link's channels and digests and its bus's subscriptions;
-    /// then the claims and the loop bus's subjects, which the loops share. And the bytes of names each
-    /// loop's link caches.
-    private func channelTableRoom(_ server: Server) async -> (room: [Int], cached: [Int]) {
-        let perLoop = await withCheckedContinuation { (done: CheckedContinuation<[[Int]], Never>) in
-            server.group.gather(from: 0, { core in
-                [core.registrations.capacity, core.cluster?.held.capacity ?? 0, core.cluster?.heldByDigest.capacity ?? 0,
-                 (core.cluster?.bus as? LoopBus)?.subscriptions.capacity ?? 0, core.cluster?.cachedSubjectBytes ?? 0]
-            }) { done.resume(returning: $0.map { $0 ?? [] }) }
+    /// on each loop, its registrations; then the claims, which the loops share. (A cluster node's link
+    /// has its own: ClusterMemoryBoundTests.)
+    private func channelTableRoom(_ server: Server) async -> [Int] {
+        let perLoop = await withCheckedContinuation { (done: CheckedContinuation<[Int], Never>) in
+            server.group.gather(from: 0, { core in core.registrations.capacity }) { done.resume(returning: $0.map { $0 ?? 0 }) }
         }
-        let shared = [server.group.claims.withLock { $0.capacity }, server.group.hub?.table.withLock { $0.exact.capacity } ?? 0]
-        return (perLoop.flatMap { $0.dropLast() } + shared, perLoop.compactMap(\.last))
+        return perLoop + [server.group.claims.withLock { $0.capacity }]
     }
 
-    @Test("the tables of held channels give their room back once a flood of channels is let go (Dictionary never shrinks by itself), and the bus link caches none of their names")
+    @Test("the tables of held channels give their room back once a flood of channels is let go (Dictionary never shrinks by itself)")
     func channelTablesShrinkAfterMassRelease() async throws {
         let perHolder = 5_000
         try await withServer({ $0.loops = max(2, $0.loops); $0.maxRegistrationsPerConnection = perHolder }) { server, port in
@@ -140,16 +112,14 @@ import SwitchboardWire
             }
             let wire = try RawConnection(port: port)
             #expect(try await stats(wire, id: 1)["registrations"]?.intValue == loops * perHolder)
-            let (full, cachedFull) = await channelTableRoom(server)
+            let full = await channelTableRoom(server)
             #expect(full.allSatisfy { $0 >= perHolder }, "\(full)")
-            #expect(cachedFull.allSatisfy { $0 > 0 }, "\(cachedFull)")
 
             for holder in holders { holder.reset() }
             var id: UInt32 = 2
             while try await stats(wire, id: id)["registrations"]?.intValue != 0 { id += 1 }
-            let (left, cachedLeft) = await channelTableRoom(server)
+            let left = await channelTableRoom(server)
             #expect(left.allSatisfy { $0 <= shrinkableRoom }, "room left after every channel went: \(left), full: \(full)")
-            #expect(cachedLeft.allSatisfy { $0 == 0 }, "names of channels let go still cached: \(cachedLeft) bytes")
         }
     }
 

@@ -1,6 +1,5 @@
 import Testing
-import SwitchboardCluster
-@testable import SwitchboardServer
+@testable import SwitchboardCluster
 
 /// The records calls and answers cross the bus in (protocol/cluster.md, "Batches").
 @Suite("Cluster batches") struct ClusterBatchTests {
@@ -20,15 +19,5 @@ import SwitchboardCluster
         for cut in 1..<batch.count where ![17, 31].contains(cut) {  // ends of whole records are fine
             #expect(BatchRecord.records(in: Array(batch.prefix(cut))) == nil, "cut at \(cut)")
         }
-    }
-
-    @Test("between loops, only broadcasts and holders' events may be dropped: never calls, answers or cancels")
-    func whatMayDrop() {
-        #expect(ClusterLink.mayDrop(BusMessage(subject: "switchboard.event.ab12", payload: [1])))
-        #expect(ClusterLink.mayDrop(BusMessage(subject: "switchboard.event.ab12", headers: [.init("Sb-Node", "f0")], payload: [1])))
-        #expect(!ClusterLink.mayDrop(BusMessage(subject: "switchboard.answers.f0", headers: [.init("Sb-Node", "f1")], payload: [1])))
-        #expect(!ClusterLink.mayDrop(BusMessage(subject: "switchboard.call.ab12", headers: [.init("Sb-Caller", "f0")], payload: [1])))
-        #expect(!ClusterLink.mayDrop(BusMessage(subject: "switchboard.node.f1.call.ab12", headers: [.init("Sb-Caller", "f0")], payload: [1])))
-        #expect(!ClusterLink.mayDrop(BusMessage(subject: "switchboard.cancel.ab12", headers: [.init("Sb-Caller", "f0")], payload: [0x31])))
     }
 }

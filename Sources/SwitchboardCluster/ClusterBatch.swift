@@ -5,7 +5,7 @@
 ///     id (8 bytes, big-endian) · kind (1 byte) · flags (1 byte) · length (4 bytes, big-endian) · payload
 ///
 /// A call's `id` is its caller's (0: it wants no answer), `kind` its ``ClusterLink/CallInput`` and flag
-/// 1 a text-mode caller. An answer's `id` is the call's, `kind` its ``RemoteAnswer/Kind``, flag 1 an
+/// 1 a text-mode caller. An answer's `id` is the call's, `kind` the server's answer kind, flag 1 an
 /// envelope in the JSON method codec (else the standard one) and flag 2 the start of a stream.
 struct BatchRecord {
     let id: UInt64
@@ -41,11 +41,11 @@ struct BatchRecord {
         return records
     }
 
-    private static func appendBigEndian(_ value: UInt64, bytes count: Int, to batch: inout [UInt8]) {
+    static func appendBigEndian(_ value: UInt64, bytes count: Int, to batch: inout [UInt8]) {
         for shift in stride(from: (count - 1) * 8, through: 0, by: -8) { batch.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
     }
 
-    private static func bigEndian(_ bytes: [UInt8], _ at: Int, _ count: Int) -> UInt64 {
+    static func bigEndian(_ bytes: [UInt8], _ at: Int, _ count: Int) -> UInt64 {
         var value: UInt64 = 0
         for index in at..<(at + count) { value = value << 8 | UInt64(bytes[index]) }
         return value
