@@ -83,7 +83,8 @@ let package = Package(
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
-            ]
+            ],
+            swiftSettings: safeSettings
         ),
         .target(
             name: "SwitchboardTesting",

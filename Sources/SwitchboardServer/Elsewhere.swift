@@ -47,8 +47,6 @@ protocol Elsewhere: AnyObject {
     /// Sends a local event on `channel`, as its wire `frame` (nil: it has none, counted as unsent): a
     /// broadcast, or (`fromHolder`) an event of a channel a client holds here.
     func publish(on channel: String, frame: [UInt8]?, fromHolder: Bool)
-    /// Events of a channel held here that listeners elsewhere missed.
-    func countUnsent(_ events: Int)
     /// A local listener joined or left `channel`: events on it are wanted here while one is left.
     func listenerAdded(on channel: String)
     func listenerRemoved(from channel: String)
@@ -56,17 +54,10 @@ protocol Elsewhere: AnyObject {
     /// whole frame, and the holder's side when the event came from a holder (nil: a broadcast).
     var onEvent: ((_ channel: String, _ envelope: [UInt8]?, _ frame: [UInt8], _ holderNode: String?) -> Void)? { get set }
 
-    // MARK: Holding and draining
+    // MARK: Stopping
 
-    /// A client here holds `channel`, or let it go.
-    func hold(_ channel: String)
-    func letGo(_ channel: String)
-    /// The server drains: new calls from elsewhere come no more (where they can go to another holder).
-    func stopTakingCalls()
     /// The server stops: calls from elsewhere still open here are answered `going_away`.
     func stopServing()
-    /// Sends what this loop turn made.
-    func flush()
     /// Stops for good: nothing more goes out or comes in, and no completion runs.
     func close()
 }

@@ -2,7 +2,7 @@ import Synchronization
 import SwitchboardCodec
 import SwitchboardTransport
 
-/// The loops of one server and what they share (README.md, "Scaling"). Each loop is a ``ServerCore``
+/// The loops of one server and what they share (docs/scaling-and-cluster.md). Each loop is a ``ServerCore``
 /// with its own connections; loop 0 accepts and hands connections round. What crosses between loops
 /// (calls, answers, cancels, streams, broadcasts) goes as typed jobs, through each core's
 /// ``SiblingLoops``. The tables here are the only state the loops share.

@@ -42,7 +42,7 @@ public struct ServerConfiguration: Sendable {
     public var metrics = MetricsSettings.prometheus()
     /// Other nodes to share broadcasts with, over NATS (protocol/cluster.md); nil = a node on its own.
     public var cluster: ClusterSettings?
-    /// Event loops, each a thread of its own serving a share of the connections (`README.md`, "Scaling").
+    /// Event loops, each a thread of its own serving a share of the connections (docs/scaling-and-cluster.md).
     /// Handlers run on the loop of the connection that called them, so with more than one loop the same
     /// handler may run on several threads at once. In a cluster, each loop is a node of its own. At least
     /// 1; a driven server (``Server/startDriven()``, `EmbeddedServer`) runs exactly 1.

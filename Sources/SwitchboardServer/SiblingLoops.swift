@@ -166,9 +166,6 @@ final class SiblingLoops: Elsewhere {
     /// The loops drain together: a sibling's call made just before it heard of the shutdown is served.
     var servesWhileDraining: Bool { true }
 
-    /// Calls sent to other loops whose answers have not come back yet.
-    var pendingCount: Int { waiting.count }
-
     // MARK: Events
 
     func publish(on channel: String, frame: [UInt8]?, fromHolder: Bool) {
@@ -202,8 +199,6 @@ final class SiblingLoops: Elsewhere {
         onEvent?(channel, envelope, frame, holder)
     }
 
-    func countUnsent(_ events: Int) { eventsUnsent += events }
-
     func listenerAdded(on channel: String) {
         listenerCounts[channel, default: 0] += 1
         if listenerCounts[channel] == 1 { group.listen(to: channel, loop: index) }
@@ -216,19 +211,12 @@ final class SiblingLoops: Elsewhere {
         group.stopListening(to: channel, loop: index)
     }
 
-    // MARK: Holding and draining
-
-    /// The claims table is the loops' holding (``LoopGroup/claim(_:for:kind:codec:)``).
-    func hold(_ channel: String) {}
-    func letGo(_ channel: String) {}
-    func stopTakingCalls() {}
+    // MARK: Stopping
 
     func stopServing() {
         isStopping = true
         for call in served.values { call.stop() }
     }
-
-    func flush() {}
 
     func close() {
         isClosed = true
