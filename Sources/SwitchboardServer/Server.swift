@@ -155,8 +155,11 @@ public final class Server: Sendable {
     /// Starts serving without a listener, with the loop driven by the calling thread through
     /// ``runOnce()``: for connections over in-memory transports (tests, fuzzers) and for embedders
     /// that bring their own transports to ``accept(_:)``. End with ``finishDriven()``. One loop only.
-    /// With `manualClock`, the server's time stands still until ``advanceTime(byMs:turn:)`` moves it.
-    public func startDriven(manualClock: Bool = false) throws(UVError) {
+    public func startDriven() throws(UVError) { try startDriven(manualClock: false) }
+
+    /// ``startDriven()``; with `manualClock`, the server's time stands still until
+    /// ``advanceTime(byMs:turn:)`` moves it (for SwitchboardTesting's `EmbeddedServer`).
+    package func startDriven(manualClock: Bool) throws(UVError) {
         precondition(group.count == 1, "a driven server runs one loop")
         if manualClock { try core.value.eventLoop.useManualClock() }
         try core.value.startPerTurnWork()
@@ -164,7 +167,7 @@ public final class Server: Sendable {
 
     /// Moves a manual clock (``startDriven(manualClock:)``) on, firing the timers due on the way in
     /// order: see ``EventLoop/advanceTime(byMs:turn:)``.
-    public func advanceTime(byMs milliseconds: UInt64, turn: () -> Void) {
+    package func advanceTime(byMs milliseconds: UInt64, turn: () -> Void) {
         core.value.eventLoop.advanceTime(byMs: milliseconds, turn: turn)
     }
 

@@ -47,8 +47,8 @@ public final class EventLoop {
     /// A loop that never ran (its owner failed to start, say to bind a port) still holds file
     /// descriptors and handles: they go here.
     deinit {
-        guard !isTornDown else { return }
-        tearDown()
+        if !isTornDown { tearDown() }
+        clockSource.deallocate()
     }
 
     /// Milliseconds of the loop's cached clock (or of its manual clock). Inlinable: rate limits read it
@@ -59,7 +59,7 @@ public final class EventLoop {
     /// it, and keep its ``Timer``s in a list of its own that fires by that time (as swift-nio's
     /// `EmbeddedEventLoop` does): for loops driven by ``runOnce()`` in tests about time. The clock
     /// starts at the current ``now``. Call it before the loop runs and before making any timer.
-    public func useManualClock() throws(UVError) {
+    package func useManualClock() throws(UVError) {
         precondition(!handle.hasStarted && manualClock == nil, "EventLoop.useManualClock: the loop has begun")
         // libuv runs a turn only while some handle keeps the loop alive, which the server's started
         // timers did: this one does it now (it is due long after any test).
@@ -72,7 +72,7 @@ public final class EventLoop {
     /// Moves the manual clock (``useManualClock()``) on by `milliseconds`. On the way it stops at each
     /// time a timer is due, in order, and calls `turn` there, which must run the loop once
     /// (``runOnce()`` fires the timers due); at the end it calls `turn` once more.
-    public func advanceTime(byMs milliseconds: UInt64, turn: () -> Void) {
+    package func advanceTime(byMs milliseconds: UInt64, turn: () -> Void) {
         guard let clock = manualClock else { preconditionFailure("EventLoop.advanceTime: the loop has no manual clock") }
         let target = clock.time.pointee + milliseconds
         while let due = clock.nextDue, due <= target {
@@ -91,6 +91,7 @@ public final class EventLoop {
     /// remaining handle and the loop itself. The calling thread owns the loop until this returns.
     public func run(beforeClosing: () -> Void = {}) {
         precondition(!isTornDown, "EventLoop.run: the loop has been torn down")
+        precondition(manualClock == nil, "EventLoop.run: a loop with a manual clock is driven by runOnce()")
         handle.markLoopThread()
         for job in handle.takeJobs() { job() }  // what was set up before the loop ran comes before any I/O
         uv_run(loop, UV_RUN_DEFAULT)
@@ -138,8 +139,6 @@ public final class EventLoop {
             if rc != UV_EBUSY.rawValue { break }
         }
         readBuffer.deallocate()
-        clockSource.deallocate()
-        manualClock?.time.deallocate()
         // Still busy: some request never finished. Its callback may yet touch the loop, so the loop's
         // memory is kept (a bounded, one-off leak) rather than freed under it.
         guard rc == 0 else {
@@ -170,6 +169,8 @@ final class ManualClock {
         time = .allocate(capacity: 1)
         time.initialize(to: now)
     }
+
+    deinit { time.deallocate() }
 
     /// Starts (or restarts) `timer`: due `milliseconds` from now, then every `interval` if that is not 0.
     func schedule(_ timer: Timer, after milliseconds: UInt64, repeat interval: UInt64) {
