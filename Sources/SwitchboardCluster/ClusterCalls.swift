@@ -38,6 +38,7 @@ extension ClusterLink {
         return id
     }
 
+    /// The caller cancelled call `id`: every holder of its channel hears, and the one working on it
     /// answers it (or the lease ends it).
     package func cancelCall(_ id: UInt64) {
         guard let call = outgoing[id], call.cancelledAt == nil else { return }

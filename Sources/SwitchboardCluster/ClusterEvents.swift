@@ -88,8 +88,8 @@ extension ClusterLink {
         if let subscription = subscriptions.removeValue(forKey: channel) { bus.unsubscribe(subscription) }
     }
 
-    /// `switchboard.<kind>.<digest>`: a digest of the name, since a name may hold anything a subject may not.
-    /// holder's node.
+    /// An event the bus brought on `channel`: a broadcast, or (with `Sb-Node`) an event of a channel a
+    /// client holds on that holder's node.
     func received(_ message: BusMessage, on channel: String) {
         let bytes = message.payload
         if let mark = siblingsMark, message.header(mark.name) == mark.value { return }  // a sibling loop's broadcast, had already

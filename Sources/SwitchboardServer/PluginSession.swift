@@ -19,7 +19,8 @@ final class PluginSession {
     /// The same stages as gates, when all are and no stage sees answers: binary calls and sends are then
     /// judged by ``admit(_:_:through:on:)`` and go on as without plugins, rather than take the whole pipeline.
     let gates: [Pipeline.Stage<any InboundGate, InboundKind>]?
-    /// ``Pipeline/gateEpoch``.
+    /// The pipeline's ``Pipeline/gateEpoch``, which a reload advances: verdicts kept under an older value
+    /// are judged again.
     let gateEpoch: VerdictEpoch
     /// The gates' verdicts on the last channel and kind judged by ``admit(_:_:through:on:)``; a HELLO
     /// forgets them.
