@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Synchronization
 import Testing
 import SwitchboardCodec
 @testable import SwitchboardServer
@@ -207,6 +208,38 @@ import SwitchboardWire
             let stats = try await stats(via: wires[3])
             #expect(stats["crossLoop"]?["eventsOut"] == 1 && stats["crossLoop"]?["eventsIn"] == 2)  // to loops 1 and 2
             #expect(stats["events"] == 3)  // counted on each loop that delivered it
+        }
+    }
+
+    @Test("broadcasts a sibling loop has no room for (65,536 waiting) are dropped and counted, never queued without bound")
+    func siblingLoopEventsAreBounded() async throws {
+        let blocking = Atomic<Bool>(false), released = Atomic<Bool>(false)
+        let extra = 100, burst = LoopGroup.siblingEventLimit + extra
+        try await withServer({ $0.loops = 2 }, setUp: { server in
+            let events = EventChannel(name: "burst/events", server: server)
+            events.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
+            // Callback handlers run on the caller's loop thread (async ones would run in tasks).
+            MethodChannel(name: "burst", server: server).setMethodCallHandler { _, result in
+                for i in 0..<burst { events.broadcast(.int(i)) }  // on loop 0's thread: straight to the other loop
+                result.success(.null)
+            }
+            MethodChannel(name: "block", server: server).setMethodCallHandler { _, result in
+                blocking.store(true, ordering: .releasing)
+                while !released.load(ordering: .acquiring) { usleep(1000) }  // holds its loop: nothing there drains
+                result.success(.null)
+            }
+        }) { _, port in
+            let wires = try connect(2, port: port)  // loops 0, 1
+            try wires[1].send(.call(1, "burst/events", "listen"))
+            #expect(try await wires[1].frame().kind == .reply)
+            try wires[1].send(.call(2, "block", "now"))
+            #expect(try await eventually { blocking.load(ordering: .acquiring) })
+            try wires[0].send(.call(3, "burst", "now"))
+            #expect(try await wires[0].frame().envelope() == .success(.null))
+            released.store(true, ordering: .releasing)
+            let stats = try await stats(via: wires[0])
+            #expect(stats["crossLoop"]?["dropped"] == .int(extra), "\(stats["crossLoop"] ?? .null)")
+            #expect(stats["crossLoop"]?["eventsOut"] == .int(burst))
         }
     }
 }
