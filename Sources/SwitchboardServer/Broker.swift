@@ -185,8 +185,8 @@ extension ServerCore {
                 return connection.writeError(.badPayload("\(codec.rawValue) is a message codec"), id: frame.id)
             }
         }
-        if channels[frame.channel] != nil { return connection.writeError(.channelTaken, id: frame.id) }
-        if let existing = registrations[frame.channel] {
+        if directory.channels[frame.channel] != nil { return connection.writeError(.channelTaken, id: frame.id) }
+        if let existing = directory.registrations[frame.channel] {
             guard existing.holder === connection else { return connection.writeError(.channelTaken, id: frame.id) }
             release(existing, reason: "re-registered", keepingClaim: true)
         } else if connection.held.count >= config.maxRegistrationsPerConnection {
@@ -201,15 +201,14 @@ extension ServerCore {
         let registration = Registration(name: frame.channel, holder: connection, kind: kind, codec: codec,
                                         queueLimit: config.eventQueueLimit, sums: heldCounts, isLabeled: isLabeled)
         registration.judgedEpoch = pipeline.gateEpoch.value
-        registrations[frame.channel] = registration
+        directory.hold(registration)
         connection.held.insert(frame.channel)
         cluster?.hold(frame.channel)
-        routesVersion &+= 1
         if frame.id != 0 { connection.writeFrame(.reply, id: frame.id, payload: nil) }  // id 0: no answer wanted
     }
 
     func unregister(_ name: String, id: UInt32, from connection: Connection) {
-        guard let registration = registrations[name], registration.holder === connection else {
+        guard let registration = directory.registrations[name], registration.holder === connection else {
             return connection.writeError(.notRegistered, id: id)
         }
         release(registration, reason: "unregistered")
@@ -220,7 +219,7 @@ extension ServerCore {
     func holderLeft(_ connection: Connection) {
         connection.failForwarded(on: nil, .disconnected)  // one pass over its table, not one per channel
         for name in connection.held {
-            if let registration = registrations[name] { release(registration, reason: "disconnected", failingForwarded: false) }
+            if let registration = directory.registrations[name] { release(registration, reason: "disconnected", failingForwarded: false) }
         }
     }
 
@@ -229,13 +228,12 @@ extension ServerCore {
 
     /// The holder is gone: forwarded requests get `handler_gone`, listeners an error event then the end.
     private func release(_ registration: Registration, reason: String, failingForwarded: Bool = true, keepingClaim: Bool = false) {
-        registrations.removeValueShrinking(forKey: registration.name)
+        directory.letGo(registration.name)
         releasedSinceTrim += Registration.footprint + registration.name.utf8.count
         registration.holder.held.removeShrinking(registration.name)
         labeledHeld.remove(registration.name)
         if loopCount > 1, !keepingClaim { group?.release(registration.name, by: index) }
         cluster?.letGo(registration.name)
-        routesVersion &+= 1
         if failingForwarded { registration.holder.failForwarded(on: registration, .disconnected) }
         if case .starting(let waiting) = registration.upstream {
             for listen in waiting { listen.request.answer(.error(.handlerGone)) }
@@ -451,7 +449,7 @@ extension ServerCore {
 
     /// A listener of a held event channel left; the last one's leaving is forwarded as `cancel`.
     func listenerLeft(_ name: String, arguments: ChannelValue) {
-        guard let registration = registrations[name] else { return }
+        guard let registration = directory.registrations[name] else { return }
         cancelUpstreamIfUnheard(registration, arguments: arguments)
     }
 

@@ -112,7 +112,7 @@ final class Connection {
     var isAuthenticated: Bool
     /// Active event streams by channel.
     var streams: [String: EventStream] = [:]
-    /// The channels this connection holds by REGISTER (``ServerCore/registrations`` has them by name).
+    /// The channels this connection holds by REGISTER (``ChannelDirectory/registrations`` has them by name).
     var held: Set<String> = []
     /// Some stream has queued events or a producer waiting to be told it may send: set by the streams,
     /// checked after each write, so that connections with nothing waiting skip the pump.
@@ -396,9 +396,9 @@ final class Connection {
     /// pointer comparison instead of hashing the name (twice, for a channel a client holds, or one
     /// that is nowhere on this loop: nil).
     func route(named name: String) -> Route? {
-        let version = core.routesVersion
+        let version = core.directory.version
         if routeCache.version == version, routeCache.name == name { return routeCache.route }
-        let route = core.route(named: name)
+        let route = core.directory.route(named: name)
         routeCache = RouteCache(name: name, route: route, version: version)
         return route
     }
@@ -592,6 +592,6 @@ final class Connection {
 struct RouteCache {
     var name = ""
     var route: Route?
-    /// The `ServerCore.routesVersion` the route belongs to (-1: none yet).
+    /// The ``ChannelDirectory/version`` the route belongs to (-1: none yet).
     var version = -1
 }

@@ -13,7 +13,7 @@ extension Server {
                 return result.error(Introspection.badArguments("list takes null or {\"offset\": n ≥ 0, \"limit\": 1…1000}"))
             }
             // Each loop gives its first rows by name up to the page's end; the page is cut from them all.
-            group.gather(from: group.cores.currentIndex, { ($0.channels.count, $0.registrations.count, $0.channelRows(upTo: page.end)) }) { parts in
+            group.gather(from: group.cores.currentIndex, { ($0.directory.channels.count, $0.directory.registrations.count, $0.channelRows(upTo: page.end)) }) { parts in
                 let loops = parts.compactMap { $0 }
                 // Every loop serves the same channels; a held one is held on one loop.
                 let total = (loops.map(\.0).max() ?? 0) + loops.reduce(0) { $0 + $1.1 }
@@ -126,7 +126,7 @@ extension ServerCore {
     /// Requests and events of every channel there has been: read from the channels the server serves
     /// and from the sums over the held ones, so that the work does not grow with what clients hold.
     var totals: (requests: Int, events: Int) {
-        channels.values.reduce((stats.goneChannelRequests + heldCounts.all.requests, stats.goneChannelEvents + heldCounts.all.events)) {
+        directory.channels.values.reduce((stats.goneChannelRequests + heldCounts.all.requests, stats.goneChannelEvents + heldCounts.all.events)) {
             ($0.0 + $1.counts.requests, $0.1 + $1.counts.events)
         }
     }
@@ -148,9 +148,9 @@ extension ServerCore {
     /// This loop's first `end` rows of `switchboard/channels` `list` by name: of the channels served
     /// here or held by a client of this loop (its listeners on every loop counted).
     func channelRows(upTo end: Int) -> [(name: String, row: ChannelValue)] {
-        let names = Set((Array(channels.keys) + Array(registrations.keys)).sorted().prefix(end))
+        let names = Set((Array(directory.channels.keys) + Array(directory.registrations.keys)).sorted().prefix(end))
         var rows: [(String, ChannelValue)] = []
-        for (name, entry) in channels where names.contains(name) {
+        for (name, entry) in directory.channels where names.contains(name) {
             let (kind, codec, listeners): (String, String, Int) = switch entry {
             case .method(let method): ("method", Introspection.codecName(method.codec.codec), 0)
             case .event(let event): ("event", Introspection.codecName(event.codec), event.listeners.all.count)
@@ -159,7 +159,7 @@ extension ServerCore {
             rows.append((name, Self.channelRow(name, kind: kind, codec: .string(codec), held: false,
                                                listeners: listeners, counts: entry.counts)))
         }
-        for (name, registration) in registrations where names.contains(name) {
+        for (name, registration) in directory.registrations where names.contains(name) {
             rows.append((name, Self.channelRow(
                 name, kind: registration.kind?.rawValue, codec: registration.codec.map { .string($0.rawValue) } ?? .null,
                 held: true, listeners: (registration.events?.listeners.all.count ?? 0) + registration.remoteListeners.values.reduce(0, +),

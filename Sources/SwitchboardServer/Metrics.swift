@@ -91,7 +91,7 @@ extension ServerCore {
         }
         snapshot.gauges = [
             "switchboard_connections": connectionCount, "switchboard_replies_pending": stats.repliesPending,
-            "switchboard_registrations": registrations.count, "switchboard_uptime_seconds": Int((eventLoop.now - startedAt) / 1000),
+            "switchboard_registrations": directory.registrations.count, "switchboard_uptime_seconds": Int((eventLoop.now - startedAt) / 1000),
         ]
         total("switchboard_connections_total", stats.connectionsTotal)
         total("switchboard_frames_in_total", stats.framesIn)
@@ -118,12 +118,12 @@ extension ServerCore {
         }
         // The served channels and the held ones with a label: the work is bounded by `--metrics-channels`
         // per loop, however many channels clients hold; the others come summed.
-        for (name, entry) in channels {
+        for (name, entry) in directory.channels {
             let isEvent = if case .event = entry { true } else { false }
             snapshot.channels[name, default: .init()].add(.init(requests: entry.counts.requests, events: entry.counts.events, isEvent: isEvent))
         }
         for name in labeledHeld {
-            guard let registration = registrations[name] else { continue }
+            guard let registration = directory.registrations[name] else { continue }
             let counts = registration.counts
             snapshot.channels[name, default: .init()].add(.init(requests: counts.requests, events: counts.events, isEvent: registration.kind == .event))
         }
@@ -250,7 +250,7 @@ extension ServerCore {
             "uptimeSeconds": .int(Int((eventLoop.now - startedAt) / 1000)),
             "connectionsTotal": .int(stats.connectionsTotal),
             "ignoredFrames": .int(stats.ignoredFrames),
-            "registrations": .int(registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
+            "registrations": .int(directory.registrations.count), "registrationsRefused": .int(stats.registrationsRefused),
             "openRequestsRefused": .int(stats.openRequestsRefused), "demandsIgnored": .int(stats.demandsIgnored),
             "forwardedRequests": .int(stats.forwardedRequests),
             "acceptErrors": .int(stats.acceptErrors),

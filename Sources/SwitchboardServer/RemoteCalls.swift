@@ -142,7 +142,7 @@ extension ServerCore {
         guard listen.isWanted else { return }
         // Interested in the channel's events before the listen goes, so that none sent after its answer is missed.
         elsewhere.listenerAdded(on: name)
-        let node = remoteStreams[name].flatMap { self.elsewhere(holding: $0.holderNode) === elsewhere ? $0.holderNode : nil }
+        let node = directory.remoteStreams[name].flatMap { self.elsewhere(holding: $0.holderNode) === elsewhere ? $0.holderNode : nil }
         let id = elsewhere.call(name, node: node, input: listen.input, fromText: listen.request.isText,
                                 refusing: listen.refusedKinds, payload: listen.payload[...]) { [unowned self] outcome in
             remoteListenAnswered(outcome, channel: name, via: elsewhere, listen)
@@ -160,22 +160,15 @@ extension ServerCore {
             return leave(name, holderNode: reply.node, arguments: listen.arguments)
         }
         let holderNode = reply.node
-        if let remote = remoteStreams[name], remote.holderNode != holderNode {
+        if let remote = directory.remoteStreams[name], remote.holderNode != holderNode {
             // Two first listens went to different holders: this one follows the stream already here.
             leave(name, holderNode: holderNode, arguments: listen.arguments)
             return listenRemotely(name, via: elsewhere, listen)
         }
         let connection = listen.connection
         if let old = connection.streams[name] { connection.endStream(old, notifyHandler: true) }  // a listen replaces a stream
-        let entry: EventEntry
-        if let remote = remoteStreams[name] {
-            entry = remote.entry
-        } else {
-            nextRemoteStreamID += 1
-            entry = EventEntry(name: name, codec: codec, handler: RemoteListeners(streamID: nextRemoteStreamID, holderNode: holderNode),
-                               overflow: .dropOldest, queueLimit: config.eventQueueLimit)
-            remoteStreams[name] = RemoteStream(entry: entry, holderNode: holderNode, id: nextRemoteStreamID)
-        }
+        let entry = (directory.remoteStreams[name]
+            ?? directory.startRemoteStream(name, holderNode: holderNode, codec: codec, queueLimit: config.eventQueueLimit)).entry
         addListener(entry, connection: connection, arguments: listen.arguments, notifyingReplaced: true)
         listen.request.answer(.success(.null, entry.codec))
         connection.streams[name]?.activate()
@@ -184,9 +177,9 @@ extension ServerCore {
     /// One of this loop's listeners of `name` left its stream `streamID`: the holder's side is told,
     /// unless that stream was retired; the stream goes with its last listener.
     func listenerLeftRemoteStream(_ name: String, streamID: UInt64, arguments: ChannelValue) {
-        guard let remote = remoteStreams[name], remote.id == streamID else { return }
+        guard let remote = directory.remoteStreams[name], remote.id == streamID else { return }
         leave(name, holderNode: remote.holderNode, arguments: arguments)
-        if remote.entry.listeners.isEmpty { remoteStreams.removeValue(forKey: name) }
+        if remote.entry.listeners.isEmpty { directory.retireRemoteStream(name) }
     }
 
     /// Tells `holderNode` that one listener of `name` here is gone (a `leave`, which wants no answer).
@@ -195,17 +188,11 @@ extension ServerCore {
         elsewhere.call(name, node: holderNode, input: .leave, fromText: false, refusing: 0, payload: payload[...], completion: nil)
     }
 
-    /// The holder of `name` ended the stream this loop's listeners follow, or its node went silent:
-    /// later listens go to whoever holds it again.
-    func retireRemoteStream(_ name: String) {
-        remoteStreams.removeValue(forKey: name)
-    }
-
     // MARK: Serving another loop or node
 
     /// Calls from clients of another loop or node (one batch), on a channel a client here holds.
     func serveRemote(_ calls: [ClusterLink.IncomingCall], on name: String, via elsewhere: any Elsewhere) {
-        guard let registration = registrations[name] else {
+        guard let registration = directory.registrations[name] else {
             for call in calls { elsewhere.notHeld(call, on: name) }
             return
         }
@@ -266,11 +253,11 @@ extension ServerCore {
     /// it after) means this node forgot them: see ``rejoin(_:node:listeners:)``.
     func reconcileListeners(of node: String, _ counts: [String: Int]) {
         for (name, reported) in counts {
-            guard let registration = registrations[name], registration.events != nil,
+            guard let registration = directory.registrations[name], registration.events != nil,
                   reported > registration.remoteListeners[node] ?? 0 else { continue }
             rejoin(registration, node: node, listeners: reported)
         }
-        for registration in registrations.values {
+        for registration in directory.registrations.values {
             guard let counted = registration.remoteListeners[node] else { continue }
             let reported = counts[registration.name] ?? 0
             guard reported < counted else {
@@ -317,11 +304,11 @@ extension ServerCore {
     /// `handler_gone` then the end, and its listeners of channels held here are forgotten.
     func peerLost(_ node: String) {
         logger.warning("a cluster node went silent", metadata: ["instance": "\(node)"])
-        for (name, remote) in remoteStreams where remote.holderNode == node {
-            retireRemoteStream(name)
+        for (name, remote) in directory.remoteStreams(heldBy: node) {
+            directory.retireRemoteStream(name)
             endListeners(of: remote.entry)
         }
-        for registration in Array(registrations.values) {
+        for registration in Array(directory.registrations.values) {
             guard let count = registration.remoteListeners[node] else { continue }
             registration.noteForgotten(node)
             remoteListenerLeft(registration, node: node, arguments: .null, count: count)

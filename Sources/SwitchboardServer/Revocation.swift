@@ -12,7 +12,7 @@ extension ServerCore {
         let epoch = pipeline.gateEpoch.value
         guard epoch != holdingsJudgedAt else { return }
         holdingsJudgedAt = epoch
-        for registration in Array(registrations.values) { _ = revokeIfRefused(registration, epoch: epoch) }
+        for registration in Array(directory.registrations.values) { _ = revokeIfRefused(registration, epoch: epoch) }
         for connection in Array(connections.values) where connection.hasPlugins {
             for stream in Array(connection.streams.values) {
                 guard let rejection = refusal(of: .listen, on: stream.entry.name, for: connection) else { continue }

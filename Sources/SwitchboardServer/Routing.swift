@@ -4,14 +4,6 @@ import SwitchboardWire
 /// Routing on one loop: where a channel's name leads (a server-side channel, a channel a client holds
 /// here, or elsewhere: another loop or node), the call's handler, and the listeners of event channels.
 extension ServerCore {
-    /// Where `name` leads on this loop (nil: nowhere here); each connection keeps its last answer (see
-    /// ``Connection/route(named:)``).
-    func route(named name: String) -> Route? {
-        if let entry = channels[name] { return .local(entry) }
-        if let registration = registrations[name] { return .held(registration) }
-        return nil
-    }
-
     /// Hands a request (`origin` nil: a MESSAGE with id 0, answered nowhere) to the channel's handler or
     /// holder; returns the request, which may or may not be answered yet. `refusedKinds`: what the
     /// plugins refused a request that goes to another node, were it of that kind (``InboundRequest/refusedKinds``).
@@ -136,7 +128,7 @@ extension ServerCore {
     }
 
     func broadcast(on name: String, _ content: EventContent) {
-        guard case .event(let entry)? = channels[name] else { return }
+        guard case .event(let entry)? = directory.channels[name] else { return }
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
@@ -147,7 +139,7 @@ extension ServerCore {
 
     /// Ends the streams of this loop's listeners on the server-side channel `name` (after what waits in them).
     func endListeners(on name: String) {
-        guard case .event(let entry)? = channels[name] else { return }
+        guard case .event(let entry)? = directory.channels[name] else { return }
         let end = OutboundEvent(channel: name, content: .end, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(end) }
     }
@@ -155,8 +147,8 @@ extension ServerCore {
     /// Whether `entry` gets events from elsewhere: a server-side channel's broadcasts, or the events
     /// of a channel held on another loop or node (a held channel's events here come from its holder alone).
     private func isFedFromElsewhere(_ entry: EventEntry) -> Bool {
-        if case .event(let local)? = channels[entry.name], local === entry { return true }
-        return remoteStreams[entry.name]?.entry === entry
+        if case .event(let local)? = directory.channels[entry.name], local === entry { return true }
+        return directory.remoteStreams[entry.name]?.entry === entry
     }
 
     /// Where the events of `entry` (``isFedFromElsewhere(_:)``) come from: a channel held elsewhere's
@@ -171,16 +163,16 @@ extension ServerCore {
     func deliverRemote(on name: String, envelope: [UInt8]?, frame: [UInt8], holderNode: String?) {
         let entry: EventEntry
         if let holderNode {
-            guard let remote = remoteStreams[name], remote.holderNode == holderNode else { return }
+            guard let remote = directory.remoteStreams[name], remote.holderNode == holderNode else { return }
             entry = remote.entry
         } else {
-            guard case .event(let local)? = channels[name] else { return }
+            guard case .event(let local)? = directory.channels[name] else { return }
             entry = local
         }
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, envelope: envelope, frame: frame, codec: entry.codec)
         for stream in entry.listeners.all { stream.deliver(event) }
-        if holderNode != nil, envelope == nil { retireRemoteStream(name) }  // the holder ended it
+        if holderNode != nil, envelope == nil { directory.retireRemoteStream(name) }  // the holder ended it
     }
 
     /// `stream` left its channel's listeners.

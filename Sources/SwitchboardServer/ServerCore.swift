@@ -81,19 +81,13 @@ final class ServerCore {
     var group: LoopGroup?
     /// The loop the next accepted connection goes to (loop 0, which accepts for all).
     private var nextLoop = 0
-    private(set) var channels: [String: ChannelEntry] = [:]
-    /// Changes whenever a channel or registration does, which invalidates every connection's cached route.
-    var routesVersion = 0
+    /// Where channel names lead on this loop: the served channels, the held ones, the streams from elsewhere.
+    let directory = ChannelDirectory()
     /// ``Pipeline/gateEpoch`` when this loop's registrations and streams were last judged (Revocation.swift).
     var holdingsJudgedAt = 0
-    /// Channels held by clients (broker routing).
-    var registrations: [String: Registration] = [:]
     /// The held channels with a metrics label of their own: at most `--metrics-channels` on each loop.
     var labeledHeld: Set<String> = []
     let heldCounts = HeldCounts()
-    /// This node's listeners of event channels held on other nodes, and the last stream's id.
-    var remoteStreams: [String: RemoteStream] = [:]
-    var nextRemoteStreamID: UInt64 = 0
     /// The connection that last made output this turn, first of a list linked through
     /// `OutboundBuffer.nextDirty`: all are flushed once, just before the loop blocks. A list rather than an
     /// array, so that marking a connection is two plain stores.
@@ -171,7 +165,7 @@ final class ServerCore {
         connect(cluster)
         cluster.onPeerLost = { [unowned self] node in peerLost(node) }
         cluster.listenersToReport = { [unowned self] in
-            remoteStreams.values.filter { !SiblingLoops.isLoop($0.holderNode) }.map { ($0.holderNode, $0.entry.name, $0.entry.listeners.all.count) }
+            directory.remoteStreams.values.filter { !SiblingLoops.isLoop($0.holderNode) }.map { ($0.holderNode, $0.entry.name, $0.entry.listeners.all.count) }
         }
         cluster.onListenerReport = { [unowned self] node, counts in reconcileListeners(of: node, counts) }
         cluster.start()
@@ -342,14 +336,14 @@ final class ServerCore {
 
     // MARK: Routing
 
+    /// Serves `name` by `entry`, or no longer (nil): the listeners of the channel it replaces get the end.
     func setChannel(_ name: String, _ entry: ChannelEntry?) {
-        if case .event(let old)? = channels[name] {
+        if case .event(let old)? = directory.channels[name] {
             for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
             (old.handler as? any RemovalObserving)?.handlerWasRemoved()
         }
-        if let old = channels[name] { channelGone(old.counts) }
-        channels[name] = entry
-        routesVersion &+= 1
+        if let old = directory.channels[name] { channelGone(old.counts) }
+        directory.setChannel(name, entry)
     }
 
     // MARK: Per-turn work
@@ -527,9 +521,7 @@ final class ServerCore {
             firstDirty = connection.outbound.nextDirty
             connection.outbound.nextDirty = nil
         }
-        channels = [:]
-        registrations = [:]
-        remoteStreams = [:]
+        directory.removeAll()
         cluster?.close()
         cluster = nil
         siblings?.close()

@@ -93,7 +93,7 @@ import SwitchboardWire
     /// has its own: ClusterMemoryBoundTests.)
     private func channelTableRoom(_ server: Server) async -> [Int] {
         let perLoop = await withCheckedContinuation { (done: CheckedContinuation<[Int], Never>) in
-            server.group.gather(from: 0, { core in core.registrations.capacity }) { done.resume(returning: $0.map { $0 ?? 0 }) }
+            server.group.gather(from: 0, { core in core.directory.registrations.capacity }) { done.resume(returning: $0.map { $0 ?? 0 }) }
         }
         return perLoop + [server.group.claims.withLock { $0.capacity }]
     }

@@ -108,7 +108,7 @@ import SwitchboardWire
         holders[3].send(try .call(1, "switchboard/echo", "echo"))
         embedded.run()
         let core = embedded.server.core.value
-        #expect(core.registrations.count == 400)
+        #expect(core.directory.registrations.count == 400)
         let snapshot = core.metricsSnapshot
         #expect(snapshot.channels.keys.filter { $0.hasPrefix("many/") }.count <= 5)
     }
