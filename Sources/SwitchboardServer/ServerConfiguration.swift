@@ -168,6 +168,7 @@ public struct ClusterSettings: Sendable {
     /// How often the node pings its NATS server: two pings unanswered in a row mark the connection dead.
     public var pingIntervalMs: UInt64 = 1000
 
+    /// Joins the cluster through `servers` (tried in turn) as `node`, with the default timeouts.
     public init(servers: [NATSBus.Server], node: String) {
         self.servers = servers
         self.node = node
