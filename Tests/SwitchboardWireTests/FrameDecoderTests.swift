@@ -66,7 +66,9 @@ import SwitchboardCodec
             if buffer.readableBytes > 0, buffer.readerIndex < before { compacted = true }
         }
         #expect(compacted)  // else the test did not test what it says
-        #expect(decoded == frames.map { .frame($0) })
+        #expect(decoded.count == frames.count)
+        let expected = frames.map { FrameDecoder.Decoded.frame($0) }
+        #expect(decoded.indices.first { decoded[$0] != expected[$0] } == nil)  // not 300 frames in a failure
     }
 
     @Test("the smallest frame (length 8) and a frame of exactly maxFrame are accepted")

@@ -27,6 +27,17 @@ import SwitchboardWire
         }
     }
 
+    @Test("a channel name of 65,535 bytes, the largest chanlen, is written in both length bytes and round trips")
+    func longestChannel() throws {
+        let frame = Frame(.register, id: 2, channel: String(repeating: "n", count: 0xFFFF), payload: [1])
+        let bytes = frame.bytes
+        #expect(bytes[6] == 0xFF && bytes[7] == 0xFF)
+        var decoder = FrameDecoder(maxFrame: 1 << 20)
+        var buffer = InboundBuffer()
+        buffer.append(bytes)
+        #expect(try decoder.next(from: &buffer) == .frame(frame))
+    }
+
     @Test("the bytes of protocol/wire.md's example: echo(\"hi\") on switchboard/echo with id 1, and its reply")
     func documentedExample() {
         let call = Frame(.message, id: 1, channel: "switchboard/echo", payload: [0x07, 0x04] + Array("echo".utf8) + [0x07, 0x02] + Array("hi".utf8))
