@@ -113,6 +113,7 @@ let package = Package(
             name: "SwitchboardCodecTests",
             dependencies: ["SwitchboardCodec", .product(name: "PropertyBased", package: "swift-property-based")]
         ),
+        .testTarget(name: "SwitchboardWireTests", dependencies: ["SwitchboardWire", "SwitchboardCodec"]),
         .testTarget(name: "SwitchboardTransportTests", dependencies: ["SwitchboardTransport", "SwitchboardTesting"]),
         .testTarget(
             name: "SwitchboardClientTests",

@@ -85,7 +85,10 @@ struct WebTests {
     @Test("healthz 200 while serving, 503 while draining; 404; a malformed request gets 400 and a close; POST is binary")
     func httpEndpoints() async throws {
         let held = Mutex<[MethodResult]>([])
-        try await withServer({ $0.drainTimeoutMs = 2000 }, setUp: { server in
+        // The drain lasts until the test answers the held call (or its caller goes), not for a time: a loaded
+        // suite can hold this test's thread up past any drain timeout, which ends the drain and closes the port
+        // before the 503 is asked for.
+        try await withServer({ $0.drainTimeoutMs = 60_000 }, setUp: { server in
             MethodChannel(name: "test/hang", server: server).setMethodCallHandler { _, result in held.withLock { $0.append(result) } }
         }) { server, port in
             let health = try #require(httpGet("/healthz", port: port))
