@@ -26,7 +26,8 @@ Rules (PASS/FAIL each; exit 1 on any FAIL):
                  gives (the echo; REPLY of the error envelope `cancelled` for a cancelled call; ERROR
                  `handler_gone`; the null reply when no holder exists);
   answer-kept    no call the holder answered gets handler_gone (or any answer but the holder's) unless the
-                 holder's node was killed or stopped, or the bus was down, during the call;
+                 holder's node was killed or stopped, or the bus was down, during the call, or the caller's
+                 node was stopped past the lease and the holder answered after it ran out;
   reset-cancel   a caller reset mid-call (SO_LINGER 0): the holder hears CANCEL of each of its calls
                  within 5 s (wire.md: requests of a peer that goes away are cancelled);
   hung-first     a node started with a hung nats-server first in --cluster is connected within 10 s
@@ -80,6 +81,7 @@ FAULT_GAP = (6.0, 14.0)  # seconds between the recovery from one fault and the n
 RECOVERY_TIMEOUT = 30.0
 DRAIN_TIMEOUT = 20.0
 MARGIN = 1.5  # seconds: an event is expected only if posted this long after a listen and before the end
+LEASE_S = 1.5  # ClusterLink.leaseMs: a node no beacon came from for this long is gone
 FAULTS = ["kill_holder_node", "kill_caller_node", "stop_holder_node", "stop_caller_node", "stop_nats",
           "restart_nats", "hung_first", "caller_reset", "bus_outage"]
 LOSS_KEYS = ("eventsUnsent",)  # per origin; keys with "ossibl" in any cluster counter are added
@@ -867,7 +869,8 @@ class Harness:
 
     def excuse(self, call, answered):
         """Why cluster.md lets this call's answer be lost, or None: the holder's node was killed or stopped
-        during the call, or (for a call across nodes) the bus was down."""
+        during the call, the caller's node was stopped past the lease before the holder answered, or (for
+        a call across nodes) the bus was down."""
         holder = f"n{answered[1] + 1}" if answered else None
         for f in self.faults:
             if not overlaps(call.t_send, call.t_ans, f["t0"], (f["t1"] or now()) + 2):
@@ -877,6 +880,11 @@ class Harness:
                 return f["kind"]
             if f["kind"] == "stop_caller_node" and f["target"] == holder:
                 return f["kind"]  # the node stopped held the channel (a caller's node may be a holder's too)
+            if f["kind"] in ("stop_holder_node", "stop_caller_node") and f["target"] == call.conn.node.name \
+                    and answered and f["t1"] and f["t1"] - f["t0"] > LEASE_S and answered[0] > f["t0"] + LEASE_S:
+                # The caller's node was stopped past the lease and the holder answered after it ran out:
+                # the holder's node took it for gone and ended its open calls (cluster.md, Beacons).
+                return "caller's node stopped past the lease"
             if f["kind"] in ("stop_nats", "restart_nats", "bus_outage") and holder != call.conn.node.name:
                 return "bus down"
         return None
