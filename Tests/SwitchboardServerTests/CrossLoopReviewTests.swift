@@ -11,7 +11,7 @@ import SwitchboardWire
 
 /// A server method (`test/block`) whose handler holds its loop's thread until the test lets it go: a
 /// loop can be stopped between two frames that one read brought, while the jobs other loops send it wait.
-private final class LoopGate: Sendable {
+final class LoopGate: Sendable {
     private let entered = Atomic<Int>(0)
     private let released = Atomic<Int>(0)
 
