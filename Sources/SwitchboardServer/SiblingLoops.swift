@@ -38,6 +38,7 @@ final class SiblingLoops: Elsewhere {
     /// What crossed: calls and events sent to other loops and taken from them, events with no wire form,
     /// and events dropped because a loop had too many waiting.
     private(set) var callsOut = 0, callsIn = 0, eventsOut = 0, eventsIn = 0, eventsUnsent = 0, dropped = 0
+    /// Calls from other loops refused `forbidden`: of a kind the caller's plugins refused (the channel changed on the way).
     var callsForbidden = 0
     var onCalls: ((_ channel: String, _ calls: [ClusterLink.IncomingCall]) -> Void)?
     var onServedAnswered: (() -> Void)?
@@ -262,7 +263,7 @@ final class SiblingLoops: Elsewhere {
     var statsValue: ChannelValue {
         .stringMap([
             "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn), "eventsUnsent": .int(eventsUnsent),
-            "callsOut": .int(callsOut), "callsIn": .int(callsIn),
+            "callsOut": .int(callsOut), "callsIn": .int(callsIn), "callsForbidden": .int(callsForbidden),
             "callsPending": .int(waiting.count), "callsServing": .int(served.count),
             "dropped": .int(dropped),
         ])
