@@ -166,6 +166,7 @@ extension ServerCore {
         request.encodeMessage = nil
         request.isMethodPending = false
         request.possibleKinds = 0
+        request.kindsOnArrival = 0
 
         /// On a channel a client holds, declared as `kind` in `declared`.
         func held(_ kind: Registration.Kind?, _ declared: DeclaredCodec?, _ methodCodec: SharedMethodCodec?) {
@@ -202,8 +203,15 @@ extension ServerCore {
             held(registration.kind, registration.codec, registration.sharedMethodCodec)
         case nil:
             if loopCount > 1, let claim = group?.holder(of: request.channel), claim.loop != index {
-                // Held on another loop: judged by what its holder declared it to be, as on its own loop.
-                return held(claim.kind, claim.codec, claim.codec?.methodCodec.map(SharedMethodCodec.init))
+                // Held on another loop: judged by what its holder declared it to be, as on its own loop,
+                // and by what else it could be when it arrives there (the holder's loop checks that).
+                held(claim.kind, claim.codec, claim.codec?.methodCodec.map(SharedMethodCodec.init))
+                if !isSend {
+                    let kinds = InboundKind.call.bit | InboundKind.listen.bit | InboundKind.cancel.bit
+                        | (request.isText ? 0 : InboundKind.message.bit)
+                    request.kindsOnArrival = kinds & ~request.kind.bit
+                }
+                return
             }
             // Held on another node, or nowhere: only the holder's node can tell what the request is. Its
             // method is read as either codec would read it (a Standard call and a JSON one never look alike).

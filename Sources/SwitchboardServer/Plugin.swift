@@ -308,8 +308,13 @@ public struct InboundRequest {
     /// On a channel held on another node, whose kind only that node can tell: the kinds (as
     /// ``InboundKind/bit``) the request could be, ``kind`` the one its method names; 0 when the kind is known.
     var possibleKinds: UInt8 = 0
-    /// Of ``possibleKinds``, those a gate refused: the holder's node refuses the request if it is one.
+    /// Of ``possibleKinds`` (or ``kindsOnArrival``), those a gate refused: the holder's loop or node
+    /// refuses the request if it is one there.
     var refusedKinds: UInt8 = 0
+    /// On a channel held on another loop, whose holder may declare it again (or another holder take it)
+    /// before the request arrives: the kinds, besides ``kind``, that the request could be there. The
+    /// gates judge these too, and their refusals join ``refusedKinds``; 0 on any other channel.
+    var kindsOnArrival: UInt8 = 0
     /// A binary method call whose method has not been read yet.
     var isMethodPending = false
     /// The payload; a processor may rewrite it.

@@ -148,6 +148,7 @@ final class PluginSession {
         while next < stages.count {
             let stage = stages[next]
             next += 1
+            if request.kindsOnArrival != 0, let gate = stage.gate { judgeKindsOnArrival(of: &request, by: gate, in: stage) }
             guard stage.sees(request.channel, request.kind) else { continue }
             let decision: InboundDecision
             do {
@@ -188,8 +189,7 @@ final class PluginSession {
     private func verdictOnEveryKind(of request: inout InboundRequest, by gate: any InboundGate) -> GateVerdict {
         var admitted: GateVerdict?, refused: GateVerdict?
         for kind in InboundKind.allCases where request.possibleKinds & kind.bit != 0 {
-            var verdict = gate.judge(request.connection, channel: request.channel, kind: kind)
-            if case .byMethod(let judge) = verdict, let rejection = judge(request.method) { verdict = .refuse(rejection) }
+            let verdict = gateVerdict(on: &request, as: kind, by: gate)
             if case .refuse = verdict {
                 request.refusedKinds |= kind.bit
                 refused = refused ?? verdict
@@ -198,6 +198,23 @@ final class PluginSession {
             }
         }
         return admitted ?? refused ?? .admit
+    }
+
+    /// A gate's verdicts on the kinds a request to another loop could be when it arrives
+    /// (``InboundRequest/kindsOnArrival``), of those its stage sees: the kinds it refuses travel with
+    /// the request, for the holder's loop to refuse it if it is one of them there.
+    private func judgeKindsOnArrival(of request: inout InboundRequest, by gate: any InboundGate,
+                                     in stage: Pipeline.Stage<any InboundProcessor, InboundKind>) {
+        for kind in InboundKind.allCases where request.kindsOnArrival & kind.bit != 0 && stage.sees(request.channel, kind) {
+            if case .refuse = gateVerdict(on: &request, as: kind, by: gate) { request.refusedKinds |= kind.bit }
+        }
+    }
+
+    /// A gate's verdict on `request` were it of `kind`, its method decided (a meter decides later).
+    private func gateVerdict(on request: inout InboundRequest, as kind: InboundKind, by gate: any InboundGate) -> GateVerdict {
+        let verdict = gate.judge(request.connection, channel: request.channel, kind: kind)
+        if case .byMethod(let judge) = verdict, let rejection = judge(request.method) { return .refuse(rejection) }
+        return verdict
     }
 
     /// Routes a request every stage let through: a binary method call by ``Connection/dispatchCall(to:payload:origin:)``,

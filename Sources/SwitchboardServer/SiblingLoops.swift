@@ -20,10 +20,12 @@ final class SiblingLoops: Elsewhere {
     /// The server's loops; released with the core.
     private let group: LoopGroup
 
-    /// A call sent to another loop, waiting for its answer.
+    /// A call sent to another loop, waiting for its answer: the loop that has it (the one it was sent
+    /// to, or the one that loop passed it on to), and whether its caller cancelled it.
     private struct Waiting {
-        let loop: Int
+        var loop: Int
         let completion: (ClusterLink.CallOutcome) -> Void
+        var isCancelled = false
     }
     private var waiting: [UInt64: Waiting] = [:]
     private var nextCall: UInt64 = 0
@@ -36,6 +38,7 @@ final class SiblingLoops: Elsewhere {
     /// What crossed: calls and events sent to other loops and taken from them, events with no wire form,
     /// and events dropped because a loop had too many waiting.
     private(set) var callsOut = 0, callsIn = 0, eventsOut = 0, eventsIn = 0, eventsUnsent = 0, dropped = 0
+    /// Calls from other loops refused `forbidden`: of a kind the caller's plugins refused (the channel changed on the way).
     var callsForbidden = 0
     var onCalls: ((_ channel: String, _ calls: [ClusterLink.IncomingCall]) -> Void)?
     var onServedAnswered: (() -> Void)?
@@ -106,6 +109,13 @@ final class SiblingLoops: Elsewhere {
     }
 
     func cancelCall(_ id: UInt64) {
+        guard waiting[id] != nil else { return }
+        waiting[id]?.isCancelled = true
+        sendCancel(id)
+    }
+
+    /// Sends the CANCEL of call `id` to the loop that has it.
+    private func sendCancel(_ id: UInt64) {
         guard let call = waiting[id] else { return }
         let core = group.cores[call.loop]
         let key = ClusterLink.CallKey(caller: name, id: id)
@@ -117,20 +127,41 @@ final class SiblingLoops: Elsewhere {
     /// A call from another loop on `channel`.
     private func incoming(_ call: ClusterLink.IncomingCall, on channel: String, passedOn: Bool = false) {
         guard !isStopping, !isClosed else { return answer(call.key, with: .error(.goingAway)) }
-        callsIn += 1
+        if !passedOn { callsIn += 1 }  // counted once, where it first came
         handingPassedOn = passedOn
         onCalls?(channel, [call])
         handingPassedOn = false
     }
 
     /// No client here holds `channel`: if one of yet another loop does (it moved on the way), the call
-    /// is passed on there, once; else it gets the null reply.
+    /// is passed on there, once, and its caller's loop told where it went; else it gets the null reply.
     func notHeld(_ call: ClusterLink.IncomingCall, on channel: String) {
         if !handingPassedOn, let holder = group.holder(of: channel), holder.loop != index {
             let next = group.cores[holder.loop]
-            if next.loop.execute({ next.value.siblings?.incoming(call, on: channel, passedOn: true) }) { return }
+            if next.loop.execute({ next.value.siblings?.incoming(call, on: channel, passedOn: true) }) {
+                return tellCaller(of: call.key, passedOnTo: holder.loop)
+            }
         }
         answer(call.key, with: .notImplemented)
+    }
+
+    /// Tells the caller's loop that its call `key` went on to `loop`, after the call was sent there, so
+    /// that its CANCEL follows it. A loop runs its jobs in the order they were queued (one queue per
+    /// loop, whoever queued them), hence no race: a CANCEL the caller's loop sends once told reaches
+    /// `loop` after the call; one it sent before reached this loop after the call was passed on, found
+    /// nothing here, and is sent again when the caller's loop is told (``passedOn(_:to:)``). An answer
+    /// that comes before the telling has ended the call there, and the telling finds nothing.
+    private func tellCaller(of key: ClusterLink.CallKey?, passedOnTo loop: Int) {
+        guard let key, let caller = self.loop(named: key.caller), group.cores.indices.contains(caller) else { return }
+        let core = group.cores[caller]
+        _ = core.loop.execute { core.value.siblings?.passedOn(key.id, to: loop) }  // a stopped loop waits for no answer
+    }
+
+    /// Call `id`, sent from here, was passed on to `loop`.
+    private func passedOn(_ id: UInt64, to loop: Int) {
+        guard waiting[id] != nil else { return }  // answered already
+        waiting[id]?.loop = loop
+        if waiting[id]?.isCancelled == true { sendCancel(id) }  // the cancel sent before did not find it
     }
 
     private func cancelled(_ key: ClusterLink.CallKey) {
@@ -232,7 +263,7 @@ final class SiblingLoops: Elsewhere {
     var statsValue: ChannelValue {
         .stringMap([
             "eventsOut": .int(eventsOut), "eventsIn": .int(eventsIn), "eventsUnsent": .int(eventsUnsent),
-            "callsOut": .int(callsOut), "callsIn": .int(callsIn),
+            "callsOut": .int(callsOut), "callsIn": .int(callsIn), "callsForbidden": .int(callsForbidden),
             "callsPending": .int(waiting.count), "callsServing": .int(served.count),
             "dropped": .int(dropped),
         ])
