@@ -242,7 +242,7 @@ extension ServerCore {
         guard let events = registration.events else { return }
         let ending = endListeners(of: events)
         if !registration.remoteListeners.isEmpty {
-            for event in ending { publishFromHolder(event, registration) }
+            for event in ending { publishFromHolder(event, registration, ending: true) }
             registration.remoteListeners = [:]
         }
     }
@@ -503,13 +503,14 @@ extension ServerCore {
     }
 
     /// Sends an event of `registration` to its listeners elsewhere: the sibling loops and the other
-    /// nodes with listeners on it.
-    func publishFromHolder(_ event: OutboundEvent, _ registration: Registration) {
+    /// nodes with listeners on it. `ending`: it ends their streams (the end, or what precedes it), and
+    /// no sibling loop drops it.
+    func publishFromHolder(_ event: OutboundEvent, _ registration: Registration, ending: Bool = false) {
         var toLoops = false, toNodes = false
         for node in registration.remoteListeners.keys {
             if SiblingLoops.isLoop(node) { toLoops = true } else { toNodes = true }
         }
-        if toLoops { siblings?.publish(event, fromHolder: true) }
+        if toLoops { siblings?.publish(on: event.channel, frame: event.binaryFrame, fromHolder: true, ending: ending || event.isEnd) }
         if toNodes { cluster?.publish(event, fromHolder: true) }
     }
 }
