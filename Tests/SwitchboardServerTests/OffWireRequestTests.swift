@@ -71,9 +71,12 @@ struct OffWireRequestTests {
             #expect(refused.id == 2 && refused.errorCode == "too_many_requests")
             // The holder's answer starts the stream: the waiting listens are finished, and places free.
             try holder.send(Frame(.reply, id: listen.id, payload: try StandardMethodCodec().encodeSuccessEnvelope(.null)))
-            var stats: ChannelValue = .null
-            #expect(try await eventually {
-                guard case .success(let got) = try await call(listener, 3, "switchboard/stats", "get") else { return false }
+            var stats: ChannelValue = .null, attempt: UInt32 = 2
+            #expect(try await eventually {  // once the answers reached the listener's loop
+                attempt += 1
+                try listener.send(.call(attempt, "switchboard/stats", "get"))
+                let answer = try await listener.nextNonPing()
+                guard answer.kind == .reply, case .success(let got) = try answer.envelope() else { return false }
                 stats = got
                 return true
             })
