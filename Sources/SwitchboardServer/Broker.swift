@@ -510,7 +510,7 @@ extension ServerCore {
         for node in registration.remoteListeners.keys {
             if SiblingLoops.isLoop(node) { toLoops = true } else { toNodes = true }
         }
-        if toLoops { siblings?.publish(on: event.channel, frame: event.binaryFrame, fromHolder: true, ending: ending || event.isEnd) }
+        if toLoops { siblings?.publish(on: event.channel, frame: event.binaryFrame, fromHolder: true, ending: ending) }
         if toNodes { cluster?.publish(event, fromHolder: true) }
     }
 }

@@ -2,9 +2,9 @@ import SwitchboardCodec
 import SwitchboardWire
 
 /// A connection's requests: those its client made that are still open after their handler's first run
-/// (binary ones by wire id, text ones by serial, and those whose answers go nowhere by serial), those the
-/// server made of the client that wait for its REPLY, and the spares that let most calls allocate nothing. A struct stored in its connection: no
-/// object of its own and no retain per call.
+/// (binary ones by wire id, text ones and those whose answers go nowhere by serial), those the server
+/// made of the client that wait for its REPLY, and the spares that let most calls allocate nothing. A
+/// struct stored in its connection: no object of its own and no retain per call.
 ///
 /// No access to the connection's table spans a call or a release anywhere (the tables are used through
 /// a swap, see ``Connection/withBinaryRequests(_:)``), so the compiler proves every access exclusive and
@@ -228,7 +228,8 @@ extension Connection {
     }
 
     private var openRequestsOldestFirst: [PendingRequest] {
-        let open = withBinaryRequests { Array($0.values) } + withTextRequests { Array($0.values) } + withOffWire { Array($0.values) }
+        let open = withBinaryRequests { Array($0.values) } + withTextRequests { Array($0.values) }
+            + withOffWire { Array($0.values) }
         return open.sorted { $0.serial < $1.serial }
     }
 

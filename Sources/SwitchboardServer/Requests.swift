@@ -135,7 +135,7 @@ final class PendingRequest {
     }
 
     var isText: Bool { origin.isText }
-    /// Whether nobody waits for the answer (a MESSAGE with id 0).
+    /// Whether nobody waits for the answer (a MESSAGE with id 0), nor keeps the request open.
     var isDetached: Bool { serial == 0 }
 
     /// Tells whoever works on the request that the requester cancelled it.
