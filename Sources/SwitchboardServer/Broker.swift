@@ -242,7 +242,7 @@ extension ServerCore {
         guard let events = registration.events else { return }
         let ending = endListeners(of: events)
         if !registration.remoteListeners.isEmpty {
-            for event in ending { publishFromHolder(event, registration) }
+            for event in ending { publishFromHolder(event, registration, ending: true) }
             registration.remoteListeners = [:]
         }
     }
@@ -377,12 +377,14 @@ extension ServerCore {
             request.answer(.success(.null, events.codec))
             if case .local(let connection) = caller { connection.streams[events.name]?.activate() }
         case .starting(var waiting):
+            guard waitsForHolder(request, from: caller, on: registration) else { return }
             waiting.append((caller, request, call.arguments))
             registration.upstream = .starting(waiting)
         case .idle:
             guard let payload = try? events.codec.encodeMethodCall(call) else {
                 return request.answer(.error(.badPayload("listen arguments cannot be encoded")))
             }
+            guard waitsForHolder(request, from: caller, on: registration) else { return }
             registration.upstream = .starting([(caller, request, call.arguments)])
             let upstream = PendingRequest.detached(connectionID: registration.holder.id)
             forward(registration, payload: payload, request: upstream) { [weak self, weak registration] result in
@@ -390,6 +392,19 @@ extension ServerCore {
                 self.holderAnswered(listen: result, registration: registration, events: events)
             }
         }
+    }
+
+    /// Readies a listen to wait, in `registration`'s list, for the holder's answer to the first: one
+    /// with id 0 from a client here is kept among its connection's open requests (false: past their
+    /// limit, and it is dropped), and a cancel, or its requester going, takes it off the list.
+    private func waitsForHolder(_ request: PendingRequest, from caller: Caller, on registration: Registration) -> Bool {
+        if request.isDetached, case .local(let connection) = caller, !connection.keepOffWire(request) { return false }
+        request.onCancel = .handler { [weak registration, unowned request] in
+            guard let registration, case .starting(var waiting) = registration.upstream else { return }
+            waiting.removeAll { $0.request === request }
+            registration.upstream = .starting(waiting)
+        }
+        return true
     }
 
     private func holderAnswered(listen result: Result<[UInt8]?, InvokeError>, registration: Registration, events: EventEntry) {
@@ -488,13 +503,14 @@ extension ServerCore {
     }
 
     /// Sends an event of `registration` to its listeners elsewhere: the sibling loops and the other
-    /// nodes with listeners on it.
-    func publishFromHolder(_ event: OutboundEvent, _ registration: Registration) {
+    /// nodes with listeners on it. `ending`: it ends their streams (the end, or what precedes it), and
+    /// no sibling loop drops it.
+    func publishFromHolder(_ event: OutboundEvent, _ registration: Registration, ending: Bool = false) {
         var toLoops = false, toNodes = false
         for node in registration.remoteListeners.keys {
             if SiblingLoops.isLoop(node) { toLoops = true } else { toNodes = true }
         }
-        if toLoops { siblings?.publish(event, fromHolder: true) }
+        if toLoops { siblings?.publish(on: event.channel, frame: event.binaryFrame, fromHolder: true, ending: ending) }
         if toNodes { cluster?.publish(event, fromHolder: true) }
     }
 }

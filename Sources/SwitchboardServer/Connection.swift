@@ -366,7 +366,8 @@ final class Connection {
     private func handleMessage(_ frame: FrameDecoder.View) {
         if frame.id != 0, !requests.binary.isEmpty, let first = withBinaryRequests({ $0[frame.id] }) {
             // An ERROR carrying a pending request's id is that request's answer (wire-v1 section 2), so
-            // this one ERROR answers the id: the first request goes on, but its own answer never follows.
+            // this one ERROR answers the id: the first request goes on, still open until it is finished
+            // (it counts against the limit and goes with the connection), but its own answer never follows.
             detach(first)
             return writeError(.duplicateId, id: frame.id)
         }

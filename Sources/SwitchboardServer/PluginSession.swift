@@ -336,6 +336,8 @@ final class PluginSession {
     func resume(_ parked: ParkedRequest, request: InboundRequest, with decision: InboundDecision?, on connection: Connection) {
         if let placeholder = parked.placeholder {
             guard !placeholder.isAnswered, placeholder.connection != nil else { return }  // cancelled, closed or drained
+            // A duplicate id answered it while it was parked: it is let go without going on.
+            if case .offWire = placeholder.origin { return connection.withdraw(placeholder) }
         } else if connection.isClosing {
             return
         }

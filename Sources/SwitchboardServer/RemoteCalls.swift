@@ -42,10 +42,8 @@ struct RemoteListen {
     let request: PendingRequest
     let connection: Connection
 
-    /// Whether someone still waits for it: its requester (or, for a listen with id 0, its connection).
-    var isWanted: Bool {
-        request.isDetached ? !connection.isClosing : request.connection === connection && !request.isAnswered
-    }
+    /// Whether its requester still waits for it (a listen with id 0 is kept by its connection too).
+    var isWanted: Bool { request.connection === connection && !request.isAnswered }
 }
 
 extension ServerCore {
@@ -139,6 +137,9 @@ extension ServerCore {
     /// Sends a listen, by `elsewhere`, to the holder's side that feeds this loop's listeners of `name`,
     /// or, with no stream yet, to whoever holds it.
     private func listenRemotely(_ name: String, via elsewhere: any Elsewhere, _ listen: RemoteListen) {
+        // A listen with id 0 waits for its answer too: its connection keeps it among its open requests
+        // (past their limit it is dropped), so that it is bounded, and cancelled if the connection goes.
+        if listen.request.isDetached, !listen.connection.keepOffWire(listen.request) { return }
         guard listen.isWanted else { return }
         // Interested in the channel's events before the listen goes, so that none sent after its answer is missed.
         elsewhere.listenerAdded(on: name)
@@ -148,7 +149,7 @@ extension ServerCore {
             remoteListenAnswered(outcome, channel: name, via: elsewhere, listen)
             elsewhere.listenerRemoved(from: name)  // the new stream, if any, counts for itself now
         }
-        if let id, !listen.request.isDetached { listen.request.onCancel = .relayed { elsewhere.cancelCall(id) } }
+        if let id { listen.request.onCancel = .relayed { elsewhere.cancelCall(id) } }
     }
 
     private func remoteListenAnswered(_ outcome: ClusterLink.CallOutcome, channel name: String, via elsewhere: any Elsewhere,

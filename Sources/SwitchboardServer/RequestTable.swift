@@ -2,9 +2,9 @@ import SwitchboardCodec
 import SwitchboardWire
 
 /// A connection's requests: those its client made that are still open after their handler's first run
-/// (binary ones by wire id, text ones by serial), those the server made of the client that wait for its
-/// REPLY, and the spares that let most calls allocate nothing. A struct stored in its connection: no
-/// object of its own and no retain per call.
+/// (binary ones by wire id, text ones and those whose answers go nowhere by serial), those the server
+/// made of the client that wait for its REPLY, and the spares that let most calls allocate nothing. A
+/// struct stored in its connection: no object of its own and no retain per call.
 ///
 /// No access to the connection's table spans a call or a release anywhere (the tables are used through
 /// a swap, see ``Connection/withBinaryRequests(_:)``), so the compiler proves every access exclusive and
@@ -14,6 +14,9 @@ struct RequestTable {
     var binary: [UInt32: PendingRequest] = [:]
     /// Open text requests by serial number.
     var text: [UInt64: PendingRequest] = [:]
+    /// Requests whose answers go nowhere but that still wait on a holder, a loop or a node, by serial
+    /// number (see ``Connection/keepOffWire(_:)``): open requests too, though the client waits for none.
+    var offWire: [UInt64: PendingRequest] = [:]
     /// The serial number of the last request made (see ``PendingRequest/serial``).
     var lastSerial: UInt64 = 0
     /// An answered request to reuse for the next one (see ``PendingRequest/reuse(connection:origin:serial:methodCodec:)``).
@@ -25,7 +28,10 @@ struct RequestTable {
     /// The id of the last server-initiated request.
     var lastOutgoingID: UInt32 = 0
 
-    var openCount: Int { binary.count + text.count }
+    /// The requests that count against ``ServerConfiguration/maxOpenRequests``.
+    var openCount: Int { binary.count + text.count + offWire.count }
+    /// The requests whose answers the client waits for.
+    var answersOwed: Int { binary.count + text.count }
 }
 
 extension Connection {
@@ -70,12 +76,35 @@ extension Connection {
             return
         }
         if isClosing { return request.abandonCancelling() }
+        register(request)
+    }
+
+    /// Puts `request` in the table its origin says; one whose answer goes on the wire is a reply pending.
+    private func register(_ request: PendingRequest) {
         request.isRegistered = true
         switch request.origin {
         case .binary(let id): withBinaryRequests { $0[id] = request }
         case .text: withTextRequests { $0[request.serial] = request }
+        case .offWire: return withOffWire { $0[request.serial] = request }
         }
         core.stats.repliesPending += 1
+    }
+
+    /// Keeps a request with id 0 that is about to wait on a holder, a loop or a node among this
+    /// connection's open requests until it is finished, so that it counts against the limit and is
+    /// cancelled if the connection closes first (wire.md, "Open requests"). False, and it must not be
+    /// sent, when the connection is closing or has as many open requests as it may (counted as refused:
+    /// nobody waits for an ERROR).
+    func keepOffWire(_ request: PendingRequest) -> Bool {
+        guard !isClosing else { return false }
+        guard requests.openCount < maxOpenRequests else {
+            core.stats.openRequestsRefused += 1
+            return false
+        }
+        requests.lastSerial += 1
+        request.keepOffWire(by: self, serial: requests.lastSerial)
+        register(request)
+        return true
     }
 
     /// A new request from this client (detached, answered nowhere, when `origin` is nil).
@@ -125,6 +154,7 @@ extension Connection {
         switch request.origin {
         case .binary(let id): writeBinaryAnswer(answer, id: id)
         case .text(let id, let kind): TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
+        case .offWire: break
         }
         afterAnswer(request)
     }
@@ -138,6 +168,7 @@ extension Connection {
         switch request.origin {
         case .binary(let id): writeSuccess(value, codec: codec, id: id)
         case .text(let id, let kind): TextMode.writeAnswer(.success(value, codec), id: id, kind: kind, on: self)
+        case .offWire: break
         }
         afterAnswer(request)
     }
@@ -157,14 +188,18 @@ extension Connection {
         switch request.origin {
         case .binary(let id): withBinaryRequests { _ = $0.removeValue(forKey: id) }
         case .text: withTextRequests { _ = $0.removeValue(forKey: request.serial) }
+        case .offWire: return withOffWire { _ = $0.removeValue(forKey: request.serial) }
         }
         core.stats.repliesPending -= 1
     }
 
-    /// Takes an open request off the wire: it goes on, but its answer will go nowhere.
+    /// Takes an open request off the wire (a duplicate id was answered in its place): it goes on, and
+    /// stays open (counted against the limit, cancelled if the connection closes first) until it is
+    /// finished, but its answer goes nowhere.
     func detach(_ request: PendingRequest) {
         forget(request)
-        request.abandon()
+        request.keepOffWire(by: self, serial: request.serial)
+        register(request)
         afterAnswer(request)
     }
 
@@ -184,7 +219,7 @@ extension Connection {
     }
 
     func closeIfPeerIsDone() {
-        if peerFinishedSending, openRequestCount == 0 { closeAfterFlush(closeReasonOncePeerIsDone) }
+        if peerFinishedSending, requests.answersOwed == 0 { closeAfterFlush(closeReasonOncePeerIsDone) }
     }
 
     /// Answers every open request (for shutdown), oldest first.
@@ -194,6 +229,7 @@ extension Connection {
 
     private var openRequestsOldestFirst: [PendingRequest] {
         let open = withBinaryRequests { Array($0.values) } + withTextRequests { Array($0.values) }
+            + withOffWire { Array($0.values) }
         return open.sorted { $0.serial < $1.serial }
     }
 
@@ -261,6 +297,13 @@ extension Connection {
         return body(&table)
     }
 
+    private func withOffWire<Result>(_ body: (inout [UInt64: PendingRequest]) -> Result) -> Result {
+        var table: [UInt64: PendingRequest] = [:]
+        swap(&table, &requests.offWire)
+        defer { swap(&table, &requests.offWire) }
+        return body(&table)
+    }
+
     private func withOutgoing<Result>(_ body: (inout [UInt32: Outgoing]) -> Result) -> Result {
         var table: [UInt32: Outgoing] = [:]
         swap(&table, &requests.outgoing)
@@ -313,8 +356,13 @@ extension Connection {
             defer { table = [:] }
             return table
         }
+        let offWire = withOffWire { table in
+            defer { table = [:] }
+            return table
+        }
         for request in open.values { request.abandonCancelling() }
         for request in openText.values { request.abandonCancelling() }
+        for request in offWire.values { request.abandonCancelling() }
         core.stats.repliesPending -= open.count + openText.count
     }
 }

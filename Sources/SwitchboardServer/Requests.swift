@@ -21,6 +21,9 @@ final class PendingRequest {
     enum Origin {
         case binary(id: UInt32)
         indirect case text(id: ChannelValue?, kind: TextRequestKind)  // boxed: copying a binary origin stays trivial
+        /// Its answer goes nowhere, yet its connection keeps it (``Connection/keepOffWire(_:)``): a request
+        /// a duplicate id took off the wire, or a listen with id 0, that waits on a holder or elsewhere.
+        case offWire
 
         var isText: Bool { if case .text = self { true } else { false } }
     }
@@ -30,7 +33,7 @@ final class PendingRequest {
     var connection: Connection?
     let connectionID: UInt64
     private(set) var origin: Origin
-    /// Orders open requests; 0 for a detached request.
+    /// Orders open requests; 0 for a detached request (one its connection does not keep).
     private(set) var serial: UInt64
     /// Set for method calls: their answers are envelopes in this codec, and so is a CANCEL's (`cancelled`).
     private(set) var methodCodec: SharedMethodCodec?
@@ -108,6 +111,14 @@ final class PendingRequest {
         onCancel = .nothing  // a hook set after the last answer must not reach this request
     }
 
+    /// Takes the request off the wire, its answer to go nowhere, while `connection` keeps it as an open
+    /// request under `serial` (a detached one gets its first serial here).
+    func keepOffWire(by connection: Connection, serial: UInt64) {
+        self.connection = connection
+        origin = .offWire
+        self.serial = serial
+    }
+
     /// Forgets the requester (it disconnected): a late answer goes nowhere.
     func abandon() {
         connection = nil
@@ -124,7 +135,7 @@ final class PendingRequest {
     }
 
     var isText: Bool { origin.isText }
-    /// Whether nobody waits for the answer (a MESSAGE with id 0).
+    /// Whether nobody waits for the answer (a MESSAGE with id 0), nor keeps the request open.
     var isDetached: Bool { serial == 0 }
 
     /// Tells whoever works on the request that the requester cancelled it.

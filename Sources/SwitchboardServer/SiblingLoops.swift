@@ -9,8 +9,9 @@ import SwitchboardCodec
 /// Broadcasts and a held channel's events go to each sibling loop with listeners on their channel.
 /// Each loop runs its jobs in order, so an answer that starts a stream comes before the stream's
 /// events. Nothing is lost between loops but what is counted: events wait for a loop in a bounded
-/// count (``LoopGroup/siblingEventLimit``), calls, answers, cancels and leaves are never dropped (the
-/// requests open on a loop are bounded where they are made). Loop thread only.
+/// count (``LoopGroup/siblingEventLimit``), calls, answers, cancels, leaves and the ends of holders'
+/// streams are never dropped (the requests open on a loop are bounded where they are made, the ends by
+/// the streams). Loop thread only.
 final class SiblingLoops: Elsewhere {
     /// This loop's place, and its name as a caller or holder (`loop 2`).
     let index: Int
@@ -200,16 +201,24 @@ final class SiblingLoops: Elsewhere {
     // MARK: Events
 
     func publish(on channel: String, frame: [UInt8]?, fromHolder: Bool) {
+        publish(on: channel, frame: frame, fromHolder: fromHolder, ending: false)
+    }
+
+    /// ``publish(on:frame:fromHolder:)``; `ending`: a holder's event that ends its stream (its end, or
+    /// the `handler_gone` before it), which, like any end of a stream, waits past the limit: a listener
+    /// must hear that its stream ended, and ends are bounded by the streams, not by a producer.
+    func publish(on channel: String, frame: [UInt8]?, fromHolder: Bool, ending: Bool) {
         guard let frame else { eventsUnsent += 1; return }  // no wire form: no listener got it either
         let loops = group.loopsListening(to: channel, besides: index)
         guard !loops.isEmpty else { return }
         let envelope = ClusterLink.eventEnvelope(in: frame)  // nil: a holder's end of the stream
         guard envelope != nil || fromHolder else { return }
         let holder = fromHolder ? name : nil
+        let mayBeDropped = !ending && envelope != nil
         eventsOut += 1
         for loop in loops {
             let count = group.siblingEventsWaiting[loop]
-            guard count.value.add(1, ordering: .relaxed).newValue <= LoopGroup.siblingEventLimit else {
+            guard count.value.add(1, ordering: .relaxed).newValue <= LoopGroup.siblingEventLimit || !mayBeDropped else {
                 count.value.subtract(1, ordering: .relaxed)
                 dropped += 1
                 onDropped?()
