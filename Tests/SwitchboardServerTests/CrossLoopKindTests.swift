@@ -9,7 +9,7 @@ import SwitchboardWire
 struct CrossLoopKindTests {
     @Test("a text-mode listen judged on the caller's loop, whose channel its holder re-declares a method channel on the way, is refused forbidden as the call it has become, and counted in crossLoop.callsForbidden")
     func textListenThatBecomesACall() async throws {
-        let settings = LiveSettings(PluginConfiguration(access: CrossLoopReviewTests.rules))  // viewer may listen, not call, on orders/*
+        let settings = LiveSettings(PluginConfiguration(access: InFlightBetweenLoopsTests.rules))  // viewer may listen, not call, on orders/*
         let gate = LoopGate()
         try await withServer({ $0.loops = 4 }, setUp: { server in
             for plugin in PluginConfiguration.plugins(reading: settings) { server.load(plugin) }

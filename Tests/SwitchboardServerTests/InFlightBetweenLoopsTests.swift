@@ -32,10 +32,9 @@ final class LoopGate: Sendable {
     func release() { released.add(1, ordering: .acquiringAndReleasing) }
 }
 
-/// Attacks on the way between loops (issue 31's review): what a request meets when the channel it
-/// goes to changes between the caller's loop and the holder's.
-@Suite("Review: requests in flight between loops")
-struct CrossLoopReviewTests {
+/// What a request meets when the channel it goes to changes between the caller's loop and the holder's.
+@Suite("Requests in flight between loops")
+struct InFlightBetweenLoopsTests {
     /// viewer may send on `orders/*` and call nothing there; ops may register them.
     static let rules = AccessRules(users: [
         .init(name: "viewer", tokenSha256: sha("viewer-token"), allow: .init(call: ["test/*"], send: ["orders/*"])),
@@ -165,7 +164,7 @@ struct CrossLoopReviewTests {
     }
 }
 
-@Suite("Review: what waits between loops is bounded")
+@Suite("What waits between loops is bounded")
 struct CrossLoopBoundTests {
     @Test("listens with id 0 to an event channel held on another loop, whose holder has not answered the first, leave nothing waiting once their connection is gone, and never more than its open requests")
     func detachedListensToAnotherLoopAreNotKeptForever() async throws {
