@@ -491,7 +491,10 @@ extension ServerCore {
         registration.countEvent()
         let event = OutboundEvent(channel: registration.name, content: payload.map(EventContent.encoded) ?? .end,
                                   codec: registration.methodCodec)
-        if case .starting = registration.upstream, registration.early.count < events.queueLimit || payload == nil {
+        // Kept for the holder's answer: up to the queue's limit, and an end, after which nothing more
+        // (an end is never dropped between loops, so a holder's thousand ends must not be kept).
+        if case .starting = registration.upstream, registration.early.last?.isEnd != true,
+           registration.early.count < events.queueLimit || payload == nil {
             registration.early.append(event)
         }
         for stream in events.listeners.all { stream.deliver(event) }

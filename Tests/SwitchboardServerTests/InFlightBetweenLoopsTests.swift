@@ -166,6 +166,28 @@ struct InFlightBetweenLoopsTests {
 
 @Suite("What waits between loops is bounded")
 struct CrossLoopBoundTests {
+    @Test("ends a holder sends before it answers the first listen are kept once: only one crosses to each listening loop, whatever the holder sends")
+    func endsBeforeTheListenIsAnsweredCrossOnce() async throws {
+        try await withServer({ $0.loops = 2 }) { _, port in
+            let listener = try RawConnection(port: port), holder = try RawConnection(port: port)  // loops 0 and 1
+            try holder.send(Frame(.register, id: 1, channel: "ev", payload: Array(#"{"kind":"event"}"#.utf8)))
+            #expect(try await holder.frame() == Frame(.reply, id: 1, payload: nil))
+            try listener.send(.call(2, "ev", "listen"))
+            let listen = try await holder.nextNonPing()  // left unanswered while the holder sends ends
+            #expect(listen.kind == .message && listen.channel == "ev")
+            var ends: [UInt8] = []
+            for _ in 0..<2000 { ends += Frame(.message, id: 0, channel: "ev", payload: nil).bytes }
+            try holder.send(ends)
+            _ = try await holder.barrier()
+            try holder.send(Frame(.reply, id: listen.id, payload: try StandardMethodCodec().encodeSuccessEnvelope(.null)))
+            #expect(try await listener.nextNonPing().id == 2)
+            let end = try await listener.nextNonPing()
+            #expect(end.channel == "ev" && end.payload == nil)
+            guard case .success(let stats) = try await call(listener, 9, "switchboard/stats", "get") else { throw TestFailure("no stats") }
+            #expect(stats["crossLoop"]?["eventsIn"] == 1, "ends that crossed: \(String(describing: stats["crossLoop"]))")
+        }
+    }
+
     @Test("listens with id 0 to an event channel held on another loop, whose holder has not answered the first, leave nothing waiting once their connection is gone, and never more than its open requests")
     func detachedListensToAnotherLoopAreNotKeptForever() async throws {
         try await withServer({ $0.loops = 4; $0.maxOpenRequests = 8 }) { _, port in
