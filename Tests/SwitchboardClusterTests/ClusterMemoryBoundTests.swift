@@ -10,11 +10,7 @@ import SwitchboardWire
 /// routes to the bus, and the tables of the channels it holds.
 @Suite struct ClusterMemoryBoundTests {
     private func stats(_ wire: RawConnection, id: UInt32) async throws -> ChannelValue {
-        try wire.send(.call(id, "switchboard/stats", "get"))
-        while true {
-            let frame = try await wire.frame()
-            if frame.id == id, frame.kind == .reply { return try frame.envelope().get() }
-        }
+        try await call(wire, id, "switchboard/stats", "get").get()
     }
 
     /// Runs `part` on each loop of `server`.

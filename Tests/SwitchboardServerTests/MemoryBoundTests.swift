@@ -10,11 +10,7 @@ import SwitchboardWire
 /// requests, credit before a listen, and the tables of the channels it holds.
 @Suite struct MemoryBoundTests {
     private func stats(_ wire: RawConnection, id: UInt32) async throws -> ChannelValue {
-        try wire.send(.call(id, "switchboard/stats", "get"))
-        while true {
-            let frame = try await wire.frame()
-            if frame.id == id, frame.kind == .reply { return try frame.envelope().get() }
-        }
+        try await call(wire, id, "switchboard/stats", "get").get()
     }
 
     /// A holder of `sink/x` that never answers, then `body` with it and the port.
