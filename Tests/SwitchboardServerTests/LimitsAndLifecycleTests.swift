@@ -1,3 +1,4 @@
+import Synchronization
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
@@ -144,18 +145,20 @@ import SwitchboardWire
 
     @Test("a connection silent when the drain began, or made during it, gets GOAWAY once it picks a mode")
     func goAwayWhenTheModeIsChosen() async throws {
+        // The drain lasts until the test answers the stuck call, not for a time: a loaded machine can hold
+        // this test up past any drain timeout, which closes the ports before the late connection is made.
         var config = ServerConfiguration.forTests()
-        config.drainTimeoutMs = 2000
+        config.drainTimeoutMs = 60_000
         let server = try Server(configuration: config)
         server.installDemoChannels()
-        let started = AtomicCounter()
-        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, _ in started.increment() }  // keeps the drain going
+        let stuck = Mutex<[MethodResult]>([])
+        MethodChannel(name: "stuck", server: server).setMethodCallHandler { _, result in stuck.withLock { $0.append(result) } }
         let port = try server.start()
         let busy = try RawConnection(port: port)
         try busy.send(.call(1, "stuck", "x"))
         let silent = try RawConnection(port: port)
         #expect(try await eventually {  // the call is in, and both connections are the server's (and /healthz's own)
-            guard started.value > 0, let health = httpGet("/healthz", port: port) else { return false }
+            guard !stuck.withLock(\.isEmpty), let health = httpGet("/healthz", port: port) else { return false }
             return try JSONText.parse(Array(health.body.utf8))["connections"] == 3
         })
         server.shutdown()
@@ -168,6 +171,7 @@ import SwitchboardWire
         try late.send(line: #"{"id":3,"call":"switchboard/echo","method":"echo"}"#)
         #expect(try await late.line()["goaway"] != nil)
         #expect(try await late.line()["error"]?["code"] == "going_away")
+        stuck.withLock { $0.forEach { $0.success(.null) } }  // the drain is over
         await server.waitUntilStopped()
     }
 
