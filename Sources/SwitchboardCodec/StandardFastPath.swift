@@ -76,7 +76,7 @@ enum StandardFastPath {
         // Storage much larger than this argument is let go: while handlers keep their arguments, each
         // would otherwise get (and keep) a copy of that size.
         spare.removeAll(keepingCapacity: spare.capacity <= 2 * bytes.count + 256)
-        spare.append(contentsOf: bytes)
+        spare.append(copying: bytes)
         return spare
     }
 

@@ -56,14 +56,14 @@ extension Connection {
         swap(&meanwhile, &outbound.bytes)
         guard !meanwhile.isEmpty else { return }  // rare: output made while the buffer was out
         var buffer = takeOutbound()
-        buffer.append(contentsOf: meanwhile)
+        buffer.append(copying: meanwhile)
         swap(&buffer, &outbound.bytes)
     }
 
     func writeRaw(_ bytes: [UInt8]) {
         guard !isClosed else { return }
         var buffer = takeOutbound()
-        buffer.append(contentsOf: bytes)
+        buffer.append(copying: bytes)
         restoreOutbound(buffer)
         outbound.unflushedFrames += 1
         markDirty()

@@ -62,7 +62,7 @@ public struct Frame: Equatable, Sendable {
         appendHeader(kind, id: id, channelLength: channelLength, payloadLength: payload?.count ?? 0,
                      flags: payload == nil ? nullPayloadFlag : 0, to: &out)
         if channelLength > 0 { out.append(contentsOf: channel.utf8) }
-        if let payload { out.append(contentsOf: payload) }
+        if let payload { out.append(copying: payload) }
     }
 
     /// Appends a header whose length is left open, for a payload written in place after it; returns
