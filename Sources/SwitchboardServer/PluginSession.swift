@@ -304,9 +304,9 @@ final class PluginSession {
     /// Answers a request that never reached a channel.
     private func answerNow(_ origin: PendingRequest.Origin, _ answer: Answer, request inbound: InboundRequest,
                            on connection: Connection) {
-        var request = traced(inbound) { connection.makeRequest(origin, methodCodec: inbound.codec) }
+        let request = traced(inbound) { connection.makeRequest(origin, methodCodec: inbound.codec) }
         request.answer(answer)
-        connection.settle(&request)
+        connection.settle(request)
     }
 
     /// Runs `body` with the request's trace ready for the ``PendingRequest`` it makes.
@@ -324,9 +324,9 @@ final class PluginSession {
         if case .bytes(let bytes?) = request.payload { kept.payload = .bytes(ArraySlice(Array(bytes))) }  // off the read buffer
         var placeholder: PendingRequest?
         if case .request(let origin?) = target {
-            var open = traced(request) { connection.makeRequest(origin, methodCodec: request.codec) }
+            let open = traced(request) { connection.makeRequest(origin, methodCodec: request.codec) }
             placeholder = open
-            connection.settle(&open)  // registers it: CANCEL, duplicate ids, disconnects and the drain see it
+            connection.settle(open)  // registers it: CANCEL, duplicate ids, disconnects and the drain see it
         }
         return ParkedRequest(connection: connection, request: kept, target: target, resumeAt: resumeAt, plugin: plugin,
                              placeholder: placeholder)

@@ -50,8 +50,7 @@ extension Connection {
     /// Routes a request from this client. One its handler does not answer at once is kept in the table
     /// of open requests (for CANCEL, duplicate ids, disconnects and the shutdown drain).
     func handleRequest(_ origin: PendingRequest.Origin, channel: String, input: RouteInput, refusing refusedKinds: UInt8 = 0) {
-        var request = core.route(channel: channel, input: input, origin: origin, connection: self, refusing: refusedKinds)
-        settle(&request)
+        settle(core.route(channel: channel, input: input, origin: origin, connection: self, refusing: refusedKinds))
     }
 
     /// Hands a binary method call to its channel's handler on this loop, decoded in place: the common
@@ -60,18 +59,19 @@ extension Connection {
     /// answered nowhere). It skips the routing enum, and an answered request becomes the next one's spare.
     @inline(__always)
     func dispatchCall(to method: MethodEntry, payload: ArraySlice<UInt8>?, origin: PendingRequest.Origin?) {
-        var request = makeRequest(origin, methodCodec: method.codec)
+        let request = makeRequest(origin, methodCodec: method.codec)
         core.invoke(method, payload: payload, request: request, connection: self)
-        if origin != nil { settle(&request) }
+        if origin != nil { settle(request) }
     }
 
     /// After a request's handler has run: an open request goes into the table of open requests; an
     /// answered one becomes the spare for the next request, unless its handler kept its `MethodResult`
     /// (which a later answer would then reach).
-    func settle(_ request: inout PendingRequest) {
+    /// Takes `request` (moved, not copied: a copy would cost a retain and a release per call).
+    func settle(_ request: consuming PendingRequest) {
         guard !request.isAnswered else {
             guard isKnownUniquelyReferenced(&request) else { return }
-            var spare: PendingRequest? = request
+            var spare: PendingRequest? = consume request
             swap(&spare, &requests.spare)  // the old spare, if any, is let go outside the access
             return
         }

@@ -105,7 +105,8 @@ final class PendingRequest {
         self.connection = connection
         self.origin = origin
         self.serial = serial
-        self.methodCodec = methodCodec
+        // Mostly the codec of the call before: assigning it again would retain and release it.
+        if methodCodec !== self.methodCodec { self.methodCodec = methodCodec }
         isRegistered = false
         isAnswered = false
         onCancel = .nothing  // a hook set after the last answer must not reach this request
