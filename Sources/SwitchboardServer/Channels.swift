@@ -99,10 +99,13 @@ public struct MethodResult: Sendable {
     /// The caller.
     public let client: ClientID
 
-    init(request: PendingRequest, loop: LoopHandle) {
+    init(request: consuming PendingRequest, loop: LoopHandle) {
+        client = ClientID(request.connectionID)
         self.request = LoopBound(request, loop: loop)
-        self.client = ClientID(request.connectionID)
     }
+
+    /// The request, moved back out once the handler has returned (loop thread only).
+    consuming func takeRequest() -> PendingRequest { request.take() }
 
     // Each answer is given at once when the handler answers on the loop thread (the common case: no
     // hop and no closure), else queued onto the loop.

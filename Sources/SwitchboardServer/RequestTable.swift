@@ -59,8 +59,7 @@ extension Connection {
     /// answered nowhere). It skips the routing enum, and an answered request becomes the next one's spare.
     @inline(__always)
     func dispatchCall(to method: MethodEntry, payload: ArraySlice<UInt8>?, origin: PendingRequest.Origin?) {
-        let request = makeRequest(origin, methodCodec: method.codec)
-        core.invoke(method, payload: payload, request: request, connection: self)
+        let request = core.invoke(method, payload: payload, request: makeRequest(origin, methodCodec: method.codec), connection: self)
         if origin != nil { settle(request) }
     }
 

@@ -355,4 +355,10 @@ public struct LoopBound<Value>: @unchecked Sendable {
         assert(loop.isInLoopThread || !loop.isRunning, "loop-bound value touched off the loop thread")
         return storage
     }
+
+    /// The value, moved out of the wrapper (no retain where ``value`` would copy it); loop thread only.
+    public consuming func take() -> Value {
+        assert(loop.isInLoopThread || !loop.isRunning, "loop-bound value touched off the loop thread")
+        return storage
+    }
 }
