@@ -52,7 +52,10 @@ final class Registration {
     }
 
     let name: String
-    unowned let holder: Connection
+    /// Strong, so that reading it costs no check (an `unowned` load is an atomic retain and release): the
+    /// directory lets go of a registration when its holder leaves (``ServerCore/holderLeft(_:)``), and the
+    /// holder's route cache, the one way back from the holder, is emptied when it closes.
+    let holder: Connection
     let kind: Kind?
     let codec: DeclaredCodec?
     /// The listeners of a held event channel, kept by the server.

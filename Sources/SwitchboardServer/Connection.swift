@@ -584,6 +584,7 @@ final class Connection {
             endStream(stream, notifyHandler: true)
         }
         dropRequests()
+        routeCache = RouteCache()  // it may name a channel this connection held, which names it back
         core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")
     }

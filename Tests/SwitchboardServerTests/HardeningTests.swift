@@ -160,6 +160,26 @@ import SwitchboardWire
         #expect(core == nil)
     }
 
+    /// A registration refers to its holder strongly, and the holder's route cache can name that
+    /// registration (a holder calling, or sending events on, its own channel): the cycle must end when the
+    /// holder closes, or every such holder would stay in memory after it had gone.
+    @Test func aHolderThatRoutedToItsOwnChannelIsFreedWhenItCloses() throws {
+        let embedded = try EmbeddedServer()
+        weak var closed: Connection?
+        do {
+            let holder = embedded.connect()
+            holder.send(Frame(.register, id: 1, channel: "own/feed", payload: Array(#"{"kind":"event"}"#.utf8)))
+            holder.send(Frame(.message, id: 0, channel: "own/feed", payload: try StandardMethodCodec().encodeSuccessEnvelope(.int32(1))))
+            embedded.run()
+            #expect(try holder.frames().first?.kind == .reply)
+            closed = try #require(embedded.server.core.value.connections.values.first)
+            holder.peerCloses(error: UVError(code: -104, operation: "read"))  // a reset: gone at once
+            embedded.advanceTime(byMs: 1_000)  // housekeeping lets go of closed connections
+        }
+        #expect(embedded.server.core.value.connections.isEmpty)
+        #expect(closed == nil)
+    }
+
     /// Once a loop has finished, no thread is its thread, although thread ids get reused.
     @Test func aFinishedLoopHasNoThread() async throws {
         let eventLoop = try EventLoop()
