@@ -13,6 +13,7 @@ let package = Package(
         .library(name: "SwitchboardCodec", targets: ["SwitchboardCodec"]),
         .library(name: "SwitchboardWire", targets: ["SwitchboardWire"]),
         .library(name: "SwitchboardTransport", targets: ["SwitchboardTransport"]),
+        .library(name: "SwitchboardPluginAPI", targets: ["SwitchboardPluginAPI"]),
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .library(name: "SwitchboardPlugins", targets: ["SwitchboardPlugins"]),
@@ -55,9 +56,15 @@ let package = Package(
             swiftSettings: safeSettings
         ),
         .target(
+            name: "SwitchboardPluginAPI",
+            dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport"],
+            swiftSettings: safeSettings
+        ),
+        .target(
             name: "SwitchboardServer",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", "SwitchboardConsole", "SwitchboardCluster",
+                "SwitchboardPluginAPI",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -68,7 +75,7 @@ let package = Package(
         .target(
             name: "SwitchboardPlugins",
             dependencies: [
-                "SwitchboardCodec", "SwitchboardServer", "SwitchboardTransport",
+                "SwitchboardCodec", "SwitchboardPluginAPI", "SwitchboardTransport",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: safeSettings
@@ -90,7 +97,7 @@ let package = Package(
             name: "SwitchboardTesting",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardServer", "SwitchboardTransport", "SwitchboardPlugins",
-                .product(name: "Logging", package: "swift-log"),
+                "SwitchboardPluginAPI", .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(
@@ -119,7 +126,7 @@ let package = Package(
             name: "SwitchboardClientTests",
             dependencies: [
                 "SwitchboardClient", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
-                "SwitchboardPlugins", "SwitchboardTransport",
+                "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardTransport",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -134,8 +141,8 @@ let package = Package(
         .testTarget(
             name: "SwitchboardServerTests",
             dependencies: [
-                "SwitchboardServer", "SwitchboardPlugins", "SwitchboardWire", "SwitchboardCodec", "SwitchboardTesting",
-                "SwitchboardCluster", "SwitchboardTransport",
+                "SwitchboardServer", "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardWire", "SwitchboardCodec",
+                "SwitchboardTesting", "SwitchboardCluster", "SwitchboardTransport",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -143,8 +150,8 @@ let package = Package(
         .testTarget(
             name: "SwitchboardPluginsTests",
             dependencies: [
-                "SwitchboardPlugins", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
-                "SwitchboardTransport", .product(name: "Logging", package: "swift-log"),
+                "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire",
+                "SwitchboardTesting", "SwitchboardTransport", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

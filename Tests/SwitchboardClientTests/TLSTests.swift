@@ -4,6 +4,7 @@ import Synchronization
 import Testing
 import SwitchboardClient
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTesting
