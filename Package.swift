@@ -17,6 +17,7 @@ let package = Package(
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .library(name: "SwitchboardPlugins", targets: ["SwitchboardPlugins"]),
+        .library(name: "SwitchboardDemo", targets: ["SwitchboardDemo"]),
         .library(name: "SwitchboardCluster", targets: ["SwitchboardCluster"]),
         .library(name: "SwitchboardTesting", targets: ["SwitchboardTesting"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
@@ -81,6 +82,11 @@ let package = Package(
             swiftSettings: safeSettings
         ),
         .target(
+            name: "SwitchboardDemo",
+            dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", "SwitchboardServer"],
+            swiftSettings: safeSettings
+        ),
+        .target(
             name: "SwitchboardCluster",
             dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: safeSettings
@@ -97,14 +103,14 @@ let package = Package(
             name: "SwitchboardTesting",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardServer", "SwitchboardTransport", "SwitchboardPlugins",
-                "SwitchboardPluginAPI", .product(name: "Logging", package: "swift-log"),
+                "SwitchboardPluginAPI", "SwitchboardDemo", .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(
             name: "switchboard",
             dependencies: [
                 "SwitchboardServer", "SwitchboardPlugins", "SwitchboardClient", "SwitchboardTransport", "SwitchboardWire", "SwitchboardCodec",
-                "SwitchboardCluster",
+                "SwitchboardCluster", "SwitchboardDemo",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "Logging", package: "swift-log"),
@@ -126,7 +132,7 @@ let package = Package(
             name: "SwitchboardClientTests",
             dependencies: [
                 "SwitchboardClient", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
-                "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardTransport",
+                "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardTransport", "SwitchboardDemo",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -135,14 +141,14 @@ let package = Package(
             name: "SwitchboardClusterTests",
             dependencies: [
                 "SwitchboardCluster", "SwitchboardTransport", "SwitchboardServer", "SwitchboardClient", "SwitchboardCodec",
-                "SwitchboardTesting", "SwitchboardWire", "SwitchboardPlugins", .product(name: "Logging", package: "swift-log"),
+                "SwitchboardTesting", "SwitchboardWire", "SwitchboardPlugins", "SwitchboardDemo", .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(
             name: "SwitchboardServerTests",
             dependencies: [
                 "SwitchboardServer", "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardWire", "SwitchboardCodec",
-                "SwitchboardTesting", "SwitchboardCluster", "SwitchboardTransport",
+                "SwitchboardTesting", "SwitchboardCluster", "SwitchboardTransport", "SwitchboardDemo",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -151,7 +157,7 @@ let package = Package(
             name: "SwitchboardPluginsTests",
             dependencies: [
                 "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire",
-                "SwitchboardTesting", "SwitchboardTransport", .product(name: "Logging", package: "swift-log"),
+                "SwitchboardTesting", "SwitchboardTransport", "SwitchboardDemo", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

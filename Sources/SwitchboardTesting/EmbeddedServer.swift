@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import SwitchboardDemo
 import SwitchboardPluginAPI
 import SwitchboardServer
 import SwitchboardTransport

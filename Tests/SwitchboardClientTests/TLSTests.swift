@@ -4,6 +4,7 @@ import Synchronization
 import Testing
 import SwitchboardClient
 import SwitchboardCodec
+import SwitchboardDemo
 import SwitchboardPluginAPI
 import SwitchboardPlugins
 import SwitchboardServer
