@@ -15,6 +15,7 @@ let package = Package(
         .library(name: "SwitchboardTransport", targets: ["SwitchboardTransport"]),
         .library(name: "SwitchboardPluginAPI", targets: ["SwitchboardPluginAPI"]),
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
+        .library(name: "SwitchboardServerCombine", targets: ["SwitchboardServerCombine"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .library(name: "SwitchboardPlugins", targets: ["SwitchboardPlugins"]),
         .library(name: "SwitchboardDemo", targets: ["SwitchboardDemo"]),
@@ -69,6 +70,13 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+            ],
+            swiftSettings: safeSettings
+        ),
+        .target(
+            name: "SwitchboardServerCombine",
+            dependencies: [
+                "SwitchboardCodec", "SwitchboardTransport", "SwitchboardServer",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
             ],
             swiftSettings: safeSettings
@@ -149,8 +157,14 @@ let package = Package(
             dependencies: [
                 "SwitchboardServer", "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardWire", "SwitchboardCodec",
                 "SwitchboardTesting", "SwitchboardCluster", "SwitchboardTransport", "SwitchboardDemo",
-                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "SwitchboardServerCombineTests",
+            dependencies: [
+                "SwitchboardServerCombine", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
+                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
             ]
         ),
         .testTarget(
