@@ -118,6 +118,10 @@ public final class ConnectionContext {
     /// The name this client used for its stream on `channel`, when a stage renamed its `listen`.
     public func listenedName(of channel: String) -> String? { listenedNames[channel] }
 
+    /// The channel a stage renamed this client's `listen` on `name` to, if one did: its DEMAND frames on
+    /// `name` go there.
+    package func channel(renamedFrom name: String) -> String? { channelRenames[name] }
+
     private let eventLoop: EventLoop
     private var authenticatedAs: String?
     private var hellos = 0
@@ -127,7 +131,7 @@ public final class ConnectionContext {
     private var states: [(key: ObjectIdentifier, value: AnyObject)] = []
     /// Event channels this client listens to by another name (a stage renamed its `listen`): its DEMAND
     /// frames on the old name go to the new one.
-    package var channelRenames: [String: String] = [:]
+    private var channelRenames: [String: String] = [:]
     /// The same, from the channel's name to the name the client used.
     private var listenedNames: [String: String] = [:]
 
