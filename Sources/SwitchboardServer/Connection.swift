@@ -1,5 +1,6 @@
 import Logging
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardTransport
 import SwitchboardWire
 
@@ -419,7 +420,7 @@ final class Connection {
     /// Adds credit to the channel's active stream, or keeps it for the next `listen` while the channels
     /// kept stay within ``pendingCreditLimit`` (past it, the DEMAND is ignored and counted).
     func addDemand(_ n: UInt32, channel: String) {
-        let channel = plugins?.context.channelRenames[channel] ?? channel
+        let channel = plugins?.context.channel(renamedFrom: channel) ?? channel
         if let stream = streams[channel] {
             stream.addCredit(n)
         } else if let credit = pendingCredit[channel] {

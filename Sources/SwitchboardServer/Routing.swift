@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardWire
 
 /// Routing on one loop: where a channel's name leads (a server-side channel, a channel a client holds

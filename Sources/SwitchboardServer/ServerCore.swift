@@ -4,6 +4,7 @@ import Glibc
 import Logging
 import SwitchboardCluster
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardTransport
 import SwitchboardWire
 

@@ -1,6 +1,8 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import SwitchboardDemo
+import SwitchboardPluginAPI
 import SwitchboardServer
 import SwitchboardTransport
 

@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import Logging
 import SwitchboardCluster
+import SwitchboardDemo
 import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTransport

@@ -4,6 +4,7 @@ import Glibc
 import Synchronization
 import Testing
 import SwitchboardCodec
+import SwitchboardDemo
 @testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport
