@@ -173,7 +173,8 @@ import SwitchboardWire
             holder.send(Frame(.message, id: 0, channel: "own/feed", payload: try StandardMethodCodec().encodeSuccessEnvelope(.int32(1))))
             embedded.run()
             #expect(try holder.frames().first?.kind == .reply)
-            closed = try #require(embedded.server.core.value.connections.values.first)
+            let connection = try #require(embedded.server.core.value.connections.values.first)
+            closed = connection
             holder.peerCloses(error: UVError(code: -104, operation: "read"))  // a reset: gone at once
             embedded.advanceTime(byMs: 1_000)  // housekeeping lets go of closed connections
         }
