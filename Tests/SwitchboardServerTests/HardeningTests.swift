@@ -182,6 +182,30 @@ import SwitchboardWire
         #expect(closed == nil)
     }
 
+    /// Review: another connection's one-entry route cache names the registration, which names its holder
+    /// strongly: a caller that goes idle after calling a held channel keeps the holder that left in memory.
+    @Test func aHolderThatLeftIsFreedWhileItsLastCallerIdles() throws {
+        let embedded = try EmbeddedServer()
+        weak var closed: Connection?
+        let caller: InMemoryTransport
+        do {
+            let holder = embedded.connect()
+            holder.send(Frame(.register, id: 1, channel: "held/m", payload: Array(#"{"kind":"method"}"#.utf8)))
+            embedded.run()
+            #expect(try holder.frames().first?.kind == .reply)
+            closed = try #require(embedded.server.core.value.connections.values.first)
+            caller = embedded.connect()
+            caller.send(try .call(1, "held/m", "get", .null))
+            embedded.run()
+            #expect(try holder.frames().first?.kind == .message)  // forwarded to the holder
+            holder.peerCloses(error: UVError(code: -104, operation: "read"))
+            embedded.advanceTime(byMs: 1_000)
+        }
+        #expect(try caller.frames().first?.kind == .error)  // handler_gone
+        #expect(embedded.server.core.value.connections.count == 1)
+        #expect(closed == nil)
+    }
+
     /// Once a loop has finished, no thread is its thread, although thread ids get reused.
     @Test func aFinishedLoopHasNoThread() async throws {
         let eventLoop = try EventLoop()
