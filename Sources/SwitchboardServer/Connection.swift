@@ -405,6 +405,12 @@ final class Connection {
         return route
     }
 
+    /// Forgets a cached route the directory has changed since (housekeeping): it may name a registration
+    /// whose holder has left, which the registration would keep in memory.
+    func dropStaleRoute() {
+        if routeCache.version != core.directory.version { routeCache = RouteCache() }
+    }
+
     private func handleDemand(_ frame: FrameDecoder.View) {
         guard let payload = frame.payload, payload.count == 4 else {
             return writeError(.badFrame("DEMAND payload must be exactly 4 bytes"), id: frame.id)

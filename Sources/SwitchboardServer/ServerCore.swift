@@ -391,6 +391,7 @@ final class ServerCore {
             lastTrim = now
         }
         for connection in Array(connections.values) {
+            connection.dropStaleRoute()
             if let since = connection.peerFinishedAt, now - since >= config.drainTimeoutMs {
                 connection.abandonOpenRequests()
                 continue
