@@ -596,11 +596,3 @@ final class Connection {
         logger.debug("connection closed: \(reason.rawValue)")
     }
 }
-
-/// Where a connection's last request went (see ``Connection/route(named:)``).
-struct RouteCache {
-    var name = ""
-    var route: Route?
-    /// The ``ChannelDirectory/version`` the route belongs to (-1: none yet).
-    var version = -1
-}

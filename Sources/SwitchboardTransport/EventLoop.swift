@@ -357,7 +357,7 @@ public struct LoopBound<Value>: @unchecked Sendable {
     }
 
     /// The value, moved out of the wrapper (no retain where ``value`` would copy it); loop thread only.
-    public consuming func take() -> Value {
+    package consuming func take() -> Value {
         assert(loop.isInLoopThread || !loop.isRunning, "loop-bound value touched off the loop thread")
         return storage
     }

@@ -182,8 +182,9 @@ import SwitchboardWire
         #expect(closed == nil)
     }
 
-    /// Review: another connection's one-entry route cache names the registration, which names its holder
-    /// strongly: a caller that goes idle after calling a held channel keeps the holder that left in memory.
+    /// Another connection's one-entry route cache names the registration, which names its holder strongly:
+    /// housekeeping lets go of routes the directory has changed since, or a caller that goes idle after
+    /// calling a held channel would keep the holder that left in memory (with what it had read).
     @Test func aHolderThatLeftIsFreedWhileItsLastCallerIdles() throws {
         let embedded = try EmbeddedServer()
         weak var closed: Connection?
@@ -193,7 +194,8 @@ import SwitchboardWire
             holder.send(Frame(.register, id: 1, channel: "held/m", payload: Array(#"{"kind":"method"}"#.utf8)))
             embedded.run()
             #expect(try holder.frames().first?.kind == .reply)
-            closed = try #require(embedded.server.core.value.connections.values.first)
+            let connection = try #require(embedded.server.core.value.connections.values.first)
+            closed = connection
             caller = embedded.connect()
             caller.send(try .call(1, "held/m", "get", .null))
             embedded.run()
