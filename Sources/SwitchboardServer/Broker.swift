@@ -403,6 +403,9 @@ extension ServerCore {
     /// limit, and it is dropped), and a cancel, or its requester going, takes it off the list.
     private func waitsForHolder(_ request: PendingRequest, from caller: Caller, on registration: Registration) -> Bool {
         if request.isDetached, case .local(let connection) = caller, !connection.keepOffWire(request) { return false }
+        // `unowned request`: the closure lives in the request's own `onCancel`, which an answer and a
+        // reuse as the connection's spare clear first, so it never outlives the request nor runs for the
+        // next call that reuses it (and the spare check, which counts strong references, is not fooled).
         request.onCancel = .handler { [weak registration, unowned request] in
             guard let registration, case .starting(var waiting) = registration.upstream else { return }
             waiting.removeAll { $0.request === request }
