@@ -144,9 +144,8 @@ extension Connection {
     }
 
     /// Closes `request` and writes its answer in this connection's encoding.
-    func finish(_ request: PendingRequest, with answer: Answer) {
+    func finish(_ request: PendingRequest, with answer: consuming Answer) {
         guard !isClosing else { return }
-        var answer = answer
         if let plugins, plugins.tracesRequests, let trace = request.trace {
             answer = plugins.filterAnswer(answer, trace: trace, codec: request.methodCodec?.codec, on: self)
         }
@@ -248,7 +247,7 @@ extension Connection {
         /// nil for the server's own requests (`invokeMethod`, `send`).
         let registration: Registration?
 
-        func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
+        consuming func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
             switch waiter {
             case .relay(let request): core.relay(result, of: registration, to: request)
             case .completion(let completion): completion(result)
@@ -261,7 +260,7 @@ extension Connection {
     /// failure).
     @discardableResult
     func sendRequest(channel: String, payload: [UInt8]?, forwardedOn registration: Registration? = nil,
-                     waiter: Outgoing.Waiter) -> UInt32? {
+                     waiter: consuming Outgoing.Waiter) -> UInt32? {
         let request = Outgoing(waiter: waiter, registration: registration)
         guard mode == .binary, !isClosing else {
             request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)

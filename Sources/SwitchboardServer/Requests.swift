@@ -166,7 +166,7 @@ final class PendingRequest {
     }
 
     /// Sends the answer (if the requester is still connected) and closes the request.
-    func answer(_ answer: Answer) {
+    func answer(_ answer: consuming Answer) {
         if let remoteAnswer {
             guard !isAnswered else { return }
             isAnswered = true
