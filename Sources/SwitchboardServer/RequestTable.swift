@@ -266,13 +266,19 @@ extension Connection {
             request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
         }
-        // One hash per request: an id still in use (only after 2^32 requests) is put back and skipped.
+        // One hash per request, and the request moved into the table: an id still in use (only after
+        // 2^32 requests) gets its request back, and ours tries the next id.
         var id = requests.lastOutgoingID
         repeat { id &+= 1 } while id == 0
-        while let inUse = withOutgoing({ $0.updateValue(request, forKey: id) }) {
-            withOutgoing { $0[id] = inUse }
+        var table: [UInt32: Outgoing] = [:]
+        swap(&table, &requests.outgoing)
+        var displaced = table.updateValue(request, forKey: id)
+        while let inUse = displaced {
+            let ours = table.updateValue(inUse, forKey: id)!
             repeat { id &+= 1 } while id == 0
+            displaced = table.updateValue(ours, forKey: id)
         }
+        swap(&table, &requests.outgoing)
         requests.lastOutgoingID = id
         writeFrame(.message, id: id, channel: channel, payload: payload)
         return id

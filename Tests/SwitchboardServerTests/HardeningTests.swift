@@ -208,6 +208,32 @@ import SwitchboardWire
         #expect(closed == nil)
     }
 
+    /// A holder's outgoing ids wrap after 2^32 requests: an id still waiting for its REPLY is skipped, and
+    /// both requests keep their own answers.
+    @Test func aForwardedRequestSkipsAnIdStillInUse() throws {
+        let embedded = try EmbeddedServer()
+        let holder = embedded.connect(), caller = embedded.connect()
+        holder.send(Frame(.register, id: 1, channel: "held/m", payload: Array(#"{"kind":"method"}"#.utf8)))
+        embedded.run()
+        #expect(try holder.frames().first?.kind == .reply)
+        caller.send(try .call(1, "held/m", "first"))
+        embedded.run()
+        let first = try #require(try holder.frames().first)
+        let holderConnection = try #require(embedded.server.core.value.connections.values.first { $0.requests.lastOutgoingID != 0 })
+        holderConnection.requests.lastOutgoingID = first.id &- 1  // as if the ids had come round
+        caller.send(try .call(2, "held/m", "second"))
+        embedded.run()
+        let second = try #require(try holder.frames().first)
+        #expect(second.id != first.id && second.id != 0)
+        let codec = StandardMethodCodec()
+        holder.send(Frame(.reply, id: second.id, payload: try codec.encodeSuccessEnvelope(.string("to the second"))))
+        holder.send(Frame(.reply, id: first.id, payload: try codec.encodeSuccessEnvelope(.string("to the first"))))
+        embedded.run()
+        let answers = try caller.frames()
+        #expect(answers.map(\.id) == [2, 1])
+        #expect(try answers.map { try codec.decodeEnvelope($0.payload) } == [.success(.string("to the second")), .success(.string("to the first"))])
+    }
+
     /// Once a loop has finished, no thread is its thread, although thread ids get reused.
     @Test func aFinishedLoopHasNoThread() async throws {
         let eventLoop = try EventLoop()
