@@ -362,7 +362,7 @@ final class ClientCore {
         case .pong:
             if pings.remove(frame.id) != nil { pending.removeValue(forKey: frame.id)?.reply(.success(nil)) }
         case .goAway: serverIsGoingAway = true
-        case .hello, .register, .unregister, .demand: break
+        case .hello, .register, .unregister, .demand, .position, .end: break  // never asks for a session (yet)
         }
     }
 

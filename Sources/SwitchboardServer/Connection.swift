@@ -148,6 +148,10 @@ final class Connection {
     private var bytesInWhenPartialSeen = 0
     /// ``ServerConfiguration/maxOpenRequests``.
     let maxOpenRequests: Int
+    /// Its resumable session, if it has one (protocol/resumption.md).
+    var session: Session?
+    /// What a HELLO's `session` may still do on it.
+    var sessionStage = SessionStage.firstFrame
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -251,11 +255,21 @@ final class Connection {
         } else {
             var decoder = FrameDecoder(maxFrame: 0)  // swapped, not copied: no retain of its channel cache
             swap(&decoder, &frameDecoder)
+            var readable = buffer.readableBytes
+            // While a HELLO may ask for a session, frames go one at a time: the one that makes a session
+            // is the last one before its stream begins.
+            while sessionStage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
+                count += 1
+                buffer.consume(length)
+                if sessionStage == .firstFrame { sessionStage = .asked }
+                readable = buffer.readableBytes
+            }
             while !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
                 count += 1
                 buffer.consume(length)  // after the frame's view (and its payload slice) is gone
             }
             swap(&decoder, &frameDecoder)
+            if let session { countInput(readable - buffer.readableBytes, into: session) }
         }
         core.stats.framesIn += count
         if count > 0 {
@@ -325,6 +339,8 @@ final class Connection {
                 core.register(frame.frame, from: self)
             }
         case .unregister: core.unregister(frame.channel, id: frame.id, from: self)
+        case .position: handlePosition(frame)
+        case .end: handleEnd(frame)
         case .welcome, .error, .goAway: break  // refused above
         }
     }
@@ -358,7 +374,7 @@ final class Connection {
         if mode == .text {
             TextMode.writeLine(TextMode.withID(textID, ["welcome": welcome]), on: self)
         } else {
-            writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
+            answerBinaryHello(hello, id: id, length: Frame.headerSize + (payload?.count ?? 0), welcome: welcome)
         }
     }
 
@@ -578,6 +594,7 @@ final class Connection {
 
     /// Ends streams (handlers told), fails server-initiated requests, cancels open requests (their answers go nowhere).
     private func releaseState(_ reason: CloseReason) {
+        if session != nil { connectionLost(reason) }
         plugins?.context.dropStates()
         core.holderLeft(self)
         for stream in Array(streams.values) {

@@ -117,6 +117,8 @@ final class ServerCore {
     private(set) var cluster: ClusterLink?
     /// The caps on connections, shared by the server's loops.
     let quota: ConnectionQuota
+    /// The resumable sessions made on this loop (protocol/resumption.md).
+    let sessions = SessionTable()
     /// The last refusal logged (see ``lastAcceptErrorLog``).
     private var lastRefusalLog: UInt64 = 0
 
@@ -390,6 +392,7 @@ final class ServerCore {
             lastTrim = now
         }
         for connection in Array(connections.values) {
+            if let session = connection.session, session.positionIsDueByTime(at: now) { connection.markDirty() }
             if let since = connection.peerFinishedAt, now - since >= config.drainTimeoutMs {
                 connection.abandonOpenRequests()
                 continue

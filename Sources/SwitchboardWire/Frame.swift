@@ -5,6 +5,9 @@ public struct Frame: Equatable, Sendable {
     /// The frame type byte.
     public enum Kind: UInt8, Sendable, CaseIterable {
         case hello = 1, welcome, message, reply, ping, pong, error, goAway, register, unregister, cancel, demand
+        /// A resumable session's acknowledgement, and its end (protocol/resumption.md): only on a
+        /// connection with a session; anywhere else `bad_frame`, as wire-v1 answers an unknown type.
+        case position, end
 
         /// Whether the type requires a channel name (true), forbids one (false), or takes either (nil).
         public var channelRule: Bool? {

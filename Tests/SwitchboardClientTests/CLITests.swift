@@ -111,6 +111,12 @@ import SwitchboardTesting
         #expect(help.contains("--port-file"))
         #expect(help.contains("listening on HOST:PORT"))
     }
+
+    @Test func serveHelpDocumentsTheSessionSettings() async throws {
+        let cli = try ProgramRun(Self.binary, ["serve", "--help"])
+        let help = try await cli.remainder()
+        for option in ["--session-ttl", "--session-bytes", "--max-parked-sessions"] { #expect(help.contains(option), "\(option)") }
+    }
 }
 
 /// The whole text of the file at `path`.

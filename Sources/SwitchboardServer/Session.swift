@@ -1,0 +1,151 @@
+import SwitchboardCodec
+
+/// A resumable session (protocol/resumption.md): the positions of its two streams and what the
+/// server has sent that the client has not acknowledged. Loop thread only, like its connection.
+final class Session {
+    /// `ackBytes` and `ackMs`, told in every WELCOME that grants a session.
+    static let ackBytes: UInt64 = 65_536, ackMs: UInt64 = 1000
+    /// No stream of a session passes this position (2^53 − 1: exact in any JSON reader).
+    static let maxPosition: UInt64 = (1 << 53) - 1
+
+    let token: SessionToken
+    /// The identity that made it: access control's user, or the certificate's subject; nil for anyone.
+    let identity: String?
+    /// Whether it was made over TLS (it then resumes only over TLS).
+    let overTLS: Bool
+    /// The server's received position: the bytes of the client's stream handled.
+    private(set) var receivedPosition: UInt64 = 0
+    /// The received position last told the client (by WELCOME or POSITION).
+    private(set) var toldPosition: UInt64 = 0
+    /// When the first byte received since ``toldPosition`` arrived.
+    private var untoldSince: UInt64?
+    /// A POSITION goes out with the next flush.
+    private(set) var isPositionDue = false
+    /// Bytes of input handled in the current read that are not in the client's stream (POSITION,
+    /// END, a later HELLO), subtracted when the read is counted.
+    var uncountedInput = 0
+    /// Bytes at the front of the connection's outbound buffer that precede the stream (the WELCOME),
+    /// skipped when the next flush is kept.
+    var uncountedOutput = 0
+    /// What was sent and not acknowledged; its ``ReplayBuffer/end`` is the server's sent position.
+    private(set) var replay = ReplayBuffer()
+
+    init(token: SessionToken, identity: String?, overTLS: Bool) {
+        self.token = token
+        self.identity = identity
+        self.overTLS = overTLS
+    }
+
+    /// The server's sent position.
+    var sentPosition: UInt64 { replay.end }
+
+    /// Counts `bytes` more of the client's stream handled, at `now`; false if the stream would pass
+    /// ``maxPosition``.
+    func countReceived(_ bytes: Int, at now: UInt64) -> Bool {
+        let counted = bytes - uncountedInput
+        uncountedInput = 0
+        guard counted > 0 else { return true }
+        guard UInt64(counted) <= Self.maxPosition - receivedPosition else { return false }
+        receivedPosition += UInt64(counted)
+        if untoldSince == nil { untoldSince = now }
+        if receivedPosition - toldPosition >= Self.ackBytes { isPositionDue = true }
+        return true
+    }
+
+    /// Whether a POSITION is due because `ackMs` passed since the first byte not yet acknowledged;
+    /// marks it due.
+    func positionIsDueByTime(at now: UInt64) -> Bool {
+        guard !isPositionDue, let since = untoldSince, now - since >= Self.ackMs else { return false }
+        isPositionDue = true
+        return true
+    }
+
+    /// The received position to send in a POSITION (or a WELCOME), which counts as telling it.
+    func tellPosition() -> UInt64 {
+        toldPosition = receivedPosition
+        untoldSince = nil
+        isPositionDue = false
+        return receivedPosition
+    }
+
+    /// Keeps `bytes` (a flush), less the ``uncountedOutput`` at their front; false if what is kept
+    /// would pass `limit`, or the stream ``maxPosition``.
+    func keepSent(_ bytes: [UInt8], limit: Int) -> Bool {
+        var bytes = bytes
+        if uncountedOutput > 0 {
+            bytes.removeFirst(min(uncountedOutput, bytes.count))
+            uncountedOutput = 0
+        }
+        guard UInt64(bytes.count) <= Self.maxPosition - sentPosition, replay.count + bytes.count <= limit else { return false }
+        replay.append(bytes)
+        return true
+    }
+
+    /// The client's POSITION: forgets what it acknowledged. False if it names a position past the
+    /// sent position; a position before the last one is ignored.
+    func acknowledge(_ position: UInt64) -> Bool {
+        guard position <= sentPosition else { return false }
+        if position > replay.start { replay.release(upTo: position) }
+        return true
+    }
+
+    /// Forgets what it kept (the session ended).
+    func forgetKept() { replay.removeAll() }
+}
+
+/// What a HELLO's `session` asks (protocol/resumption.md, "Asking for a session").
+enum SessionRequest {
+    case new
+    case resume(token: String, position: UInt64)
+
+    /// The request in `value`; nil if it is not one (answered `bad_hello`).
+    init?(_ value: ChannelValue) {
+        guard case .map = value else { return nil }
+        guard let token = value["token"] else {
+            self = .new
+            return
+        }
+        guard case .string(let text) = token, let position = value["position"].flatMap(Self.position) else { return nil }
+        self = .resume(token: text, position: position)
+    }
+
+    /// An integer from 0 to 2^53 − 1, written as an integer or as a number with no fraction.
+    private static func position(_ value: ChannelValue) -> UInt64? {
+        switch value {
+        case .int32(let v): v >= 0 ? UInt64(v) : nil
+        case .int64(let v): v >= 0 && UInt64(v) <= Session.maxPosition ? UInt64(v) : nil
+        case .float64(let v):
+            v >= 0 && v <= Double(Session.maxPosition) && v.rounded(.towardZero) == v ? UInt64(v) : nil
+        default: nil
+        }
+    }
+}
+
+/// The sessions of one loop, by number.
+final class SessionTable {
+    /// Sessions made on this loop so far: the next one's number.
+    private var made: UInt64 = 0
+    /// The sessions that have not ended.
+    private(set) var live: [UInt64: Session] = [:]
+
+    /// A new session, numbered on `loop` of the process marked `process`.
+    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool) -> Session {
+        made += 1
+        let session = Session(token: SessionToken(process: process, loop: UInt16(truncatingIfNeeded: loop), number: made),
+                              identity: identity, overTLS: overTLS)
+        live[session.token.number] = session
+        return session
+    }
+
+    /// The session `token` names on this loop, if it has not ended and the secret matches.
+    func find(_ token: SessionToken) -> Session? {
+        guard let session = live[token.number], session.token.matches(token) else { return nil }
+        return session
+    }
+
+    /// Ends `session`: it is forgotten, with what it kept.
+    func end(_ session: Session) {
+        session.forgetKept()
+        live.removeValue(forKey: session.token.number)
+    }
+}
