@@ -37,6 +37,19 @@ enum CloseReason: String {
     case firstFrameTimeout
     /// A frame, line, HTTP request head, TLS record or WebSocket frame stayed unfinished past the frame timeout.
     case frameTimeout
+    /// A resuming HELLO on another connection took its session (protocol/resumption.md).
+    case sessionTaken
+    /// Its session, parked since its connection was lost, ended (expired, evicted, overflowed or drained).
+    case sessionEnded
+
+    /// Whether a connection lost this way parks its session rather than ending it (protocol/resumption.md,
+    /// "A parked session").
+    var parksSession: Bool {
+        switch self {
+        case .peerClosed, .ioError, .heartbeatTimeout, .tlsError, .frameTimeout: true
+        default: false
+        }
+    }
 
     init(_ failure: TransportFailure.Kind) {
         switch failure {
@@ -89,7 +102,8 @@ final class Connection {
     }
 
     let id: UInt64
-    let transport: any Transport
+    /// What it runs over; another one when a resuming HELLO brings its session back (``adopt(_:)``).
+    private(set) var transport: any Transport
     /// Strong (not `unowned`, which costs a check per use): the core outlives every connection.
     let core: ServerCore
     var logger: Logger
@@ -152,6 +166,8 @@ final class Connection {
     var session: Session?
     /// What a HELLO's `session` may still do on it.
     var sessionStage = SessionStage.firstFrame
+    /// The connection whose session this one's HELLO resumed: its transport's events go there.
+    var heir: Connection?
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -188,6 +204,7 @@ final class Connection {
     // MARK: Input
 
     func handle(_ event: TransportEvent) {
+        if let heir { return heir.handle(event) }
         switch event {
         case .data(let bytes):
             guard !isClosing else { return }
@@ -205,6 +222,8 @@ final class Connection {
         case .closed(let error?):
             logger.debug("connection failed: \(error)")
             close(.ioError)
+        case .closed(nil) where session != nil:
+            close(.peerClosed)  // parks the session: its streams go on
         case .closed(nil):
             // The peer closed its sending side: a client that went away looks the same as one that only
             // half-closed (`printf … | nc -q1`). Its streams end now (a silent stream would otherwise never
@@ -228,7 +247,7 @@ final class Connection {
     /// its outbound limit (replies are never dropped, so reading on would buffer without bound), the
     /// rest stays in the buffer and reading pauses. The peer's kernel buffers then fill and it waits:
     /// TCP's own backpressure, as Redis and NATS use it.
-    private func processInput(_ bytes: [UInt8]) {
+    func processInput(_ bytes: [UInt8]) {
         isProcessingInput = true
         defer { isProcessingInput = false }
         // What the transport holds cannot change while input is processed (it changes on writes and
@@ -256,13 +275,10 @@ final class Connection {
             var decoder = FrameDecoder(maxFrame: 0)  // swapped, not copied: no retain of its channel cache
             swap(&decoder, &frameDecoder)
             var readable = buffer.readableBytes
-            // While a HELLO may ask for a session, frames go one at a time: the one that makes a session
-            // is the last one before its stream begins.
-            while sessionStage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
-                count += 1
-                buffer.consume(length)
-                if sessionStage == .firstFrame { sessionStage = .asked }
-                readable = buffer.readableBytes
+            if sessionStage.helloMayAsk,
+               let heir = handleFramesWhileHelloMayAsk(&decoder, in: &buffer, count: &count, readable: &readable, outboundRoom: outboundRoom) {
+                core.stats.framesIn += count  // the HELLO resumed a session: what follows it is that session's stream
+                return heir.processInput(Array(buffer.readable))
             }
             while !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
                 count += 1
@@ -281,6 +297,22 @@ final class Connection {
             isInputPaused = true
             transport.pauseReading()
         }
+    }
+
+    /// While a HELLO may ask for a session (protocol/resumption.md), frames are handled one at a time,
+    /// so that the one that makes a session is the last one before its stream begins (`readable`: the
+    /// bytes left after it). Returns the connection whose session a HELLO resumed, if one did.
+    @inline(never)
+    private func handleFramesWhileHelloMayAsk(_ decoder: inout FrameDecoder, in buffer: inout InboundBuffer, count: inout Int,
+                                              readable: inout Int, outboundRoom: Int) -> Connection? {
+        while sessionStage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
+            count += 1
+            buffer.consume(length)
+            if sessionStage == .firstFrame { sessionStage = .asked }
+            readable = buffer.readableBytes
+            if let heir { return heir }
+        }
+        return nil
     }
 
     /// Reads again once the reason for pausing is gone, starting with what was read before the pause.
@@ -531,6 +563,7 @@ final class Connection {
     /// Closes a connection that missed `deadline`, telling it why in its mode (ERROR `timeout`, or an
     /// error line); one with no mode yet gets 408 for an unfinished HTTP head, or only the close.
     func timeOut(_ deadline: CloseReason) {
+        if session != nil { return park(deadline) }
         let limit = deadline == .firstFrameTimeout ? core.config.firstFrameTimeoutMs : core.config.frameTimeoutMs
         let what = deadline == .firstFrameTimeout ? "no complete frame or line" : "a frame or line was not finished"
         logger.info("closing: \(deadline.rawValue)")
@@ -582,6 +615,7 @@ final class Connection {
     /// not closing already.
     func close(_ reason: CloseReason) {
         guard !isClosed else { return }
+        if session != nil, !isClosing, reason.parksSession { return park(reason) }
         if !isClosing {
             isClosing = true
             releaseState(reason)
@@ -590,6 +624,32 @@ final class Connection {
         isClosed = true
         _ = takeOutbound()
         transport.closeNow()
+    }
+
+    /// Goes on over `newTransport`, the old one's input dropped (frames read and not handled, and an
+    /// unfinished one, are not received); returns the old one, whose events no longer come here.
+    func adopt(_ newTransport: any Transport) -> any Transport {
+        var old = newTransport
+        swap(&old, &transport)  // exchanged, never assigned: no access to it releases, so reads need no check
+        inbound = InboundBuffer()
+        frameDecoder = FrameDecoder(maxFrame: core.config.maxFrame)
+        isInputPaused = false
+        peerFinishedAt = nil
+        partialSince = nil
+        overLimitSince = nil
+        lastInbound = core.eventLoop.now
+        lastPing = lastInbound
+        return old
+    }
+
+    /// This connection's HELLO resumed `heir`'s session, which now has its transport: it goes away
+    /// without a close of its own (nothing was made on it).
+    func handOver(to heir: Connection) {
+        var heir: Connection? = heir
+        swap(&heir, &self.heir)
+        isClosing = true
+        isClosed = true
+        plugins?.context.dropStates()
     }
 
     /// Ends streams (handlers told), fails server-initiated requests, cancels open requests (their answers go nowhere).

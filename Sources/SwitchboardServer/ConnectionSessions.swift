@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardTransport
 import SwitchboardWire
 
 /// What a HELLO's `session` may still do on a connection (protocol/resumption.md, "Asking for a session").
@@ -18,7 +19,7 @@ enum SessionStage {
 }
 
 /// Why a resuming HELLO is refused (protocol/resumption.md, "When a session cannot be resumed").
-enum CannotResume: String {
+enum CannotResume: String, Error {
     case unknown, expired, evicted, overflowed, ended, position, restarted
     case otherNode = "other_node"
 
@@ -64,30 +65,113 @@ extension Connection {
                 return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
             }
             let session = core.sessions.make(process: core.group?.processMark ?? 0, loop: core.index,
-                                              identity: sessionIdentity, overTLS: isOverTLS)
+                                              identity: sessionIdentity, overTLS: isOverTLS, for: self)
             writeFrame(.welcome, id: id, payload: try? JSONText.serialize(Self.welcome(welcome, granting: session, resumed: false, ttlMs: core.config.sessionTTLMs)))
             session.uncountedOutput = outbound.bytes.count  // the WELCOME and anything before it
-            self.session = session
+            replaceSession(with: session)
             logger.debug("session made", metadata: ["session": "\(session.token.number)"])
         case .resume(let text, let position):
             guard !wasRefused else { return fail(.badHello("one resuming HELLO per connection"), id: id) }
-            if let refusal = findSession(text, position: position) {
-                sessionStage = .refused
-                writeError(refusal.error, id: id)
+            switch findSession(text) {
+            case .failure(let refusal):
+                refuseResume(refusal, id: id)
+            case .success(let session):
+                guard let holder = session.connection else { return refuseResume(.unknown, id: id) }
+                if session.parkedAt == nil { holder.flush() }  // the stream so far is kept, and goes to the old connection
+                guard holder.session === session else { return refuseResume(.overflowed, id: id) }
+                guard let missed = session.missed(from: position) else { return refuseResume(.position, id: id) }
+                holder.resume(session, over: self, missed: missed, welcome: welcome, id: id)
             }
         }
     }
 
+    private func refuseResume(_ refusal: CannotResume, id: UInt32) {
+        sessionStage = .refused
+        writeError(refusal.error, id: id)
+    }
+
     /// The session a resuming HELLO names, or why it cannot be resumed.
-    private func findSession(_ text: String, position: UInt64) -> CannotResume? {
-        if core.isDraining { return .ended }
-        guard let token = SessionToken(text: text) else { return .unknown }
-        guard token.process == core.group?.processMark ?? 0 else { return .restarted }
-        guard Int(token.loop) == core.index, let session = core.sessions.find(token) else { return .unknown }
-        guard session.identity == sessionIdentity, !session.overTLS || isOverTLS else { return .unknown }
-        // Parking, and resuming what is parked, come with issue 32's next step: a session ends with its connection.
-        _ = position
-        return .unknown
+    private func findSession(_ text: String) -> Result<Session, CannotResume> {
+        if core.isDraining { return .failure(.ended) }
+        guard let token = SessionToken(text: text) else { return .failure(.unknown) }
+        guard token.process == core.group?.processMark ?? 0 else { return .failure(.restarted) }
+        // A session of another loop: resuming there comes with issue 32's step 5.
+        guard Int(token.loop) == core.index else { return .failure(.unknown) }
+        guard let session = core.sessions.find(token) else {
+            return .failure(core.sessions.endReason(token, identity: sessionIdentity, at: core.eventLoop.now) ?? .unknown)
+        }
+        guard session.identity == sessionIdentity, !session.overTLS || isOverTLS else { return .failure(.unknown) }
+        return .success(session)
+    }
+
+    // MARK: Resuming
+
+    /// `resumer`'s HELLO resumed this connection's session: this connection goes on over its transport
+    /// (taking it from the connection that carries it, if any), answering WELCOME and then its stream
+    /// from the client's position: `missed`, then what was made and not yet flushed.
+    func resume(_ session: Session, over resumer: Connection, missed: [UInt8], welcome: ChannelValue, id: UInt32) {
+        if session.parkedAt != nil {
+            core.sessions.unpark(session)
+            core.connectionResumed(self)
+        } else {
+            let old = transport
+            var error = Frame(.error, payload: WireError.plugin(code: "session_taken", message: "a resuming HELLO on another connection took the session", details: nil).payload).bytes
+            old.write(&error)
+            old.closeNow()
+            core.tallies.closes[CloseReason.sessionTaken.rawValue, default: 0] += 1
+            logger.info("session taken over", metadata: ["session": "\(session.token.number)"])
+        }
+        // The resumer's place under the caps is this connection's now; the old place is given back.
+        let oldPlace = admittedHost
+        admittedHost = resumer.admittedHost
+        resumer.admittedHost = oldPlace
+        _ = adopt(resumer.transport)
+        resumer.handOver(to: self)
+        core.connectionHandedOver(resumer)
+        core.releaseAdmission(of: resumer)
+        let unflushed = takeOutbound()
+        writeFrame(.welcome, id: id, payload: try? JSONText.serialize(Self.welcome(welcome, granting: session, resumed: true,
+                                                                                   ttlMs: core.config.sessionTTLMs)))
+        writeRaw(missed)
+        session.uncountedOutput = outbound.bytes.count
+        writeRaw(unflushed)
+        logger.debug("session resumed", metadata: ["session": "\(session.token.number)"])
+        afterWrite()  // streams that waited for room go on
+    }
+
+    // MARK: Parking
+
+    /// The connection is lost (`reason` parks a session): its session is parked, with everything the
+    /// connection holds, until it is resumed or ends. A session that already keeps more than
+    /// `--session-bytes` ends `overflowed` instead, and the connection closes.
+    func park(_ reason: CloseReason) {
+        guard let session else { return }
+        flush()  // what was made goes to the stream (and to the old transport, which may still read it)
+        guard self.session != nil, session.keptBytes <= core.config.sessionBytes else {
+            return endParked(.overflowed, closing: reason)
+        }
+        let old = adopt(ParkedTransport(of: transport))
+        if reason == .frameTimeout {  // its ERROR is not in the stream
+            var error = Frame(.error, payload: WireError.timeout("a frame was not finished within \(core.config.frameTimeoutMs) ms").payload).bytes
+            old.write(&error)
+        }
+        old.closeNow()
+        core.connectionParked(self)
+        logger.debug("session parked", metadata: ["session": "\(session.token.number)", "reason": "\(reason.rawValue)"])
+        if let evicted = core.sessions.park(session, at: core.eventLoop.now) { evicted.connection?.endParked(.evicted) }
+    }
+
+    /// Ends this connection's session for `reason` and closes the connection, which lets go of what
+    /// it held as any closing connection does (callers of its channels get `handler_gone`).
+    func endParked(_ reason: CannotResume, closing closeReason: CloseReason = .sessionEnded) {
+        if let session {
+            core.sessions.end(session, reason, at: core.eventLoop.now)
+            replaceSession(with: nil)
+            logger.info("session ended", metadata: ["session": "\(session.token.number)", "reason": "\(reason.rawValue)"])
+        }
+        let wasParked = transport is ParkedTransport
+        close(closeReason)
+        if wasParked { core.releaseAdmission(of: self) }
     }
 
     /// WELCOME's fields and the granted session's.
@@ -131,8 +215,8 @@ extension Connection {
         guard let session else { return refuseSessionFrame(frame) }
         session.uncountedInput += Frame.headerSize + (frame.payload?.count ?? 0)
         guard frame.payload?.isEmpty ?? true else { return writeError(.badFrame("a client's END has no payload"), id: frame.id) }
-        core.sessions.end(session)
-        self.session = nil
+        core.sessions.end(session, .ended, at: core.eventLoop.now)
+        replaceSession(with: nil)
         sessionStage = .ended
         logger.debug("session ended by its client", metadata: ["session": "\(session.token.number)"])
     }
@@ -157,18 +241,56 @@ extension Connection {
     /// The server ends the session: END tells the client why, and the connection goes on without it.
     func endSession(_ reason: SessionEnd) {
         guard let session else { return }
-        core.sessions.end(session)
-        self.session = nil
+        if session.parkedAt != nil { return endParked(.overflowed) }
+        core.sessions.end(session, .overflowed, at: core.eventLoop.now)
+        replaceSession(with: nil)
         sessionStage = .ended
         writeFrame(.end, payload: try? JSONText.serialize(.stringMap(["reason": .string(reason.rawValue)])))
         logger.info("session ended", metadata: ["session": "\(session.token.number)", "reason": "\(reason.rawValue)"])
     }
 
-    /// The connection is closing with its session.
+    /// The connection is closing with its session, for a reason that ends it (a closing ERROR, an
+    /// operator, shutdown).
     func connectionLost(_ reason: CloseReason) {
         guard let session else { return }
-        // Parking comes with issue 32's next step: until then a session ends with its connection.
-        core.sessions.end(session)
-        self.session = nil
+        core.sessions.end(session, .ended, at: core.eventLoop.now)
+        replaceSession(with: nil)
     }
+
+    /// Sets ``session`` by exchange, never by assignment: no access to it then releases anything, so
+    /// its reads (one per flush and per read) need no exclusivity check at run time.
+    func replaceSession(with new: Session?) {
+        var new = new
+        swap(&new, &session)
+    }
+
+    /// What a session keeps while parked, or sends unacknowledged while connected, at most.
+    var keptLimit: Int { transport is ParkedTransport ? core.config.sessionBytes : core.config.outboundLimit }
+}
+
+/// The transport of a parked session's connection: output goes nowhere (the session keeps it), and
+/// the peer is named as the lost transport named it.
+final class ParkedTransport: Transport {
+    let remoteAddress: String
+    let isLoopbackPeer: Bool
+    let peerIdentity: String?
+    let scheme: String
+
+    init(of lost: any Transport) {
+        remoteAddress = lost.remoteAddress
+        isLoopbackPeer = lost.isLoopbackPeer
+        peerIdentity = lost.peerIdentity
+        scheme = lost.scheme
+    }
+
+    func start(_ handler: @escaping (TransportEvent) -> Void) {}
+    func write(_ bytes: inout [UInt8]) { bytes.removeAll(keepingCapacity: true) }
+    var queuedBytes: Int { 0 }
+    var isOpen: Bool { true }
+    func pauseReading() {}
+    func resumeReading() {}
+    func closeAfterWrites() {}
+    func closeAfterWrites(_ intent: CloseIntent) {}
+    func closeNow() {}
+    var holdsPartialInput: Bool { false }
 }

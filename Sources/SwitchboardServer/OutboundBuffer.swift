@@ -118,7 +118,7 @@ extension Connection {
     /// POSITION that is due, which is not in it. What the client leaves unacknowledged past the
     /// outbound limit ends the session (END `overflowed`).
     private func keepSent(by session: Session) {
-        if !outbound.bytes.isEmpty, !session.keepSent(outbound.bytes, limit: core.config.outboundLimit) {
+        if !outbound.bytes.isEmpty, !session.keepSent(outbound.bytes, limit: keptLimit) {
             return endSession(.overflowed)
         }
         guard session.isPositionDue else { return }

@@ -118,13 +118,14 @@ final class ServerCore {
     /// The caps on connections, shared by the server's loops.
     let quota: ConnectionQuota
     /// The resumable sessions made on this loop (protocol/resumption.md).
-    let sessions = SessionTable()
+    let sessions: SessionTable
     /// The last refusal logged (see ``lastAcceptErrorLog``).
     private var lastRefusalLog: UInt64 = 0
 
     init(config: ServerConfiguration, logger: Logger, index: Int = 0, loops: Int = 1, quota: ConnectionQuota) throws(UVError) {
         self.config = config
         self.quota = quota
+        sessions = SessionTable(limit: config.maxParkedSessions, ttlMs: config.sessionTTLMs)
         self.logger = logger
         self.index = index
         loopCount = loops
@@ -314,6 +315,22 @@ final class ServerCore {
         transport.start { event in connection.handle(event) }
     }
 
+    /// Forgets a connection without counting a close: its HELLO resumed a session, whose connection
+    /// now has its transport.
+    func connectionHandedOver(_ connection: Connection) {
+        connections.removeValue(forKey: connection.id)
+    }
+
+    /// A parked session's connection leaves the table (it counts under the caps until its session ends
+    /// or resumes); a resumed one comes back.
+    func connectionParked(_ connection: Connection) { connections.removeValue(forKey: connection.id) }
+    func connectionResumed(_ connection: Connection) { connections[connection.id] = connection }
+
+    /// Ends every parked session (a shutdown's drain begins).
+    func endParkedSessions() {
+        for session in sessions.parked { session.connection?.endParked(.ended) }
+    }
+
     func connectionClosed(_ connection: Connection, reason: CloseReason) {
         guard connections.removeValue(forKey: connection.id) != nil else { return }
         tallies.closes[reason.rawValue, default: 0] += 1
@@ -325,7 +342,7 @@ final class ServerCore {
 
     /// Gives a gone connection's place under the caps back: once its socket is closed, not when its
     /// close begins, so that connections lingering in a graceful close (at most a second) count too.
-    private func releaseAdmission(of connection: Connection) {
+    func releaseAdmission(of connection: Connection) {
         guard let host = connection.admittedHost else { return }
         connection.admittedHost = nil
         quota.release(host)
@@ -391,6 +408,7 @@ final class ServerCore {
             releasedSinceTrim = 0
             lastTrim = now
         }
+        for session in sessions.expired(at: now) { session.connection?.endParked(.expired) }
         for connection in Array(connections.values) {
             if let session = connection.session, session.positionIsDueByTime(at: now) { connection.markDirty() }
             if let since = connection.peerFinishedAt, now - since >= config.drainTimeoutMs {
@@ -436,6 +454,7 @@ final class ServerCore {
     func beginShutdown() {
         guard phase == .running else { return }
         phase = .draining
+        endParkedSessions()
         logger.notice("shutting down: draining \(stats.repliesPending) in-flight requests")
         // The ports stay open while draining, so that a health check can see it (`/healthz` answers 503);
         // requests on connections made meanwhile get `going_away`.
@@ -479,6 +498,7 @@ final class ServerCore {
     func finishShutdown() {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
+        endParkedSessions()
         cluster?.stopServing()  // calls from other nodes get going_away; the bus stays up to send it
         siblings?.stopServing()
         listener?.cancel()
@@ -517,6 +537,7 @@ final class ServerCore {
     /// that handlers which capture the server (and so this core) no longer keep it alive, and neither
     /// do connections, streams or timers.
     func releaseAll() {
+        endParkedSessions()
         for connection in Array(connections.values) + closingConnections { connection.close(.shutdown) }
         connections = [:]
         closingConnections = []

@@ -29,6 +29,10 @@ final class Session {
     var uncountedOutput = 0
     /// What was sent and not acknowledged; its ``ReplayBuffer/end`` is the server's sent position.
     private(set) var replay = ReplayBuffer()
+    /// The connection that carries it, parked or not; nil once it ended.
+    var connection: Connection?
+    /// When its connection was lost, while it is parked.
+    var parkedAt: UInt64?
 
     init(token: SessionToken, identity: String?, overTLS: Bool) {
         self.token = token
@@ -91,6 +95,18 @@ final class Session {
 
     /// Forgets what it kept (the session ended).
     func forgetKept() { replay.removeAll() }
+
+    /// The bytes kept from `position` on, or nil if `position` lies outside them; `position` then
+    /// counts as the client's acknowledgement.
+    func missed(from position: UInt64) -> [UInt8]? {
+        guard position >= replay.start, position <= replay.end else { return nil }
+        let bytes = replay.bytes(from: position)
+        replay.release(upTo: position)
+        return bytes
+    }
+
+    /// Bytes kept for the client.
+    var keptBytes: Int { replay.count }
 }
 
 /// What a HELLO's `session` asks (protocol/resumption.md, "Asking for a session").
@@ -121,18 +137,39 @@ enum SessionRequest {
     }
 }
 
-/// The sessions of one loop, by number.
+/// The sessions of one loop, by number: live and parked ones, and why recent ones ended.
 final class SessionTable {
     /// Sessions made on this loop so far: the next one's number.
     private var made: UInt64 = 0
     /// The sessions that have not ended.
     private(set) var live: [UInt64: Session] = [:]
+    /// The parked ones, longest parked first.
+    private(set) var parked: [Session] = []
+    /// Why sessions ended, for one time to live after, at most `limit` of them, oldest first.
+    private var ended: [UInt64: EndedSession] = [:]
+    private var endedOrder: [UInt64] = []
+    /// ``ServerConfiguration/maxParkedSessions`` and ``ServerConfiguration/sessionTTLMs``.
+    let limit: Int, ttlMs: UInt64
 
-    /// A new session, numbered on `loop` of the process marked `process`.
-    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool) -> Session {
+    /// A session that ended: enough to tell its client why, and nothing more.
+    struct EndedSession {
+        let token: SessionToken
+        let identity: String?
+        let reason: CannotResume
+        let at: UInt64
+    }
+
+    init(limit: Int, ttlMs: UInt64) {
+        self.limit = max(1, limit)
+        self.ttlMs = ttlMs
+    }
+
+    /// A new session for `connection`, numbered on `loop` of the process marked `process`.
+    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, for connection: Connection) -> Session {
         made += 1
         let session = Session(token: SessionToken(process: process, loop: UInt16(truncatingIfNeeded: loop), number: made),
                               identity: identity, overTLS: overTLS)
+        session.connection = connection
         live[session.token.number] = session
         return session
     }
@@ -143,9 +180,43 @@ final class SessionTable {
         return session
     }
 
-    /// Ends `session`: it is forgotten, with what it kept.
-    func end(_ session: Session) {
+    /// Why the session `token` names ended, if that is remembered (the whole token, and the same identity).
+    func endReason(_ token: SessionToken, identity: String?, at now: UInt64) -> CannotResume? {
+        guard let ended = ended[token.number], ended.token.matches(token), ended.identity == identity,
+              now - ended.at < ttlMs else { return nil }
+        return ended.reason
+    }
+
+    /// Parks `session` at `now`; returns the session parked longest if one must end to make room.
+    func park(_ session: Session, at now: UInt64) -> Session? {
+        session.parkedAt = now
+        parked.append(session)
+        return parked.count > limit ? parked.first : nil
+    }
+
+    /// `session` is no longer parked (resumed, or ending).
+    func unpark(_ session: Session) {
+        guard session.parkedAt != nil else { return }
+        session.parkedAt = nil
+        parked.removeAll { $0 === session }
+    }
+
+    /// The parked sessions whose time to live is over at `now`.
+    func expired(at now: UInt64) -> [Session] {
+        parked.prefix { now - ($0.parkedAt ?? now) >= ttlMs }.map { $0 }
+    }
+
+    /// Ends `session` for `reason`, remembered for one time to live: it is forgotten, with what it kept.
+    func end(_ session: Session, _ reason: CannotResume, at now: UInt64) {
+        unpark(session)
         session.forgetKept()
-        live.removeValue(forKey: session.token.number)
+        session.connection = nil
+        guard live.removeValue(forKey: session.token.number) != nil else { return }
+        let number = session.token.number
+        ended[number] = EndedSession(token: session.token, identity: session.identity, reason: reason, at: now)
+        endedOrder.append(number)
+        while endedOrder.count > limit || endedOrder.first.map({ now - (ended[$0]?.at ?? now) >= ttlMs }) == true {
+            ended.removeValue(forKey: endedOrder.removeFirst())
+        }
     }
 }
