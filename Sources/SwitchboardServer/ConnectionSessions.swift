@@ -22,10 +22,13 @@ enum SessionStage {
 enum CannotResume: String, Error {
     case unknown, expired, evicted, overflowed, ended, position, restarted
     case otherNode = "other_node"
+    /// A session of another identity (or made over TLS, presented without it): counted as `identity`,
+    /// told as `unknown`, so that a stolen token tells its holder nothing.
+    case otherIdentity = "identity"
 
     var error: WireError {
         let message = switch self {
-        case .unknown: "no such session"
+        case .unknown, .otherIdentity: "no such session"
         case .expired: "session expired"
         case .evicted: "session evicted"
         case .overflowed: "session overflowed"
@@ -34,7 +37,8 @@ enum CannotResume: String, Error {
         case .restarted: "session was made by a server process that is gone"
         case .otherNode: "session lives on another node"
         }
-        return .plugin(code: "cannot_resume", message: message, details: .stringMap(["reason": .string(rawValue)]))
+        let told = self == .otherIdentity ? CannotResume.unknown : self
+        return .plugin(code: "cannot_resume", message: message, details: .stringMap(["reason": .string(told.rawValue)]))
     }
 }
 
@@ -86,6 +90,7 @@ extension Connection {
     }
 
     private func refuseResume(_ refusal: CannotResume, id: UInt32) {
+        core.sessions.refusedCounts[refusal.rawValue, default: 0] += 1
         sessionStage = .refused
         writeError(refusal.error, id: id)
     }
@@ -100,7 +105,7 @@ extension Connection {
         guard let session = core.sessions.find(token) else {
             return .failure(core.sessions.endReason(token, identity: sessionIdentity, at: core.eventLoop.now) ?? .unknown)
         }
-        guard session.identity == sessionIdentity, !session.overTLS || isOverTLS else { return .failure(.unknown) }
+        guard session.identity == sessionIdentity, !session.overTLS || isOverTLS else { return .failure(.otherIdentity) }
         return .success(session)
     }
 
@@ -110,10 +115,12 @@ extension Connection {
     /// (taking it from the connection that carries it, if any), answering WELCOME and then its stream
     /// from the client's position: `missed`, then what was made and not yet flushed.
     func resume(_ session: Session, over resumer: Connection, missed: [UInt8], welcome: ChannelValue, id: UInt32) {
+        core.sessions.resumed += 1
         if session.parkedAt != nil {
             core.sessions.unpark(session)
             core.connectionResumed(self)
         } else {
+            core.sessions.taken += 1
             let old = transport
             var error = Frame(.error, payload: WireError.plugin(code: "session_taken", message: "a resuming HELLO on another connection took the session", details: nil).payload).bytes
             old.write(&error)
@@ -163,7 +170,7 @@ extension Connection {
 
     /// Ends this connection's session for `reason` and closes the connection, which lets go of what
     /// it held as any closing connection does (callers of its channels get `handler_gone`).
-    func endParked(_ reason: CannotResume, closing closeReason: CloseReason = .sessionEnded) {
+    func endParked(_ reason: SessionEndCause, closing closeReason: CloseReason = .sessionEnded) {
         if let session {
             core.sessions.end(session, reason, at: core.eventLoop.now)
             replaceSession(with: nil)
@@ -215,7 +222,7 @@ extension Connection {
         guard let session else { return refuseSessionFrame(frame) }
         session.uncountedInput += Frame.headerSize + (frame.payload?.count ?? 0)
         guard frame.payload?.isEmpty ?? true else { return writeError(.badFrame("a client's END has no payload"), id: frame.id) }
-        core.sessions.end(session, .ended, at: core.eventLoop.now)
+        core.sessions.end(session, .end, at: core.eventLoop.now)
         replaceSession(with: nil)
         sessionStage = .ended
         logger.debug("session ended by its client", metadata: ["session": "\(session.token.number)"])
@@ -253,7 +260,7 @@ extension Connection {
     /// operator, shutdown).
     func connectionLost(_ reason: CloseReason) {
         guard let session else { return }
-        core.sessions.end(session, .ended, at: core.eventLoop.now)
+        core.sessions.end(session, .closed, at: core.eventLoop.now)
         replaceSession(with: nil)
     }
 

@@ -328,7 +328,7 @@ final class ServerCore {
 
     /// Ends every parked session (a shutdown's drain begins).
     func endParkedSessions() {
-        for session in sessions.parked { session.connection?.endParked(.ended) }
+        for session in sessions.parked { session.connection?.endParked(.closed) }
     }
 
     func connectionClosed(_ connection: Connection, reason: CloseReason) {

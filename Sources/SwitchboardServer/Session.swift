@@ -139,8 +139,8 @@ enum SessionRequest {
 
 /// The sessions of one loop, by number: live and parked ones, and why recent ones ended.
 final class SessionTable {
-    /// Sessions made on this loop so far: the next one's number.
-    private var made: UInt64 = 0
+    /// Sessions numbered on this loop so far: the next one's number.
+    private var numbered: UInt64 = 0
     /// The sessions that have not ended.
     private(set) var live: [UInt64: Session] = [:]
     /// The parked ones, longest parked first.
@@ -150,6 +150,12 @@ final class SessionTable {
     private var endedOrder: [UInt64] = []
     /// ``ServerConfiguration/maxParkedSessions`` and ``ServerConfiguration/sessionTTLMs``.
     let limit: Int, ttlMs: UInt64
+    /// Sessions made, resumed, and taken from a connection that still carried them.
+    var made = 0, resumed = 0, taken = 0
+    /// Sessions ended, by ``SessionEndCause``; resumes refused, by reason (`identity` besides the
+    /// ``CannotResume`` reasons).
+    private(set) var endedCounts: [String: Int] = [:]
+    var refusedCounts: [String: Int] = [:]
 
     /// A session that ended: enough to tell its client why, and nothing more.
     struct EndedSession {
@@ -166,8 +172,9 @@ final class SessionTable {
 
     /// A new session for `connection`, numbered on `loop` of the process marked `process`.
     func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, for connection: Connection) -> Session {
+        numbered += 1
         made += 1
-        let session = Session(token: SessionToken(process: process, loop: UInt16(truncatingIfNeeded: loop), number: made),
+        let session = Session(token: SessionToken(process: process, loop: UInt16(truncatingIfNeeded: loop), number: numbered),
                               identity: identity, overTLS: overTLS)
         session.connection = connection
         live[session.token.number] = session
@@ -206,17 +213,53 @@ final class SessionTable {
         parked.prefix { now - ($0.parkedAt ?? now) >= ttlMs }.map { $0 }
     }
 
-    /// Ends `session` for `reason`, remembered for one time to live: it is forgotten, with what it kept.
-    func end(_ session: Session, _ reason: CannotResume, at now: UInt64) {
+    /// Ends `session` for `cause`, remembered for one time to live: it is forgotten, with what it kept.
+    func end(_ session: Session, _ cause: SessionEndCause, at now: UInt64) {
         unpark(session)
         session.forgetKept()
         session.connection = nil
         guard live.removeValue(forKey: session.token.number) != nil else { return }
+        endedCounts[cause.rawValue, default: 0] += 1
         let number = session.token.number
-        ended[number] = EndedSession(token: session.token, identity: session.identity, reason: reason, at: now)
+        ended[number] = EndedSession(token: session.token, identity: session.identity, reason: cause.refusal, at: now)
         endedOrder.append(number)
         while endedOrder.count > limit || endedOrder.first.map({ now - (ended[$0]?.at ?? now) >= ttlMs }) == true {
             ended.removeValue(forKey: endedOrder.removeFirst())
         }
     }
+}
+
+/// Why a session ended, as stats count it (protocol/resumption.md, "Settings, stats and metrics").
+enum SessionEndCause: String {
+    case expired, evicted, overflowed
+    /// A closing ERROR, an operator, shutdown.
+    case closed
+    /// The client's END.
+    case end
+
+    /// What a resuming HELLO is told.
+    var refusal: CannotResume {
+        switch self {
+        case .expired: .expired
+        case .evicted: .evicted
+        case .overflowed: .overflowed
+        case .closed, .end: .ended
+        }
+    }
+}
+
+extension SessionTable {
+    /// `sessions` in `switchboard/stats`.
+    var statsValue: ChannelValue {
+        .stringMap([
+            "live": .int(live.count - parked.count), "parked": .int(parked.count),
+            "bufferedBytes": .int(bufferedBytes),
+            "made": .int(made), "resumed": .int(resumed), "taken": .int(taken),
+            "ended": .map(endedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "refused": .map(refusedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+        ])
+    }
+
+    /// Bytes kept for sessions: sent and not acknowledged, and kept while parked.
+    var bufferedBytes: Int { live.values.reduce(0) { $0 + $1.keptBytes } }
 }

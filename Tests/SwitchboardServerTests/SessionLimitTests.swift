@@ -1,0 +1,57 @@
+import Testing
+import SwitchboardCodec
+import SwitchboardServer
+import SwitchboardTesting
+import SwitchboardWire
+
+/// Parked sessions under the connection caps, and the counts of sessions in stats
+/// (protocol/resumption.md, "Limits" and "Settings, stats and metrics").
+@Suite struct SessionLimitTests {
+    /// A parked session holds its connection's place under --max-connections until it resumes, when the
+    /// resuming connection's place is its own and the old one is given back.
+    @Test func parkedSessionCountsUnderTheConnectionCap() async throws {
+        try await withServer({ $0.maxConnections = 2 }) { _, port in
+            var first: RawConnection? = try RawConnection(port: port)
+            try first?.send(Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)))
+            let welcome = try #require(try await first?.frame())
+            let token = try #require(try JSONText.parse(welcome.payload ?? [])["session"]?["token"]?.stringValue)
+            first = nil  // lost: the session parks, and keeps its place
+            let resumer = try RawConnection(port: port)  // accepted before the next: the listener takes them in order
+            let refused = try #require(RawSocket(port: port))
+            #expect(refused.readUntilClosed()?.bytes == [])
+            try resumer.send(Frame(.hello, id: 2, payload: Array(#"{"session":{"token":"\#(token)","position":0}}"#.utf8)))
+            let resumed = try await resumer.frame()
+            #expect(try JSONText.parse(resumed.payload ?? [])["session"]?["resumed"] == true)
+            let admitted = try RawConnection(port: port)  // the parked place was given back
+            #expect(try await admitted.barrier().isEmpty)
+            try admitted.send(.call(9, "switchboard/stats", "get"))
+            let stats = try await admitted.frame().envelope().get()
+            #expect(stats["closes"]?["overConnectionLimit"] == 1)
+            #expect(stats["sessions"]?["made"] == 1 && stats["sessions"]?["resumed"] == 1)
+            #expect(stats["sessions"]?["live"] == 1 && stats["sessions"]?["parked"] == 0)
+        }
+    }
+
+    @Test func statsCountSessions() throws {
+        let embedded = try EmbeddedServer()
+        let a = try SessionResumeTests.newSession(embedded)
+        let b = try SessionResumeTests.newSession(embedded)
+        let c = try SessionResumeTests.newSession(embedded)
+        a.peer.peerCloses()
+        embedded.run()
+        _ = try SessionResumeTests.resume(embedded, b)  // taken over from its live connection
+        c.peer.send(Frame(.end, payload: nil))
+        embedded.run()
+        _ = try SessionResumeTests.resume(embedded, c)  // ended: refused
+        _ = try SessionResumeTests.resume(embedded, SessionResumeTests.Client(peer: c.peer, token: "x", received: 0))
+        let reader = embedded.connect()
+        reader.send(try .call(9, "switchboard/stats", "get"))
+        embedded.run()
+        let sessions = try #require(try reader.frames().first?.envelope().get()["sessions"])
+        #expect(sessions["made"] == 3 && sessions["resumed"] == 1 && sessions["taken"] == 1)
+        #expect(sessions["live"] == 1 && sessions["parked"] == 1)
+        #expect(sessions["ended"]?["end"] == 1)
+        #expect(sessions["refused"]?["ended"] == 1 && sessions["refused"]?["unknown"] == 1)
+        #expect(sessions["bufferedBytes"]?.intValue.map { $0 >= 0 } == true)
+    }
+}
