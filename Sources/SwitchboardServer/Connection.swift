@@ -102,8 +102,7 @@ final class Connection {
     }
 
     let id: UInt64
-    /// What it runs over; another one when a resuming HELLO brings its session back (``adopt(_:)``).
-    private(set) var transport: any Transport
+    let transport: any Transport
     /// Strong (not `unowned`, which costs a check per use): the core outlives every connection.
     let core: ServerCore
     var logger: Logger
@@ -626,11 +625,9 @@ final class Connection {
         transport.closeNow()
     }
 
-    /// Goes on over `newTransport`, the old one's input dropped (frames read and not handled, and an
-    /// unfinished one, are not received); returns the old one, whose events no longer come here.
-    func adopt(_ newTransport: any Transport) -> any Transport {
-        var old = newTransport
-        swap(&old, &transport)  // exchanged, never assigned: no access to it releases, so reads need no check
+    /// Its session goes on over another transport (or none, parked): the old one's input is dropped
+    /// (frames read and not handled, and an unfinished one, are not received).
+    func dropInput() {
         inbound = InboundBuffer()
         frameDecoder = FrameDecoder(maxFrame: core.config.maxFrame)
         isInputPaused = false
@@ -639,7 +636,17 @@ final class Connection {
         overLimitSince = nil
         lastInbound = core.eventLoop.now
         lastPing = lastInbound
-        return old
+    }
+
+    /// Goes on where `predecessor`, whose first frame was a HELLO that made a session, left off: a
+    /// session's connection runs over a ``SessionTransport``, which a resume points at another transport.
+    func continueAfter(_ predecessor: Connection) {
+        mode = predecessor.mode
+        hasCompletedFrame = true
+        sessionStage = .asked
+        isAuthenticated = predecessor.isAuthenticated
+        clientName = predecessor.clientName
+        swap(&admittedHost, &predecessor.admittedHost)
     }
 
     /// This connection's HELLO resumed `heir`'s session, which now has its transport: it goes away

@@ -68,11 +68,21 @@ extension Connection {
             guard core.config.sessionTTLMs > 0, !core.isDraining else {
                 return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
             }
+            // The session's connection is a new one, over a transport a resume can point elsewhere; this
+            // one (which holds nothing but its HELLO) hands its transport's events and input on to it.
+            let successor = Connection(id: self.id, transport: SessionTransport(over: transport), core: core)
+            successor.continueAfter(self)
+            if let plugins = successor.plugins, !plugins.identifyPeer(of: successor) || !plugins.identify(hello, of: successor) {
+                return fail(.unauthorized, id: id)  // as it was for this connection: the same question, the same answer
+            }
+            handOver(to: successor)
+            core.connectionReplaced(by: successor)
             let session = core.sessions.make(process: core.group?.processMark ?? 0, loop: core.index,
-                                              identity: sessionIdentity, overTLS: isOverTLS, for: self)
-            writeFrame(.welcome, id: id, payload: try? JSONText.serialize(Self.welcome(welcome, granting: session, resumed: false, ttlMs: core.config.sessionTTLMs)))
-            session.uncountedOutput = outbound.bytes.count  // the WELCOME and anything before it
-            replaceSession(with: session)
+                                              identity: sessionIdentity, overTLS: isOverTLS, for: successor)
+            successor.writeFrame(.welcome, id: id, payload: try? JSONText.serialize(Self.welcome(welcome, granting: session, resumed: false,
+                                                                                              ttlMs: core.config.sessionTTLMs)))
+            session.uncountedOutput = successor.outbound.bytes.count  // the WELCOME: the stream begins after it
+            successor.replaceSession(with: session)
             logger.debug("session made", metadata: ["session": "\(session.token.number)"])
         case .resume(let text, let position):
             guard !wasRefused else { return fail(.badHello("one resuming HELLO per connection"), id: id) }
@@ -80,7 +90,7 @@ extension Connection {
             case .failure(let refusal):
                 refuseResume(refusal, id: id)
             case .success(let session):
-                guard let holder = session.connection else { return refuseResume(.unknown, id: id) }
+                guard let holder = session.connection, holder.transport is SessionTransport else { return refuseResume(.unknown, id: id) }
                 if session.parkedAt == nil { holder.flush() }  // the stream so far is kept, and goes to the old connection
                 guard holder.session === session else { return refuseResume(.overflowed, id: id) }
                 guard let missed = session.missed(from: position) else { return refuseResume(.position, id: id) }
@@ -121,7 +131,7 @@ extension Connection {
             core.connectionResumed(self)
         } else {
             core.sessions.taken += 1
-            let old = transport
+            let old = sessionTransport?.inner ?? transport
             var error = Frame(.error, payload: WireError.plugin(code: "session_taken", message: "a resuming HELLO on another connection took the session", details: nil).payload).bytes
             old.write(&error)
             old.closeNow()
@@ -132,7 +142,8 @@ extension Connection {
         let oldPlace = admittedHost
         admittedHost = resumer.admittedHost
         resumer.admittedHost = oldPlace
-        _ = adopt(resumer.transport)
+        sessionTransport?.replace(with: resumer.transport)
+        dropInput()
         resumer.handOver(to: self)
         core.connectionHandedOver(resumer)
         core.releaseAdmission(of: resumer)
@@ -157,7 +168,8 @@ extension Connection {
         guard self.session != nil, session.keptBytes <= core.config.sessionBytes else {
             return endParked(.overflowed, closing: reason)
         }
-        let old = adopt(ParkedTransport(of: transport))
+        let old = sessionTransport?.replace(with: ParkedTransport(of: transport)) ?? transport
+        dropInput()
         if reason == .frameTimeout {  // its ERROR is not in the stream
             var error = Frame(.error, payload: WireError.timeout("a frame was not finished within \(core.config.frameTimeoutMs) ms").payload).bytes
             old.write(&error)
@@ -171,12 +183,12 @@ extension Connection {
     /// Ends this connection's session for `reason` and closes the connection, which lets go of what
     /// it held as any closing connection does (callers of its channels get `handler_gone`).
     func endParked(_ reason: SessionEndCause, closing closeReason: CloseReason = .sessionEnded) {
+        let wasParked = session?.parkedAt != nil
         if let session {
             core.sessions.end(session, reason, at: core.eventLoop.now)
             replaceSession(with: nil)
             logger.info("session ended", metadata: ["session": "\(session.token.number)", "reason": "\(reason.rawValue)"])
         }
-        let wasParked = transport is ParkedTransport
         close(closeReason)
         if wasParked { core.releaseAdmission(of: self) }
     }
@@ -272,7 +284,10 @@ extension Connection {
     }
 
     /// What a session keeps while parked, or sends unacknowledged while connected, at most.
-    var keptLimit: Int { transport is ParkedTransport ? core.config.sessionBytes : core.config.outboundLimit }
+    var keptLimit: Int { session?.parkedAt != nil ? core.config.sessionBytes : core.config.outboundLimit }
+
+    /// The transport of a session's connection, which a resume points elsewhere.
+    private var sessionTransport: SessionTransport? { transport as? SessionTransport }
 }
 
 /// The transport of a parked session's connection: output goes nowhere (the session keeps it), and
@@ -300,4 +315,36 @@ final class ParkedTransport: Transport {
     func closeAfterWrites(_ intent: CloseIntent) {}
     func closeNow() {}
     var holdsPartialInput: Bool { false }
+}
+
+/// The transport of a session's connection: the transport it runs over now, which a resume replaces
+/// by the resuming connection's (and parking by a ``ParkedTransport``). Its events reach the
+/// connection through the connection that started it, whose ``Connection/heir`` it is.
+final class SessionTransport: Transport {
+    private(set) var inner: any Transport
+
+    init(over inner: any Transport) { self.inner = inner }
+
+    /// Goes on over `new`; returns the transport it ran over.
+    @discardableResult
+    func replace(with new: any Transport) -> any Transport {
+        var old = new
+        swap(&old, &inner)
+        return old
+    }
+
+    func start(_ handler: @escaping (TransportEvent) -> Void) {}  // started by the connection it came from
+    func write(_ bytes: inout [UInt8]) { inner.write(&bytes) }
+    var queuedBytes: Int { inner.queuedBytes }
+    var isOpen: Bool { inner.isOpen }
+    var remoteAddress: String { inner.remoteAddress }
+    var isLoopbackPeer: Bool { inner.isLoopbackPeer }
+    var peerIdentity: String? { inner.peerIdentity }
+    var scheme: String { inner.scheme }
+    func pauseReading() { inner.pauseReading() }
+    func resumeReading() { inner.resumeReading() }
+    func closeAfterWrites() { inner.closeAfterWrites() }
+    func closeAfterWrites(_ intent: CloseIntent) { inner.closeAfterWrites(intent) }
+    func closeNow() { inner.closeNow() }
+    var holdsPartialInput: Bool { inner.holdsPartialInput }
 }

@@ -321,6 +321,9 @@ final class ServerCore {
         connections.removeValue(forKey: connection.id)
     }
 
+    /// A connection whose HELLO made a session goes on as `successor` (of the same id).
+    func connectionReplaced(by successor: Connection) { connections[successor.id] = successor }
+
     /// A parked session's connection leaves the table (it counts under the caps until its session ends
     /// or resumes); a resumed one comes back.
     func connectionParked(_ connection: Connection) { connections.removeValue(forKey: connection.id) }
