@@ -205,7 +205,14 @@ final class EventStream {
         case .keepLatest:
             while queuedCount > 0 { dropHead(reason) }
         }
-        if fits() { append(event, size: size) } else { connection.core.countDrop(reason) }
+        if fits() { append(event, size: size) } else { dropped(reason) }
+    }
+
+    /// Counts a drop; one the stream had credit for ends its connection's session, if any
+    /// (protocol/resumption.md: keep-latest promises no more than the latest event).
+    private func dropped(_ reason: String) {
+        connection.core.countDrop(reason)
+        if reason != "noCredit", entry.overflow != .keepLatest, connection.session != nil { connection.endSession(.overflowed) }
     }
 
     private func append(_ event: OutboundEvent, size: Int) {
@@ -220,7 +227,7 @@ final class EventStream {
         queueHead += 1
         queuedCount -= 1
         connection.waitingEventBytes -= size
-        if !event.isEnd { connection.core.countDrop(reason) }
+        if !event.isEnd { dropped(reason) }
         compact()
     }
 

@@ -152,6 +152,34 @@ import SwitchboardWire
         #expect(try peer.frames().isEmpty)  // no POSITION after END
     }
 
+    /// An event the stream had credit for, dropped because the client does not read fast enough, ends
+    /// the session (END `overflowed`): the client would otherwise miss it without knowing.
+    @Test func droppedEventWithCreditEndsTheSession() throws {
+        var config = ServerConfiguration()
+        config.outboundLimit = 4096
+        let embedded = try EmbeddedServer(configuration: config)
+        let numbers = EventChannel(name: "numbers", queueLimit: 1, server: embedded.server)
+        numbers.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
+        embedded.run()
+        let peer = try Self.sessionPeer(embedded)
+        peer.send(try .call(2, "numbers", "listen"))
+        embedded.run()
+        var sent = Self.streamBytes(try peer.frames())
+        peer.peerWindow = 0  // reads nothing from now on
+        let event = ChannelValue.string(String(repeating: "e", count: 1000))
+        for _ in 0..<3 { numbers.broadcast(event) }
+        embedded.run()
+        sent += UInt64(peer.unreadCount)
+        peer.send(Self.position(sent))  // acknowledged (not read): nothing kept, so only the drop can end it
+        embedded.run()
+        for _ in 0..<3 { numbers.broadcast(event) }
+        embedded.run()
+        peer.peerWindow = .max
+        let ends = try peer.frames().filter { $0.kind == .end }
+        #expect(ends.count == 1)
+        #expect(try ends.first.flatMap { try JSONText.parse($0.payload ?? [])["reason"] } == "overflowed")
+    }
+
     /// Acknowledged output is forgotten, so a client that acknowledges keeps its session however much it reads.
     @Test func acknowledgedOutputIsForgotten() throws {
         var config = ServerConfiguration()
