@@ -122,7 +122,9 @@ extension Connection {
             return endSession(.overflowed)
         }
         guard session.isPositionDue else { return }
-        Self.appendPosition(of: session, to: &outbound.bytes)
+        var bytes = takeOutbound()  // no access to the buffer spans a call: its accesses stay unchecked
+        Self.appendPosition(of: session, to: &bytes)
+        restoreOutbound(bytes)
         outbound.unflushedFrames += 1
     }
 
