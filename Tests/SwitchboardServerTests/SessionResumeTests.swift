@@ -230,6 +230,7 @@ import SwitchboardWire
         client.peer.peerCloses()
         embedded.run()
         #expect(try Self.reason(try Self.resume(embedded, client, position: 13).1.first) == "position")
+        #expect(try Self.reason(try Self.resume(embedded, client, position: (1 << 53) - 1).1.first) == "position")
         let (_, frames) = try Self.resume(embedded, client, position: 0)
         #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
         #expect(frames.dropFirst().map(\.kind) == [.pong])  // the PONG it missed
@@ -242,7 +243,8 @@ import SwitchboardWire
         let mine = try Self.newSession(embedded)
         var forged = Array(mine.token)
         forged[42] = forged[42] == "A" ? "E" : "A"  // another secret
-        for (token, reason) in [("nonsense", "unknown"), (String(forged), "unknown"), (foreign.token, "restarted")] {
+        for (token, reason) in [("nonsense", "unknown"), (String(forged), "unknown"), (foreign.token, "restarted"),
+                                (String(repeating: "A", count: 100_000), "unknown")] {
             let (_, frames) = try Self.resume(embedded, Client(peer: mine.peer, token: token, received: 0))
             #expect(try Self.reason(frames.first) == reason, "\(token)")
         }
