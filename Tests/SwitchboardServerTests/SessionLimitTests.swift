@@ -60,6 +60,40 @@ import SwitchboardWire
         #expect(embedded.server.core.value.sessions.refusedCounts == ["identity": 2])  // alice's user may not read stats
     }
 
+    /// A session made over WebSocket resumes over plain TCP, live: its channel's caller waited, and
+    /// gets the answer the holder gives after resuming.
+    @Test func sessionMadeOverWebSocketResumesOverTCP() async throws {
+        try await withServer({ $0.loops = 1 }) { _, port in  // one loop: see parkedSessionCountsUnderTheConnectionCap
+            var ws: RawWebSocket? = try #require(RawWebSocket(port: port))
+            func frames(_ message: (opcode: UInt8, payload: [UInt8])?) throws -> [Frame] {
+                var buffer = InboundBuffer()
+                buffer.append(message?.payload ?? [])
+                var decoder = FrameDecoder(maxFrame: 1 << 20)
+                var out: [Frame] = []
+                while case .frame(let frame)? = try decoder.next(from: &buffer) { out.append(frame) }
+                return out
+            }
+            ws?.send(opcode: 2, Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)).bytes)
+            let welcome = try #require(try frames(ws?.receive()).first)
+            let token = try #require(try JSONText.parse(welcome.payload ?? [])["session"]?["token"]?.stringValue)
+            ws?.send(opcode: 2, Frame(.register, id: 2, channel: "held", payload: nil).bytes)
+            let registered = try frames(ws?.receive())
+            #expect(registered.map(\.kind) == [.reply])
+            ws = nil  // lost
+            let caller = try RawConnection(port: port)
+            try caller.send(.call(7, "held", "work"))
+            let resumer = try RawConnection(port: port)
+            let position = registered.map(\.bytes.count).reduce(0, +)
+            try resumer.send(Frame(.hello, id: 3, payload: Array(#"{"session":{"token":"\#(token)","position":\#(position)}}"#.utf8)))
+            let resumed = try await resumer.frame()
+            #expect(try JSONText.parse(resumed.payload ?? [])["session"]?["resumed"] == true)
+            let forwarded = try await resumer.nextNonPing()
+            #expect(forwarded.kind == .message && forwarded.channel == "held")
+            try resumer.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
+            #expect(try await caller.frame().envelope() == .success("done"))
+        }
+    }
+
     @Test func statsCountSessions() throws {
         let embedded = try EmbeddedServer()
         let a = try SessionResumeTests.newSession(embedded)
