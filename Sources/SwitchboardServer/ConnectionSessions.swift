@@ -101,6 +101,12 @@ extension Connection {
 
     private func refuseResume(_ refusal: CannotResume, id: UInt32) {
         core.sessions.refusedCounts[refusal.rawValue, default: 0] += 1
+        let now = core.eventLoop.now
+        if core.sessions.lastRefusalLog.map({ now - $0 >= 1000 }) ?? true {  // a flood of bad tokens logs once a second
+            core.sessions.lastRefusalLog = now
+            logger.notice("refusing to resume a session", metadata: ["reason": "\(refusal.rawValue)", "remote": "\(transport.remoteAddress)",
+                                                                     "refused": "\(core.sessions.refusedCounts)"])
+        }
         sessionStage = .refused
         writeError(refusal.error, id: id)
     }

@@ -156,6 +156,8 @@ final class SessionTable {
     /// ``CannotResume`` reasons).
     private(set) var endedCounts: [String: Int] = [:]
     var refusedCounts: [String: Int] = [:]
+    /// When a refusal was last logged (at most one a second).
+    var lastRefusalLog: UInt64?
 
     /// A session that ended: enough to tell its client why, and nothing more.
     struct EndedSession {

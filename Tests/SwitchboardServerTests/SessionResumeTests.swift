@@ -1,3 +1,5 @@
+import Logging
+import Synchronization
 import Testing
 import SwitchboardCodec
 @testable import SwitchboardServer
@@ -250,6 +252,19 @@ import SwitchboardWire
         }
     }
 
+    /// Refusals are logged at most once a second, by reason and address, never with the token.
+    @Test func refusalsAreLoggedOnceASecondWithoutTheToken() throws {
+        let output = LoggedLines()
+        let embedded = try EmbeddedServer(logger: Logger(label: "test") { StreamLogHandler(label: $0, stream: output, metadataProvider: nil) })
+        let token = String(repeating: "Q", count: 43)
+        for _ in 0..<5 { _ = try Self.resume(embedded, Client(peer: embedded.connect(), token: token, received: 0)) }
+        #expect(output.lines.filter { $0.contains("refusing to resume") }.count == 1)
+        embedded.advanceTime(byMs: 1000)
+        _ = try Self.resume(embedded, Client(peer: embedded.connect(), token: token, received: 0))
+        #expect(output.lines.filter { $0.contains("refusing to resume") }.count == 2)
+        #expect(!output.lines.contains { $0.contains(token) })
+    }
+
     /// One try per connection: a second resuming HELLO after `cannot_resume` is `bad_hello`, then the close.
     @Test func secondResumeOnAConnectionIsBadHello() throws {
         let embedded = try EmbeddedServer()
@@ -306,4 +321,11 @@ import SwitchboardWire
         #expect(try Self.reason(frames.first { $0.kind == .error }) == "ended")
         #expect(embedded.server.core.value.sessions.parked.isEmpty)
     }
+}
+
+/// What a ``StreamLogHandler`` writes, kept.
+final class LoggedLines: TextOutputStream, Sendable {
+    private let text = Mutex("")
+    func write(_ string: String) { text.withLock { $0 += string } }
+    var lines: [Substring] { text.withLock { $0 }.split(separator: "\n") }
 }
