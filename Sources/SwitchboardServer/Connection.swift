@@ -167,6 +167,8 @@ final class Connection {
     var sessionStage = SessionStage.firstFrame
     /// The connection whose session this one's HELLO resumed: its transport's events go there.
     var heir: Connection?
+    /// Where this connection's socket goes, with its HELLO, when that HELLO resumes a session of another loop.
+    var pendingMove: SessionMove?
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -310,6 +312,11 @@ final class Connection {
             if sessionStage == .firstFrame { sessionStage = .asked }
             readable = buffer.readableBytes
             if let heir { return heir }
+            if let move = pendingMove {  // the HELLO goes to its session's loop, with what followed it
+                finish(move, input: Array(buffer.readable))
+                buffer.consume(buffer.readableBytes)
+                return nil
+            }
         }
         return nil
     }
@@ -647,6 +654,14 @@ final class Connection {
         isAuthenticated = predecessor.isAuthenticated
         clientName = predecessor.clientName
         swap(&admittedHost, &predecessor.admittedHost)
+    }
+
+    /// Its HELLO resumes a session of another loop, where its socket goes: it stops here, without a
+    /// close of its own (its place under the caps goes with the socket).
+    func stopForMove(_ move: SessionMove) {
+        pendingMove = move
+        isClosing = true
+        isClosed = true
     }
 
     /// This connection's HELLO resumed `heir`'s session, which now has its transport: it goes away

@@ -86,6 +86,7 @@ extension Connection {
             logger.debug("session made", metadata: ["session": "\(session.token.number)"])
         case .resume(let text, let position):
             guard !wasRefused else { return fail(.badHello("one resuming HELLO per connection"), id: id) }
+            if let move = SessionMove(text, hello: hello, id: id, from: self) { return stopForMove(move) }
             switch findSession(text) {
             case .failure(let refusal):
                 refuseResume(refusal, id: id)
@@ -116,7 +117,7 @@ extension Connection {
         if core.isDraining { return .failure(.ended) }
         guard let token = SessionToken(text: text) else { return .failure(.unknown) }
         guard token.process == core.group?.processMark ?? 0 else { return .failure(.restarted) }
-        // A session of another loop: resuming there comes with issue 32's step 5.
+        // A session of another loop, presented over TLS or WebSocket (whose state cannot move): not yet.
         guard Int(token.loop) == core.index else { return .failure(.unknown) }
         guard let session = core.sessions.find(token) else {
             return .failure(core.sessions.endReason(token, identity: sessionIdentity, at: core.eventLoop.now) ?? .unknown)
@@ -126,6 +127,26 @@ extension Connection {
     }
 
     // MARK: Resuming
+
+    /// Sends this connection's socket, its HELLO and what followed it to the loop of the session the
+    /// HELLO resumes, where a connection of that loop reads them as its own (the HELLO's checks are
+    /// made again there); its place under the caps goes along.
+    func finish(_ move: SessionMove, input: [UInt8]) {
+        core.connectionHandedOver(self)
+        let host = admittedHost
+        admittedHost = nil
+        let quota = core.quota
+        let socket: DetachedSocket
+        do { socket = try move.socket.detach() } catch {
+            if let host { quota.release(host) }
+            return logger.warning("cannot move a resuming connection to loop \(move.loop.value.index): \(error)")
+        }
+        let target = move.loop, bytes = move.hello + input
+        if !target.loop.execute({ target.value.adoptResuming(socket, host: host, input: bytes) }) {
+            if let host { quota.release(host) }
+            socket.close()
+        }
+    }
 
     /// `resumer`'s HELLO resumed this connection's session: this connection goes on over its transport
     /// (taking it from the connection that carries it, if any), answering WELCOME and then its stream
@@ -353,4 +374,26 @@ final class SessionTransport: Transport {
     func closeAfterWrites(_ intent: CloseIntent) { inner.closeAfterWrites(intent) }
     func closeNow() { inner.closeNow() }
     var holdsPartialInput: Bool { inner.holdsPartialInput }
+}
+
+/// A resuming HELLO read on one loop for a session of another, and the plain TCP socket it came on,
+/// which moves there (TLS and WebSocket keep state that cannot move: such a HELLO is answered `unknown`).
+struct SessionMove {
+    let loop: LoopBound<ServerCore>
+    let socket: TCPConnection
+    /// The HELLO, to be read again there.
+    let hello: [UInt8]
+
+    /// The move `text` asks of `connection`, if the token names another loop of this process and the
+    /// connection's socket can move.
+    init?(_ text: String, hello: ChannelValue, id: UInt32, from connection: Connection) {
+        let core = connection.core
+        guard let token = SessionToken(text: text), token.process == core.group?.processMark ?? 0, Int(token.loop) != core.index,
+              let group = core.group, group.cores.indices.contains(Int(token.loop)),
+              let socket = (connection.transport as? HTTPUpgradeTransport)?.plainConnection,
+              let payload = try? JSONText.serialize(hello) else { return nil }
+        loop = group.cores[Int(token.loop)]
+        self.socket = socket
+        self.hello = Frame(.hello, id: id, payload: payload).bytes
+    }
 }

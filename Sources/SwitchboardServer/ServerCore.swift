@@ -229,6 +229,21 @@ final class ServerCore {
         serve(transport, tls: tls, host: host)
     }
 
+    /// Serves a connection whose resuming HELLO another loop read, for a session of this loop: `input`
+    /// (the HELLO and what followed it) is read first, as the connection's own.
+    func adoptResuming(_ socket: DetachedSocket, host: String?, input: [UInt8]) {
+        guard phase == .running || phase == .draining else {
+            if let host { quota.release(host) }
+            return socket.close()
+        }
+        let transport: TCPConnection
+        do { transport = try TCPConnection.adopt(socket, loop: eventLoop) } catch {
+            if let host { quota.release(host) }
+            return acceptFailed(error)
+        }
+        accept(web(transport), admittedHost: host)?.handle(.data(input))
+    }
+
     /// Serves an accepted TCP connection, under TLS when it came to the TLS port.
     private func serve(_ transport: TCPConnection, tls: TLSSettings?, host: String) {
         if let tls { return acceptTLS(transport, tls, host: host) }
@@ -302,10 +317,12 @@ final class ServerCore {
     }
 
     /// Serves a new connection over `transport` (counted under `admittedHost` by the caps, if given).
-    func accept(_ transport: any Transport, admittedHost: String? = nil) {
+    @discardableResult
+    func accept(_ transport: any Transport, admittedHost: String? = nil) -> Connection? {
         guard phase == .running || phase == .draining else {
             if let admittedHost { quota.release(admittedHost) }
-            return transport.closeNow()
+            transport.closeNow()
+            return nil
         }
         connectionsMade += 1
         let connection = Connection(id: (connectionsMade - 1) * UInt64(loopCount) + UInt64(index) + 1, transport: transport, core: self)
@@ -313,6 +330,7 @@ final class ServerCore {
         connections[connection.id] = connection
         stats.connectionsTotal += 1
         transport.start { event in connection.handle(event) }
+        return connection
     }
 
     /// Forgets a connection without counting a close: its HELLO resumed a session, whose connection

@@ -39,6 +39,13 @@ public final class HTTPUpgradeTransport: Transport {
 
     private let inner: any Transport
     private let options: Options
+
+    /// The plain TCP connection under this layer, once its bytes have shown they are neither HTTP nor
+    /// WebSocket (and no TLS is between): a socket that can move to another loop. Nil otherwise.
+    public var plainConnection: TCPConnection? {
+        guard case .passThrough = mode else { return nil }
+        return inner as? TCPConnection
+    }
     private var handler: ((TransportEvent) -> Void)?
     private var mode = Mode.sniffing
     /// Reading stopped by the owner (backpressure), and by this layer (pongs piling up).

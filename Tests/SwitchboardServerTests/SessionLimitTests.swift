@@ -11,8 +11,7 @@ import SwitchboardWire
     /// A parked session holds its connection's place under --max-connections until it resumes, when the
     /// resuming connection's place is its own and the old one is given back.
     @Test func parkedSessionCountsUnderTheConnectionCap() async throws {
-        // One loop: a resume landing on another loop is issue 32's next step (it is answered `unknown` for now).
-        try await withServer({ $0.maxConnections = 2; $0.loops = 1 }) { _, port in
+        try await withServer({ $0.maxConnections = 2 }) { _, port in
             var first: RawConnection? = try RawConnection(port: port)
             try first?.send(Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)))
             let welcome = try #require(try await first?.frame())
@@ -63,7 +62,7 @@ import SwitchboardWire
     /// A session made over WebSocket resumes over plain TCP, live: its channel's caller waited, and
     /// gets the answer the holder gives after resuming.
     @Test func sessionMadeOverWebSocketResumesOverTCP() async throws {
-        try await withServer({ $0.loops = 1 }) { _, port in  // one loop: see parkedSessionCountsUnderTheConnectionCap
+        try await withServer { _, port in  // on several loops, the resuming TCP socket moves to the session's
             var ws: RawWebSocket? = try #require(RawWebSocket(port: port))
             func frames(_ message: (opcode: UInt8, payload: [UInt8])?) throws -> [Frame] {
                 var buffer = InboundBuffer()
@@ -89,6 +88,32 @@ import SwitchboardWire
             #expect(try JSONText.parse(resumed.payload ?? [])["session"]?["resumed"] == true)
             let forwarded = try await resumer.nextNonPing()
             #expect(forwarded.kind == .message && forwarded.channel == "held")
+            try resumer.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
+            #expect(try await caller.frame().envelope() == .success("done"))
+        }
+    }
+
+    /// A resume that lands on another loop than the session's (loop 0 deals connections round) moves
+    /// there with its socket and resumes as on the session's own loop.
+    @Test func resumeOnAnotherLoopMovesThere() async throws {
+        try await withServer({ $0.loops = 4 }) { _, port in
+            var holder: RawConnection? = try RawConnection(port: port)  // on loop i
+            try holder?.send(Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)))
+            let welcome = try #require(try await holder?.frame())
+            let token = try #require(try JSONText.parse(welcome.payload ?? [])["session"]?["token"]?.stringValue)
+            try holder?.send(Frame(.register, id: 2, channel: "moved", payload: nil))
+            let registered = try #require(try await holder?.frame())
+            holder = nil  // lost
+            let resumer = try RawConnection(port: port)  // on loop i + 1
+            try resumer.send(Frame(.hello, id: 3, payload: Array(#"{"session":{"token":"\#(token)","position":\#(registered.bytes.count)}}"#.utf8))
+                             .bytes + Frame(.ping, id: 4, payload: nil).bytes)
+            let resumed = try await resumer.frame()
+            #expect(try JSONText.parse(resumed.payload ?? [])["session"]?["resumed"] == true)
+            #expect(try await resumer.nextNonPing().kind == .pong)  // what followed the HELLO came along
+            let caller = try RawConnection(port: port)  // on loop i + 2
+            try caller.send(.call(7, "moved", "work"))
+            let forwarded = try await resumer.nextNonPing()
+            #expect(forwarded.kind == .message && forwarded.channel == "moved")
             try resumer.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
             #expect(try await caller.frame().envelope() == .success("done"))
         }
