@@ -71,10 +71,10 @@ extension Connection {
             // The session's connection is a new one, over a transport a resume can point elsewhere; this
             // one (which holds nothing but its HELLO) hands its transport's events and input on to it.
             let successor = Connection(id: self.id, transport: SessionTransport(over: transport), core: core)
-            successor.continueAfter(self)
             if let plugins = successor.plugins, !plugins.identifyPeer(of: successor) || !plugins.identify(hello, of: successor) {
                 return fail(.unauthorized, id: id)  // as it was for this connection: the same question, the same answer
             }
+            successor.continueAfter(self)
             handOver(to: successor)
             core.connectionReplaced(by: successor)
             let session = core.sessions.make(process: core.group?.processMark ?? 0, loop: core.index,
