@@ -158,6 +158,39 @@ import SwitchboardWire
         #expect(try peer.frames().map(\.kind) == [.welcome, .pong])
     }
 
+    /// A connection the heartbeat finds dead parks its session: the PINGs sent meanwhile are in the
+    /// stream, and come again on resuming.
+    @Test func heartbeatTimeoutParks() throws {
+        var config = ServerConfiguration()
+        config.heartbeatMs = 1000
+        let embedded = try EmbeddedServer(configuration: config)
+        let client = try Self.newSession(embedded)
+        embedded.advanceTime(byMs: 2500)
+        let lost = try client.peer.frames()
+        #expect(lost.map(\.kind) == [.ping] && (client.peer.isClosed || client.peer.isClosingGracefully))
+        let (_, frames) = try Self.resume(embedded, client)
+        #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
+        #expect(frames.dropFirst().map(\.kind) == [.ping])
+    }
+
+    /// A frame left unfinished parks the session: its ERROR `timeout` goes to the lost connection but is
+    /// not in the stream, and the unfinished frame is not received.
+    @Test func unfinishedFrameParksWithoutItsErrorInTheStream() throws {
+        var config = ServerConfiguration()
+        config.frameTimeoutMs = 1000
+        let embedded = try EmbeddedServer(configuration: config)
+        let client = try Self.newSession(embedded)
+        client.peer.send(Frame(.ping, id: 2, payload: nil).bytes + Array(Frame(.ping, id: 3, payload: nil).bytes.prefix(5)))
+        embedded.run()
+        embedded.advanceTime(byMs: 2500)
+        let lost = try client.peer.frames().filter { $0.kind != .position }  // one came after ackMs
+        #expect(lost.map(\.kind) == [.pong, .error] && lost.last?.errorCode == "timeout")
+        let (_, frames) = try Self.resume(embedded, client)
+        let session = try #require(try Self.welcomeSession(frames.first))
+        #expect(session["resumed"] == true && session["position"] == 12)  // the whole PING, not the half one
+        #expect(frames.dropFirst().map(\.kind) == [.pong])
+    }
+
     // MARK: Ending
 
     @Test func parkedSessionExpiresAndItsCallersGetHandlerGone() throws {
