@@ -181,6 +181,7 @@ extension Connection {
         session.uncountedOutput = outbound.bytes.count
         writeRaw(unflushed)
         logger.debug("session resumed", metadata: ["session": "\(session.token.number)"])
+        for stream in Array(streams.values) { stream.activate() }  // those held while parked go on
         afterWrite()  // streams that waited for room go on
     }
 
@@ -203,6 +204,7 @@ extension Connection {
         }
         old.closeNow()
         core.connectionParked(self)
+        for stream in streams.values { stream.holdWhileParked() }
         logger.debug("session parked", metadata: ["session": "\(session.token.number)", "reason": "\(reason.rawValue)"])
         if let evicted = core.sessions.park(session, at: core.eventLoop.now) { evicted.connection?.endParked(.evicted) }
     }

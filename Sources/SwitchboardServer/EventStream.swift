@@ -114,7 +114,8 @@ final class EventStream {
     private var queueHead = 0
     /// Events in `queue` past `queueHead`, kept apart so that the fast path never touches the queue.
     private var queuedCount = 0
-    /// True until the listen reply has gone out: events wait, so the reply always comes first.
+    /// True until the listen reply has gone out: events wait, so the reply always comes first. Also
+    /// while the connection's session is parked, for a keep-latest channel (``holdWhileParked()``).
     private var isStarting = true
     private(set) var isActive = true
     var readyCallback: (() -> Void)? {
@@ -262,9 +263,15 @@ final class EventStream {
         pump()
     }
 
+    /// A keep-latest stream of a parked session keeps only its latest event until the session resumes
+    /// (``activate()``), as for a listener that lags (protocol/resumption.md).
+    func holdWhileParked() {
+        if entry.overflow == .keepLatest { isStarting = true }
+    }
+
     /// Sends what waits, as far as credit and the outbound limit allow; tells a waiting producer when ready.
     func pump() {
-        while isActive, queuedCount > 0 {
+        while isActive, !isStarting, queuedCount > 0 {
             let event = queue[queueHead].event
             guard event.isEnd || (hasCredit && !connection.isOverOutboundLimit) else { break }
             write(takeHead())

@@ -243,6 +243,33 @@ import SwitchboardWire
         #expect(try Self.reason(frames.first) == "overflowed")
     }
 
+    /// A keep-latest channel keeps only its latest event for a parked session, as for a listener that
+    /// lags: a fast producer does not end the session.
+    @Test func keepLatestKeepsOnlyTheLatestEventWhileParked() throws {
+        var config = ServerConfiguration()
+        config.sessionBytes = 2048
+        let embedded = try EmbeddedServer(configuration: config)
+        let latest = EventChannel(name: "numbers", overflow: .keepLatest, server: embedded.server)
+        latest.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
+        embedded.run()
+        var client = try Self.newSession(embedded)
+        client.peer.send(try .call(2, "numbers", "listen"))
+        embedded.run()
+        client.received += Self.stream(try client.peer.frames()).bytes
+        client.peer.peerCloses()
+        embedded.run()
+        for n in 0..<40 {
+            latest.broadcast(ChannelValue.map([.init("n", .int(n)), .init("pad", .string(String(repeating: "p", count: 100)))]))
+            embedded.run()
+        }
+        let (resumed, frames) = try Self.resume(embedded, client)
+        #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
+        #expect(try Self.events(frames).map { $0["n"] } == [39])
+        latest.broadcast(ChannelValue.map([.init("n", .int(40))]))
+        embedded.run()
+        #expect(try Self.events(try resumed.frames()).map { $0["n"] } == [40])
+    }
+
     @Test func oldestParkedSessionIsEvicted() throws {
         var config = ServerConfiguration()
         config.maxParkedSessions = 1
