@@ -13,9 +13,12 @@ let package = Package(
         .library(name: "SwitchboardCodec", targets: ["SwitchboardCodec"]),
         .library(name: "SwitchboardWire", targets: ["SwitchboardWire"]),
         .library(name: "SwitchboardTransport", targets: ["SwitchboardTransport"]),
+        .library(name: "SwitchboardPluginAPI", targets: ["SwitchboardPluginAPI"]),
         .library(name: "SwitchboardServer", targets: ["SwitchboardServer"]),
+        .library(name: "SwitchboardServerCombine", targets: ["SwitchboardServerCombine"]),
         .library(name: "SwitchboardClient", targets: ["SwitchboardClient"]),
         .library(name: "SwitchboardPlugins", targets: ["SwitchboardPlugins"]),
+        .library(name: "SwitchboardDemo", targets: ["SwitchboardDemo"]),
         .library(name: "SwitchboardCluster", targets: ["SwitchboardCluster"]),
         .library(name: "SwitchboardTesting", targets: ["SwitchboardTesting"]),
         .executable(name: "switchboard", targets: ["switchboard"]),
@@ -55,12 +58,25 @@ let package = Package(
             swiftSettings: safeSettings
         ),
         .target(
+            name: "SwitchboardPluginAPI",
+            dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport"],
+            swiftSettings: safeSettings
+        ),
+        .target(
             name: "SwitchboardServer",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", "SwitchboardConsole", "SwitchboardCluster",
+                "SwitchboardPluginAPI",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+            ],
+            swiftSettings: safeSettings
+        ),
+        .target(
+            name: "SwitchboardServerCombine",
+            dependencies: [
+                "SwitchboardCodec", "SwitchboardTransport", "SwitchboardServer",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
             ],
             swiftSettings: safeSettings
@@ -68,9 +84,14 @@ let package = Package(
         .target(
             name: "SwitchboardPlugins",
             dependencies: [
-                "SwitchboardCodec", "SwitchboardServer", "SwitchboardTransport",
+                "SwitchboardCodec", "SwitchboardPluginAPI", "SwitchboardTransport",
                 .product(name: "Logging", package: "swift-log"),
             ],
+            swiftSettings: safeSettings
+        ),
+        .target(
+            name: "SwitchboardDemo",
+            dependencies: ["SwitchboardCodec", "SwitchboardWire", "SwitchboardTransport", "SwitchboardServer"],
             swiftSettings: safeSettings
         ),
         .target(
@@ -90,14 +111,14 @@ let package = Package(
             name: "SwitchboardTesting",
             dependencies: [
                 "SwitchboardCodec", "SwitchboardWire", "SwitchboardServer", "SwitchboardTransport", "SwitchboardPlugins",
-                .product(name: "Logging", package: "swift-log"),
+                "SwitchboardPluginAPI", "SwitchboardDemo", .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(
             name: "switchboard",
             dependencies: [
                 "SwitchboardServer", "SwitchboardPlugins", "SwitchboardClient", "SwitchboardTransport", "SwitchboardWire", "SwitchboardCodec",
-                "SwitchboardCluster",
+                "SwitchboardCluster", "SwitchboardDemo",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "Logging", package: "swift-log"),
@@ -119,7 +140,7 @@ let package = Package(
             name: "SwitchboardClientTests",
             dependencies: [
                 "SwitchboardClient", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
-                "SwitchboardPlugins", "SwitchboardTransport",
+                "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardTransport", "SwitchboardDemo",
                 .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -128,23 +149,29 @@ let package = Package(
             name: "SwitchboardClusterTests",
             dependencies: [
                 "SwitchboardCluster", "SwitchboardTransport", "SwitchboardServer", "SwitchboardClient", "SwitchboardCodec",
-                "SwitchboardTesting", "SwitchboardWire", "SwitchboardPlugins", .product(name: "Logging", package: "swift-log"),
+                "SwitchboardTesting", "SwitchboardWire", "SwitchboardPlugins", "SwitchboardDemo", .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(
             name: "SwitchboardServerTests",
             dependencies: [
-                "SwitchboardServer", "SwitchboardPlugins", "SwitchboardWire", "SwitchboardCodec", "SwitchboardTesting",
-                "SwitchboardCluster", "SwitchboardTransport",
-                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
+                "SwitchboardServer", "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardWire", "SwitchboardCodec",
+                "SwitchboardTesting", "SwitchboardCluster", "SwitchboardTransport", "SwitchboardDemo",
                 .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "SwitchboardServerCombineTests",
+            dependencies: [
+                "SwitchboardServerCombine", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
+                .product(name: "OpenCombine", package: "OpenCombine", condition: .when(platforms: [.linux, .windows, .android])),
             ]
         ),
         .testTarget(
             name: "SwitchboardPluginsTests",
             dependencies: [
-                "SwitchboardPlugins", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire", "SwitchboardTesting",
-                "SwitchboardTransport", .product(name: "Logging", package: "swift-log"),
+                "SwitchboardPlugins", "SwitchboardPluginAPI", "SwitchboardServer", "SwitchboardCodec", "SwitchboardWire",
+                "SwitchboardTesting", "SwitchboardTransport", "SwitchboardDemo", .product(name: "Logging", package: "swift-log"),
             ]
         ),
     ]

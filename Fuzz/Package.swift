@@ -12,6 +12,7 @@ let wholeServer: [Target.Dependency] = [
     .product(name: "SwitchboardWire", package: "main"),
     .product(name: "SwitchboardCodec", package: "main"),
     .product(name: "SwitchboardPlugins", package: "main"),
+    .product(name: "SwitchboardPluginAPI", package: "main"),
 ]
 
 let package = Package(

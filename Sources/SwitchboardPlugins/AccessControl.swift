@@ -1,4 +1,4 @@
-import SwitchboardServer
+import SwitchboardPluginAPI
 import SwitchboardTransport
 
 /// The `access` section: users identified by their HELLO token, and what each may do.
@@ -162,7 +162,7 @@ public struct AccessControl: Plugin {
     }
 
     /// A pattern of a right: channels, and for calls the method (`orders/*#find`); nil: every method
-    /// but an operator's (``Server/operatorMethods``) in `allow`, every method in `deny`.
+    /// but an operator's (``BuiltInChannels/operatorMethods``) in `allow`, every method in `deny`.
     struct RightPattern {
         let channel: ChannelPattern
         let method: String?
@@ -207,7 +207,7 @@ public struct AccessControl: Plugin {
             if kind == .cancel { return .admit }
             let denied = deny[kind, default: []].filter { $0.channel.matches(channel) }
             let allowed = allow[kind].map { $0.filter { $0.channel.matches(channel) } }
-            let operatorMethods = kind == .call ? Server.operatorMethods[channel] ?? [] : []
+            let operatorMethods = kind == .call ? BuiltInChannels.operatorMethods[channel] ?? [] : []
             guard operatorMethods.isEmpty, !denied.contains(where: { $0.method != nil }),
                   !(allowed ?? []).contains(where: { $0.method != nil }) else {
                 let methods = MethodRights(denied: denied.map(\.method), allowed: allowed?.map(\.method), operatorMethods: operatorMethods)

@@ -1,4 +1,4 @@
-import SwitchboardServer
+import SwitchboardPluginAPI
 
 /// Channel aliases: requests on an old channel name go to the new one, and the events of a stream
 /// listened to by its old name go out under the old name, so clients built against the old names keep

@@ -2,7 +2,7 @@ import Foundation
 import Logging
 import Synchronization
 import SwitchboardCodec
-import SwitchboardServer
+import SwitchboardPluginAPI
 
 /// The `--config` file: which of the first plugins to load and how (schema: `docs/plugins.md`).
 ///

@@ -1,5 +1,5 @@
 import Synchronization
-import SwitchboardServer
+import SwitchboardPluginAPI
 import SwitchboardTransport
 
 /// One entry of the `rateLimits` section: token buckets for requests on matching channels.

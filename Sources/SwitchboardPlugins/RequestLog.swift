@@ -1,6 +1,6 @@
 import Logging
 import Synchronization
-import SwitchboardServer
+import SwitchboardPluginAPI
 
 /// The `requestLog` section.
 public struct RequestLogSettings: Codable, Sendable, Equatable {

@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardTransport
 import SwitchboardWire
 
@@ -52,7 +53,10 @@ final class Registration {
     }
 
     let name: String
-    unowned let holder: Connection
+    /// Strong, so that reading it costs no check (an `unowned` load is an atomic retain and release): the
+    /// directory lets go of a registration when its holder leaves (``ServerCore/holderLeft(_:)``), and the
+    /// holder's route cache, the one way back from the holder, is emptied when it closes.
+    let holder: Connection
     let kind: Kind?
     let codec: DeclaredCodec?
     /// The listeners of a held event channel, kept by the server.
@@ -399,6 +403,9 @@ extension ServerCore {
     /// limit, and it is dropped), and a cancel, or its requester going, takes it off the list.
     private func waitsForHolder(_ request: PendingRequest, from caller: Caller, on registration: Registration) -> Bool {
         if request.isDetached, case .local(let connection) = caller, !connection.keepOffWire(request) { return false }
+        // `unowned request`: the closure lives in the request's own `onCancel`, which an answer and a
+        // reuse as the connection's spare clear first, so it never outlives the request nor runs for the
+        // next call that reuses it (and the spare check, which counts strong references, is not fooled).
         request.onCancel = .handler { [weak registration, unowned request] in
             guard let registration, case .starting(var waiting) = registration.upstream else { return }
             waiting.removeAll { $0.request === request }

@@ -78,3 +78,11 @@ final class ChannelDirectory {
         remoteStreams = [:]
     }
 }
+
+/// Where a connection's last request went (see ``Connection/route(named:)``).
+struct RouteCache {
+    var name = ""
+    var route: Route?
+    /// The ``ChannelDirectory/version`` the route belongs to (-1: none yet).
+    var version = -1
+}

@@ -1,5 +1,6 @@
 import Logging
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardTransport
 import SwitchboardWire
 
@@ -458,6 +459,12 @@ final class Connection {
         return route
     }
 
+    /// Forgets a cached route the directory has changed since (housekeeping): it may name a registration
+    /// whose holder has left, which the registration would keep in memory.
+    func dropStaleRoute() {
+        if routeCache.version != core.directory.version { routeCache = RouteCache() }
+    }
+
     private func handleDemand(_ frame: FrameDecoder.View) {
         guard let payload = frame.payload, payload.count == 4 else {
             return writeError(.badFrame("DEMAND payload must be exactly 4 bytes"), id: frame.id)
@@ -473,7 +480,7 @@ final class Connection {
     /// Adds credit to the channel's active stream, or keeps it for the next `listen` while the channels
     /// kept stay within ``pendingCreditLimit`` (past it, the DEMAND is ignored and counted).
     func addDemand(_ n: UInt32, channel: String) {
-        let channel = plugins?.context.channelRenames[channel] ?? channel
+        let channel = plugins?.context.channel(renamedFrom: channel) ?? channel
         if let stream = streams[channel] {
             stream.addCredit(n)
         } else if let credit = pendingCredit[channel] {
@@ -683,15 +690,8 @@ final class Connection {
             endStream(stream, notifyHandler: true)
         }
         dropRequests()
+        routeCache = RouteCache()  // it may name a channel this connection held, which names it back
         core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")
     }
-}
-
-/// Where a connection's last request went (see ``Connection/route(named:)``).
-struct RouteCache {
-    var name = ""
-    var route: Route?
-    /// The ``ChannelDirectory/version`` the route belongs to (-1: none yet).
-    var version = -1
 }

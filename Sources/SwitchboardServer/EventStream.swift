@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardWire
 
 /// What one event carries.

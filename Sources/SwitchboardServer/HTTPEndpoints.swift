@@ -1,5 +1,6 @@
 import SwitchboardCodec
 import SwitchboardConsole
+import SwitchboardPluginAPI
 import SwitchboardTransport
 
 extension ServerCore {

@@ -1,6 +1,17 @@
 import SwitchboardCodec
 
 extension Server {
+    /// Installs `switchboard/stats` (`get`: the server's counters, summed over its loops, as
+    /// `protocol/demo-channels.md` lists them). The demo channels include it.
+    public func installStatsChannel() {
+        MethodChannel(name: "switchboard/stats", server: self).setMethodCallHandler { [group] call, result in
+            guard call.method == "get" else { return result.notImplemented() }
+            group.gather(from: group.cores.currentIndex, { $0.statsValue }) { parts in
+                result.success(LoopGroup.sum(parts.compactMap { $0 }))
+            }
+        }
+    }
+
     /// Installs the introspection channels of `protocol/demo-channels.md`, which the console page and
     /// `switchboard top` read: `switchboard/channels` (`list`) and `switchboard/connections` (`list`,
     /// `close`). `close` is an operator's power: guard it with access control where clients are not

@@ -1,6 +1,7 @@
 import CoreMetrics
 import Prometheus
 import SwitchboardCodec
+import SwitchboardPluginAPI
 
 /// Where the server's counters go: a swift-metrics factory, Prometheus's by default (served at
 /// `GET /metrics`). An embedder can give another backend's factory.

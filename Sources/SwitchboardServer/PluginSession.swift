@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardTransport
 import SwitchboardWire
 
@@ -177,7 +178,8 @@ final class PluginSession {
                 return answerDirectly(answer, request: request, target: target, plugin: stage.plugin, on: connection)
             case .later(let body):
                 let parked = park(request, target: target, resumeAt: next, plugin: stage.plugin, on: connection)
-                return body(Decider(token: DecisionToken(LoopBound(parked, loop: connection.core.handle))))
+                let waiting = LoopBound(parked, loop: connection.core.handle)
+                return body(Decider(token: DecisionToken { decision in waiting.onLoop { $0.resume(with: decision) } }))
             }
         }
         dispatch(request, target: target, on: connection)

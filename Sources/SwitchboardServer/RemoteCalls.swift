@@ -1,5 +1,6 @@
 import SwitchboardCluster
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardWire
 
 /// This loop's listeners of an event channel a client holds on another loop or node (`holderNode`, as

@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardWire
 
 /// A connection's requests: those its client made that are still open after their handler's first run
@@ -59,8 +60,7 @@ extension Connection {
     /// answered nowhere). It skips the routing enum, and an answered request becomes the next one's spare.
     @inline(__always)
     func dispatchCall(to method: MethodEntry, payload: ArraySlice<UInt8>?, origin: PendingRequest.Origin?) {
-        let request = makeRequest(origin, methodCodec: method.codec)
-        core.invoke(method, payload: payload, request: request, connection: self)
+        let request = core.invoke(method, payload: payload, request: makeRequest(origin, methodCodec: method.codec), connection: self)
         if origin != nil { settle(request) }
     }
 
@@ -144,9 +144,8 @@ extension Connection {
     }
 
     /// Closes `request` and writes its answer in this connection's encoding.
-    func finish(_ request: PendingRequest, with answer: Answer) {
+    func finish(_ request: PendingRequest, with answer: consuming Answer) {
         guard !isClosing else { return }
-        var answer = answer
         if let plugins, plugins.tracesRequests, let trace = request.trace {
             answer = plugins.filterAnswer(answer, trace: trace, codec: request.methodCodec?.codec, on: self)
         }
@@ -248,7 +247,7 @@ extension Connection {
         /// nil for the server's own requests (`invokeMethod`, `send`).
         let registration: Registration?
 
-        func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
+        consuming func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
             switch waiter {
             case .relay(let request): core.relay(result, of: registration, to: request)
             case .completion(let completion): completion(result)
@@ -261,19 +260,25 @@ extension Connection {
     /// failure).
     @discardableResult
     func sendRequest(channel: String, payload: [UInt8]?, forwardedOn registration: Registration? = nil,
-                     waiter: Outgoing.Waiter) -> UInt32? {
+                     waiter: consuming Outgoing.Waiter) -> UInt32? {
         let request = Outgoing(waiter: waiter, registration: registration)
         guard mode == .binary, !isClosing else {
             request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
         }
-        // One hash per request: an id still in use (only after 2^32 requests) is put back and skipped.
+        // One hash per request, and the request moved into the table: an id still in use (only after
+        // 2^32 requests) gets its request back, and ours tries the next id.
         var id = requests.lastOutgoingID
         repeat { id &+= 1 } while id == 0
-        while let inUse = withOutgoing({ $0.updateValue(request, forKey: id) }) {
-            withOutgoing { $0[id] = inUse }
+        var table: [UInt32: Outgoing] = [:]
+        swap(&table, &requests.outgoing)
+        var displaced = table.updateValue(request, forKey: id)
+        while let inUse = displaced {
+            let ours = table.updateValue(inUse, forKey: id)!
             repeat { id &+= 1 } while id == 0
+            displaced = table.updateValue(ours, forKey: id)
         }
+        swap(&table, &requests.outgoing)
         requests.lastOutgoingID = id
         writeFrame(.message, id: id, channel: channel, payload: payload)
         return id

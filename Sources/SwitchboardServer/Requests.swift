@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardWire
 
 /// The one answer a request gets, before it is put in the requester's encoding.
@@ -165,7 +166,7 @@ final class PendingRequest {
     }
 
     /// Sends the answer (if the requester is still connected) and closes the request.
-    func answer(_ answer: Answer) {
+    func answer(_ answer: consuming Answer) {
         if let remoteAnswer {
             guard !isAnswered else { return }
             isAnswered = true
@@ -229,13 +230,6 @@ final class MethodEntry {
         self.codec = SharedMethodCodec(codec)
         self.handler = handler
     }
-}
-
-/// A method codec behind one reference, so that every request on a channel shares it: passing a
-/// reference costs a retain, copying the existential costs several runtime calls.
-final class SharedMethodCodec {
-    let codec: any MethodCodec
-    init(_ codec: any MethodCodec) { self.codec = codec }
 }
 
 final class MessageEntry {

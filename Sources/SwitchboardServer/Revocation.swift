@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardWire
 
 /// What a reload takes away (protocol/plugins.md, "Security model"): rights are checked when a request

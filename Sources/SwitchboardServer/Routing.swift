@@ -1,4 +1,5 @@
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardWire
 
 /// Routing on one loop: where a channel's name leads (a server-side channel, a channel a client holds
@@ -68,7 +69,7 @@ extension ServerCore {
     /// Decodes a binary method call read in place and runs its channel's handler: the common request,
     /// which `Connection` sends here straight, without the routing enum. Returns `request`.
     @discardableResult @inline(__always)
-    func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: PendingRequest,
+    func invoke(_ method: MethodEntry, payload: ArraySlice<UInt8>?, request: consuming PendingRequest,
                 connection: Connection) -> PendingRequest {
         method.counts.requests += 1
         let call: MethodCall
@@ -80,8 +81,10 @@ extension ServerCore {
             request.answer(.error(.badPayload("method call could not be decoded: \(error)")))
             return request
         }
-        method.handler(call, MethodResult(request: request, loop: handle))
-        return request
+        // The request moves into the handler's result and back out: no retain and release per call.
+        let result = MethodResult(request: request, loop: handle)
+        method.handler(call, result)
+        return result.takeRequest()
     }
 
     private func methodCall(_ input: RouteInput, codec: any MethodCodec, request: PendingRequest) -> MethodCall? {

@@ -3,6 +3,7 @@ import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
+import SwitchboardPluginAPI
 import SwitchboardTransport
 
 /// A Switchboard server: libuv loops (one by default, ``ServerConfiguration/loops``) serving binary and
@@ -11,11 +12,6 @@ import SwitchboardTransport
 /// Create it, attach channels (``MethodChannel``, ``EventChannel``, ``BasicMessageChannel``), then
 /// `try await` ``run(handlingSignals:)``, or ``start()`` it and go on.
 public final class Server: Sendable {
-    /// The methods of the built-in channels that are operators' powers: a right grants one only by
-    /// naming it (`switchboard/connections#close`), never through a pattern or an absent right
-    /// (protocol/plugins.md).
-    public static let operatorMethods: [String: [String]] = ["switchboard/connections": ["close"]]
-
     /// The settings it was made with.
     public let configuration: ServerConfiguration
     /// Its loops (``ServerConfiguration/loops``).
@@ -66,13 +62,13 @@ public final class Server: Sendable {
         for core in group.cores { core.onLoop(body) }
     }
 
-    /// Loads `plugin` (see ``Plugin``): its stages join the pipeline after those loaded before, then its
-    /// ``Plugin/didLoad(into:)`` runs. Before the server runs only: the pipeline is fixed while it serves.
-    /// Every loop runs the same stages.
+    /// Loads `plugin` (see ``Plugin``): its stages join the pipeline after those loaded before, then, if it
+    /// is a ``ServerPlugin``, its ``ServerPlugin/didLoad(into:)`` runs. Before the server runs only: the
+    /// pipeline is fixed while it serves. Every loop runs the same stages.
     public func load(_ plugin: any Plugin) {
         precondition(!core.loop.hasStarted, "plugins are loaded before the server runs")
         for core in group.cores { core.value.pipeline.load(plugin) }
-        plugin.didLoad(into: self)
+        (plugin as? any ServerPlugin)?.didLoad(into: self)
     }
 
     /// Runs `body` on loop 0's thread each time the process receives `signal` (such as SIGHUP), from
@@ -216,4 +212,11 @@ public final class Server: Sendable {
         }
         for waiter in waiters { waiter.resume() }
     }
+}
+
+/// A plugin that needs the server it is loaded into: to attach channels of its own, say. The plugin API
+/// (SwitchboardPluginAPI) cannot name the server, which sits above it; this refinement can.
+public protocol ServerPlugin: Plugin {
+    /// Runs once, on the loading thread, when ``Server/load(_:)`` loads the plugin.
+    func didLoad(into server: Server)
 }

@@ -4,6 +4,7 @@ import Glibc
 import Logging
 import SwitchboardCluster
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardTransport
 import SwitchboardWire
 
@@ -431,6 +432,7 @@ final class ServerCore {
         }
         for session in sessions.expired(at: now) { session.connection?.endParked(.expired) }
         for connection in Array(connections.values) {
+            connection.dropStaleRoute()
             if let session = connection.session, session.positionIsDueByTime(at: now) { connection.markDirty() }
             if let since = connection.peerFinishedAt, now - since >= config.drainTimeoutMs {
                 connection.abandonOpenRequests()

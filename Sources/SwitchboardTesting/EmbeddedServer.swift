@@ -2,6 +2,8 @@
 import Glibc
 #endif
 import Logging
+import SwitchboardDemo
+import SwitchboardPluginAPI
 import SwitchboardServer
 import SwitchboardTransport
 

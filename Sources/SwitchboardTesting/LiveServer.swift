@@ -1,5 +1,6 @@
 import Logging
 import SwitchboardCodec
+import SwitchboardDemo
 import SwitchboardServer
 import SwitchboardTesting
 

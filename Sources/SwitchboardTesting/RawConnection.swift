@@ -179,6 +179,27 @@ public final class RawConnection {
     }
 }
 
+extension RawConnection {
+    /// Reads events of `channel` until end of stream; returns the values (error events as ChannelError).
+    public func events(on channel: String, limit: Int = 10_000) async throws -> [Result<ChannelValue, ChannelError>] {
+        var out: [Result<ChannelValue, ChannelError>] = []
+        while out.count <= limit {
+            let f = try await frame()
+            guard f.kind == .message, f.channel == channel, f.id == 0 else { throw TestFailure("unexpected \(f)") }
+            guard f.payload != nil else { return out }
+            out.append(try f.envelope())
+        }
+        throw TestFailure("stream did not end")
+    }
+
+    /// Sends a DEMAND for `n` more events on `channel`.
+    public func demand(_ n: UInt32, on channel: String) throws {
+        var payload: [UInt8] = []
+        Frame.appendBigEndian(n, to: &payload)
+        try send(Frame(.demand, channel: channel, payload: payload))
+    }
+}
+
 extension Frame {
     /// The `code` of an ERROR frame's JSON payload.
     public var errorCode: String? {

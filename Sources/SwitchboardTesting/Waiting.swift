@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Synchronization
+import SwitchboardTransport
 
 /// Checks `condition` until it holds (true) or `seconds` have passed (false), every 5 ms unless
 /// `every` says otherwise: for what another thread, the kernel or another process does, which no clock
@@ -15,6 +16,18 @@ public func eventually(_ seconds: Double = 10, every interval: Duration = .milli
         try await Task.sleep(for: interval)
     }
     return try await condition()
+}
+
+/// Runs `body` on a thread of its own and waits for it, up to 10 s: false if it did not finish. An
+/// embedded server's loop belongs to the (synchronous) test's thread, and an async test may hop threads,
+/// so producer threads are real ones.
+public func finishesOnAnotherThread(_ body: @escaping @Sendable () -> Void) -> Bool {
+    let done = Atomic<Bool>(false)
+    startThread {
+        body()
+        done.store(true, ordering: .releasing)
+    }
+    return waitUntil { done.load(ordering: .acquiring) }
 }
 
 /// ``eventually(_:every:_:)`` for synchronous code: blocks the calling thread between checks.

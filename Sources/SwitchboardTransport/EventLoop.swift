@@ -355,4 +355,12 @@ public struct LoopBound<Value>: @unchecked Sendable {
         assert(loop.isInLoopThread || !loop.isRunning, "loop-bound value touched off the loop thread")
         return storage
     }
+
+    /// The value, moved out of the wrapper (no retain where ``value`` would copy it); loop thread only.
+    /// Public, not package: a package method is not inlined into another module, and this one must be,
+    /// or the move costs a call and a retain (measured: 2 atomics and 140 instructions per rpc call).
+    public consuming func take() -> Value {
+        assert(loop.isInLoopThread || !loop.isRunning, "loop-bound value touched off the loop thread")
+        return storage
+    }
 }

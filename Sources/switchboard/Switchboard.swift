@@ -2,6 +2,7 @@ import ArgumentParser
 import Dispatch
 import Logging
 import SwitchboardCluster
+import SwitchboardDemo
 import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTransport
@@ -100,7 +101,7 @@ struct Serve: ParsableCommand {
     var clusterConnectTimeout: UInt64 = 2000
     @Option(help: "Milliseconds between a node's pings to its NATS server; two unanswered in a row mark the connection dead.")
     var clusterPingInterval: UInt64 = 1000
-    @Option(help: "Event loops, one thread each: 1 … 256 (default: one per core).") var loops: Int?
+    @Option(help: "Event loops, one thread each: 1 … 256 (default: one per core, and one on a machine of two cores or fewer).") var loops: Int?
     @Option(help: "Milliseconds a new connection has to complete its first frame, line or HTTP head (0 = no limit).")
     var firstFrameTimeout: UInt64 = 10_000
     @Option(help: "Milliseconds a frame, line, HTTP head, TLS record or WebSocket frame may stay unfinished, unless 64 KiB more of it arrive (0 = no limit).")
@@ -176,7 +177,7 @@ struct Serve: ParsableCommand {
         config.metrics = .prometheus(channelLimit: metricsChannels)
         config.maxRegistrationsPerConnection = maxRegistrations
         config.maxOpenRequests = maxOpenRequests
-        config.loops = loops ?? min(256, max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
+        config.loops = loops ?? defaultLoopCount(cores: Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
         if let servers = clusterServers {
             var settings = ClusterSettings(servers: servers, node: node ?? "\(hostName())-\(getpid())")
             settings.connectTimeoutMs = clusterConnectTimeout
@@ -223,6 +224,11 @@ extension Logger.Level: @retroactive ExpressibleByArgument {}
 
 /// `on` or `off`.
 enum Switch: String, ExpressibleByArgument, CaseIterable { case on, off }
+
+/// The loops `serve` runs without `--loops`: one per core, but one on a machine of two cores or fewer,
+/// where a second loop competes with the kernel's network work and the clients for the other core and
+/// costs more server CPU per call than it brings (benchmarks/ANALYSIS.md, "One loop per core").
+func defaultLoopCount(cores: Int) -> Int { cores <= 2 ? 1 : min(256, cores) }
 
 /// This machine's name, for a node's default name.
 private func hostName() -> String {

@@ -49,6 +49,22 @@ import SwitchboardTesting
         #expect(access(portFile, F_OK) != 0, "the port file outlived the server")
     }
 
+    /// Without `--loops`: one loop per core, and one on a machine of two cores or fewer (where a second
+    /// loop measured slower: benchmarks/ANALYSIS.md). `switchboard/stats` counts the loops.
+    @Test func theDefaultLoopCountFollowsTheCores() async throws {
+        let server = try ProgramRun(Self.binary, ["serve", "--port", "0", "--log-level", "error"])
+        let line = try #require(try await server.line())
+        let port = try #require(line.split(separator: "switchboard: listening on 127.0.0.1:").first.flatMap { Int($0) }, "\(line)")
+        let wire = try RawConnection(port: port)
+        try wire.send(line: #"{"id":1,"call":"switchboard/stats","method":"get"}"#)
+        let stats = try #require(try await wire.line()["result"])
+        let cores = Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+        let expected = cores <= 2 ? 1 : min(256, cores)
+        #expect((stats["loops"]?.intValue ?? 1) == expected, "\(cores) cores")
+        server.signal(SIGTERM)
+        #expect(try await server.exitCode() == 0)
+    }
+
     /// A server that cannot listen leaves no port file, nor the file it writes it under.
     @Test func aServerThatCannotListenLeavesNoFiles() async throws {
         let directory = "/tmp/switchboard-port-dir-\(getpid())"

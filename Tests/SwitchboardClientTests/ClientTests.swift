@@ -8,6 +8,7 @@ import Synchronization
 import Testing
 import SwitchboardClient
 import SwitchboardCodec
+import SwitchboardDemo
 import SwitchboardServer
 import SwitchboardTesting
 

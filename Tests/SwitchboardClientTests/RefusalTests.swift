@@ -1,5 +1,6 @@
 import Testing
 import SwitchboardClient
+import SwitchboardPluginAPI
 import SwitchboardServer
 import SwitchboardTesting
 

@@ -4,6 +4,8 @@ import Synchronization
 import Testing
 import SwitchboardClient
 import SwitchboardCodec
+import SwitchboardDemo
+import SwitchboardPluginAPI
 import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTesting

@@ -3,6 +3,7 @@ import Testing
 import SwitchboardClient
 import SwitchboardCluster
 import SwitchboardCodec
+import SwitchboardDemo
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport

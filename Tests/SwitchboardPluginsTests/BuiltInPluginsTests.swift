@@ -6,6 +6,8 @@ import Logging
 import Synchronization
 import Testing
 import SwitchboardCodec
+import SwitchboardDemo
+import SwitchboardPluginAPI
 @testable import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTesting

@@ -23,16 +23,9 @@ final class Handoff<Value: Sendable>: Sendable {
     var value: Value? { box.withLock { $0 } }
 }
 
-/// Runs `body` on a thread of its own and waits for it: an embedded server's loop belongs to the
-/// (synchronous) test's thread, and an async test may hop threads, so producer threads are real ones.
+/// Runs `body` on a thread of its own and waits for it (see ``finishesOnAnotherThread(_:)``).
 func onAnotherThread(_ body: @escaping @Sendable () -> Void) {
-    let done = AtomicCounter()
-    startThread {
-        body()
-        done.increment()
-    }
-    let finished = waitUntil { done.value > 0 }
-    if !finished { Issue.record("the thread did not finish") }
+    if !finishesOnAnotherThread(body) { Issue.record("the thread did not finish") }
 }
 
 extension EmbeddedServer {

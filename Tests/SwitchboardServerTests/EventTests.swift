@@ -7,26 +7,6 @@ import SwitchboardWire
 
 private let codec = StandardMethodCodec()
 
-extension RawConnection {
-    /// Reads events of `channel` until end of stream; returns the values (error events as ChannelError).
-    func events(on channel: String, limit: Int = 10_000) async throws -> [Result<ChannelValue, ChannelError>] {
-        var out: [Result<ChannelValue, ChannelError>] = []
-        while out.count <= limit {
-            let f = try await frame()
-            guard f.kind == .message, f.channel == channel, f.id == 0 else { throw TestFailure("unexpected \(f)") }
-            guard f.payload != nil else { return out }
-            out.append(try f.envelope())
-        }
-        throw TestFailure("stream did not end")
-    }
-
-    func demand(_ n: UInt32, on channel: String) throws {
-        var payload: [UInt8] = []
-        Frame.appendBigEndian(n, to: &payload)
-        try send(Frame(.demand, channel: channel, payload: payload))
-    }
-}
-
 @Suite struct EventStreams {
     @Test func tickerCountsThenEnds() async throws {
         try await withServer { _, port in

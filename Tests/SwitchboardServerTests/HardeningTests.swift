@@ -4,6 +4,7 @@ import Glibc
 import Synchronization
 import Testing
 import SwitchboardCodec
+import SwitchboardDemo
 @testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport
@@ -158,6 +159,79 @@ import SwitchboardWire
             #expect(kept.value?.isActive == false)
         }
         #expect(core == nil)
+    }
+
+    /// A registration refers to its holder strongly, and the holder's route cache can name that
+    /// registration (a holder calling, or sending events on, its own channel): the cycle must end when the
+    /// holder closes, or every such holder would stay in memory after it had gone.
+    @Test func aHolderThatRoutedToItsOwnChannelIsFreedWhenItCloses() throws {
+        let embedded = try EmbeddedServer()
+        weak var closed: Connection?
+        do {
+            let holder = embedded.connect()
+            holder.send(Frame(.register, id: 1, channel: "own/feed", payload: Array(#"{"kind":"event"}"#.utf8)))
+            holder.send(Frame(.message, id: 0, channel: "own/feed", payload: try StandardMethodCodec().encodeSuccessEnvelope(.int32(1))))
+            embedded.run()
+            #expect(try holder.frames().first?.kind == .reply)
+            let connection = try #require(embedded.server.core.value.connections.values.first)
+            closed = connection
+            holder.peerCloses(error: UVError(code: -104, operation: "read"))  // a reset: gone at once
+            embedded.advanceTime(byMs: 1_000)  // housekeeping lets go of closed connections
+        }
+        #expect(embedded.server.core.value.connections.isEmpty)
+        #expect(closed == nil)
+    }
+
+    /// Another connection's one-entry route cache names the registration, which names its holder strongly:
+    /// housekeeping lets go of routes the directory has changed since, or a caller that goes idle after
+    /// calling a held channel would keep the holder that left in memory (with what it had read).
+    @Test func aHolderThatLeftIsFreedWhileItsLastCallerIdles() throws {
+        let embedded = try EmbeddedServer()
+        weak var closed: Connection?
+        let caller: InMemoryTransport
+        do {
+            let holder = embedded.connect()
+            holder.send(Frame(.register, id: 1, channel: "held/m", payload: Array(#"{"kind":"method"}"#.utf8)))
+            embedded.run()
+            #expect(try holder.frames().first?.kind == .reply)
+            let connection = try #require(embedded.server.core.value.connections.values.first)
+            closed = connection
+            caller = embedded.connect()
+            caller.send(try .call(1, "held/m", "get", .null))
+            embedded.run()
+            #expect(try holder.frames().first?.kind == .message)  // forwarded to the holder
+            holder.peerCloses(error: UVError(code: -104, operation: "read"))
+            embedded.advanceTime(byMs: 1_000)
+        }
+        #expect(try caller.frames().first?.kind == .error)  // handler_gone
+        #expect(embedded.server.core.value.connections.count == 1)
+        #expect(closed == nil)
+    }
+
+    /// A holder's outgoing ids wrap after 2^32 requests: an id still waiting for its REPLY is skipped, and
+    /// both requests keep their own answers.
+    @Test func aForwardedRequestSkipsAnIdStillInUse() throws {
+        let embedded = try EmbeddedServer()
+        let holder = embedded.connect(), caller = embedded.connect()
+        holder.send(Frame(.register, id: 1, channel: "held/m", payload: Array(#"{"kind":"method"}"#.utf8)))
+        embedded.run()
+        #expect(try holder.frames().first?.kind == .reply)
+        caller.send(try .call(1, "held/m", "first"))
+        embedded.run()
+        let first = try #require(try holder.frames().first)
+        let holderConnection = try #require(embedded.server.core.value.connections.values.first { $0.requests.lastOutgoingID != 0 })
+        holderConnection.requests.lastOutgoingID = first.id &- 1  // as if the ids had come round
+        caller.send(try .call(2, "held/m", "second"))
+        embedded.run()
+        let second = try #require(try holder.frames().first)
+        #expect(second.id != first.id && second.id != 0)
+        let codec = StandardMethodCodec()
+        holder.send(Frame(.reply, id: second.id, payload: try codec.encodeSuccessEnvelope(.string("to the second"))))
+        holder.send(Frame(.reply, id: first.id, payload: try codec.encodeSuccessEnvelope(.string("to the first"))))
+        embedded.run()
+        let answers = try caller.frames()
+        #expect(answers.map(\.id) == [2, 1])
+        #expect(try answers.map { try codec.decodeEnvelope($0.payload) } == [.success(.string("to the second")), .success(.string("to the first"))])
     }
 
     /// Once a loop has finished, no thread is its thread, although thread ids get reused.

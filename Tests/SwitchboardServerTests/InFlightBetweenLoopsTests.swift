@@ -131,37 +131,6 @@ struct InFlightBetweenLoopsTests {
             #expect(answer.id == 11 && answer.kind == .error, "\(answer)")
         }
     }
-
-    @Test("a call passed on to the loop the channel moved to can still be cancelled: the CANCEL reaches the holder that has it, and the caller is answered")
-    func cancelOfCallPassedOnToAnotherLoop() async throws {
-        let gate = LoopGate()
-        try await withServer({ $0.loops = 4 }, setUp: { server in gate.install(on: server) }) { _, port in
-            let caller = try RawConnection(port: port)  // loop 0
-            let first = try RawConnection(port: port)  // loop 1
-            let second = try RawConnection(port: port)  // loop 2
-            try first.send(Frame(.register, id: 1, channel: "svc", payload: Array(#"{"kind":"method"}"#.utf8)))
-            #expect(try await first.frame() == Frame(.reply, id: 1, payload: nil))
-            // One read on loop 1: hold the loop, let svc go, hold the loop again.
-            try first.send(try Frame.call(2, "test/block", "wait").bytes + Frame(.unregister, id: 3, channel: "svc", payload: nil).bytes
-                           + Frame.call(4, "test/block", "wait").bytes)
-            try await gate.waitForEntered(1)
-            try caller.send(.call(5, "svc", "work"))  // loop 1 holds svc, as far as loop 0 can tell
-            _ = try await caller.barrier()
-            gate.release()
-            try await gate.waitForEntered(2)  // svc let go on loop 1, which is held again
-            try second.send(Frame(.register, id: 1, channel: "svc", payload: Array(#"{"kind":"method"}"#.utf8)))
-            #expect(try await second.frame() == Frame(.reply, id: 1, payload: nil))
-            gate.release()
-            let forwarded = try await second.nextNonPing()  // passed on by loop 1 to the new holder
-            #expect(forwarded.kind == .message && forwarded.channel == "svc")
-            try caller.send(Frame(.cancel, id: 5, payload: nil))
-            // The caller is answered (cancelled), and the holder told.
-            let answer = try await caller.nextNonPing()
-            #expect(answer.id == 5 && answer.errorCode == "cancelled", "\(answer)")
-            let told = try await second.nextNonPing()
-            #expect(told.kind == .cancel && told.id == forwarded.id, "\(told)")
-        }
-    }
 }
 
 @Suite("What waits between loops is bounded")

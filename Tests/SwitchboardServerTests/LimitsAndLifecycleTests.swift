@@ -1,6 +1,7 @@
 import Synchronization
 import Testing
 import SwitchboardCodec
+import SwitchboardDemo
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire

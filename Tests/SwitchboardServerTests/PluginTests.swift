@@ -4,6 +4,7 @@ import Glibc
 import Synchronization
 import Testing
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardTransport
@@ -359,5 +360,24 @@ struct PluginPipelineTests {
         let lines = try peer.lines()
         #expect(lines.map { $0["error"]?["code"] } == ["bad_request", "bad_request", nil])
         #expect(lines[2] == .stringMap(["id": 3, "reply": 5]))
+    }
+
+    /// A plugin that needs the server when it is loaded: it attaches a channel of its own.
+    struct Greeter: ServerPlugin {
+        let name = "greeter"
+        func didLoad(into server: Server) {
+            MethodChannel(name: "greeter", server: server).setMethodCallHandler { _, result in result.success("hello") }
+        }
+    }
+
+    @Test("a ServerPlugin's didLoad runs when the server loads it, with that server")
+    func serverPluginDidLoad() throws {
+        let embedded = try EmbeddedServer(plugins: [Greeter()])
+        let peer = embedded.connect()
+        peer.send(try .call(1, "greeter", "greet"))
+        embedded.run()
+        let frames = try peer.frames()
+        #expect(frames.map(\.id) == [1])
+        #expect(try frames.first?.envelope().get() == "hello")
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
@@ -28,7 +29,7 @@ import SwitchboardWire
     @Test func everySwiftBlockIsBuiltByATest() throws {
         let sources = try ["Examples/ServerExample/main.swift", "Examples/ClientExample/main.swift",
                            "Examples/BrokerExample/main.swift", "Tests/SwitchboardServerTests/ReadmeExampleTests.swift",
-                           "Tests/SwitchboardServerTests/CombineBridgeTests.swift"].map {
+                           "Tests/SwitchboardServerCombineTests/CombineBridgeTests.swift"].map {
             Self.lines(try String(contentsOfFile: Self.root + $0, encoding: .utf8))
         }
         var count = 0
@@ -175,7 +176,7 @@ struct TokenIsIdentity: Plugin {
         let guide = try String(contentsOfFile: ReadmeExample.root + "docs/plugins-and-security.md", encoding: .utf8)
         let source = try String(contentsOfFile: #filePath, encoding: .utf8)
         let plugin = source.components(separatedBy: "// the plugin guide begins\n")[1].components(separatedBy: "// the plugin guide ends")[0]
-        #expect(guide.contains("```swift\nimport SwitchboardServer\n\n" + plugin + "```\n"))
+        #expect(guide.contains("```swift\nimport SwitchboardPluginAPI\n\n" + plugin + "```\n"))
     }
 
     @Test func refusesWritesAndHidesEmails() throws {

@@ -1,6 +1,7 @@
 import Foundation  // PluginConfiguration.parse takes Data
 import FuzzSupport
 import SwitchboardCodec
+import SwitchboardPluginAPI
 import SwitchboardPlugins
 import SwitchboardServer
 import SwitchboardTesting

@@ -5,6 +5,7 @@ import OpenCombine
 #endif
 import Synchronization
 import SwitchboardCodec
+import SwitchboardServer
 import SwitchboardTransport
 
 // Combine (OpenCombine on Linux) in, channels out: publishers feed event channels and answer method calls,
@@ -12,10 +13,10 @@ import SwitchboardTransport
 // dropped unseen. Publishers may emit on any thread; everything reaches a stream through the thread-safe
 // entry points (the channel's producer queue, `EventSink`, `MethodResult`).
 //
-// The bridge lives in the server module rather than a module of its own because pacing needs what the
-// server keeps internal: the channel's producer queue, its length, the loop's job order and the moment a
-// handler is replaced. A separate module would need all of these made public for it alone. The price is
-// the OpenCombine dependency on Linux (on Apple platforms Combine comes with the system).
+// A module of its own, so that the server does not depend on OpenCombine (on Apple platforms Combine
+// comes with the system). Pacing needs what the server keeps from its users: the channel's producer
+// queue, its length, the loop's job order and the moment a handler is replaced. The server shows these
+// to this module alone, through package access (SwitchboardServer's ProducerPacing.swift).
 //
 // A publisher's failure becomes an error event and then ends the stream: a failed publisher sends nothing
 // more, and a listener left waiting on a stream that can never go on would never learn so.
@@ -83,13 +84,7 @@ public struct PublisherStreamHandler<P: Publisher>: StreamHandler, RemovalObserv
         listeners.remove(sink)?.cancel()
     }
 
-    func handlerWasRemoved() { listeners.cancelAll() }
-}
-
-/// A stream handler told when a channel stops using it (removed or replaced), on each loop that held it:
-/// the streams it ended that way do not call its `onCancel`.
-protocol RemovalObserving {
-    func handlerWasRemoved()
+    package func handlerWasRemoved() { listeners.cancelAll() }
 }
 
 // MARK: - Subscriptions
@@ -171,7 +166,7 @@ private final class PublisherBroadcast: StreamHandler, RemovalObserving {
 
     deinit { state.cancel() }
 
-    func handlerWasRemoved() { state.cancel() }
+    package func handlerWasRemoved() { state.cancel() }
 
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? {
         if state.isComplete { sink.endOfStream() }  // the stream is over; it goes out after the listen reply
@@ -197,31 +192,23 @@ private final class BroadcastSubscriber<Failure: Error>: Subscriber, Sendable {
 
     func receive(subscription: any Subscription) {
         guard state.attach(subscription) else { return }
-        state.request(channel.producerQueue.limit)
+        state.request(channel.producerQueueLimit)
     }
 
     func receive(_ input: ChannelValue) -> Subscribers.Demand {
         guard state.isLive else { return .none }
-        // Through the producer queue even on a loop thread: a value sent straight out there would
-        // overtake those still waiting in the queue.
-        channel.enqueue(.data(input))
+        channel.enqueueBroadcast(input)
         let state = self.state
-        return channel.cores[0].loop.execute { state.request(1) } ? .none : cancelled()  // false: the server has stopped
+        return channel.afterQueuedBroadcasts { state.request(1) } ? .none : cancelled()  // false: the server has stopped
     }
 
-    /// Ends every listener's stream, after an error event for a failure. In a job on loop 0 (after the
-    /// hops of the values before), not through the producer queue, which keeps nothing after an end:
-    /// a later handler's broadcasts must still get through. From there the end goes to each loop as a
-    /// job of its own, behind the values that loop 0 has passed on to it.
+    /// Ends every listener's stream, after an error event for a failure, behind the values before (see
+    /// ``EventChannel/endStreams(after:unless:)``), unless the handler was removed meanwhile.
     func receive(completion: Subscribers.Completion<Failure>) {
         guard state.complete() else { return }
         let failure: ChannelError? = if case .failure(let error) = completion { channelError(for: error) } else { nil }
-        let name = channel.name, state = self.state, cores = channel.cores
-        cores[0].loop.execute {  // queued even on loop 0, behind the hops of values still in the queue
-            guard !state.isCancelled else { return }  // removed meanwhile: a new handler's listeners are not ours to end
-            if let failure { cores[0].value.broadcast(on: name, .error(failure)) }
-            cores.onEveryLoop { $0.endListeners(on: name) }
-        }
+        let state = self.state
+        channel.endStreams(after: failure) { state.isCancelled }
     }
 
     private func cancelled() -> Subscribers.Demand {
@@ -263,7 +250,7 @@ final class ListenerLink: Sendable {
         self.listeners = listeners
     }
 
-    var loop: LoopHandle { sink.target.loop }
+    var loop: LoopHandle { sink.loop }
 
     func attach(_ subscription: any Subscription) {
         guard self.subscription.attach(subscription) else { return }

@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import SwitchboardCodec
 import SwitchboardServer
+import SwitchboardServerCombine
 import SwitchboardTesting
 import SwitchboardWire
 
@@ -95,7 +96,7 @@ extension InMemoryTransport {
         let listener = embedded.connect()
         try listener.listen(on: "sensor", in: embedded)
 
-        onAnotherThread { for n in 0..<1000 { sensor.fire(Double(n)) } }
+        #expect(finishesOnAnotherThread { for n in 0..<1000 { sensor.fire(Double(n)) } })
         var events: [Result<ChannelValue, ChannelError>?] = []
         #expect(embedded.run(until: { events += (try? listener.events(on: "sensor")) ?? []; return events.count >= 1000 }))
         #expect(events == (0..<1000).map { .success(.float64(Double($0))) })
@@ -111,10 +112,10 @@ extension InMemoryTransport {
         embedded.run()
         let listener = embedded.connect()
         try listener.listen(on: "sensor", in: embedded)
-        onAnotherThread {
+        #expect(finishesOnAnotherThread {
             feed.subject.send(1.5)
             feed.subject.send(completion: .finished)
-        }
+        })
         embedded.run()
         #expect(try listener.events(on: "sensor") == [.success(1.5), nil])
 
@@ -134,7 +135,7 @@ extension InMemoryTransport {
         embedded.run()
         let listener = embedded.connect()
         try listener.listen(on: "sensor", in: embedded)
-        onAnotherThread { feed.subject.send(completion: .failure(ChannelError(code: "sensor_off", message: "unplugged"))) }
+        #expect(finishesOnAnotherThread { feed.subject.send(completion: .failure(ChannelError(code: "sensor_off", message: "unplugged"))) })
         embedded.run()
         #expect(try listener.events(on: "sensor") == [.failure(ChannelError(code: "sensor_off", message: "unplugged")), nil])
     }
@@ -151,7 +152,7 @@ extension InMemoryTransport {
         let listener = embedded.connect()
         listener.demand(1, on: "sensor")
         try listener.listen(on: "sensor", in: embedded)
-        onAnotherThread { for n in 0..<2 { sensor.fire(Double(n)) } }
+        #expect(finishesOnAnotherThread { for n in 0..<2 { sensor.fire(Double(n)) } })
         embedded.run()
         #expect(try listener.events(on: "sensor") == [.success(0.0)])  // the second waits for credit
         #expect(record.cancels == 0)
@@ -189,10 +190,10 @@ extension InMemoryTransport {
                 #expect(try await wire.frame().kind == .reply)
                 wires.append(wire)
             }
-            onAnotherThread {
+            #expect(finishesOnAnotherThread {
                 for n in 0..<200 { sensor.fire(Double(n)) }
                 feed.subject.send(completion: .finished)
-            }
+            })
             for wire in wires {
                 #expect(try await wire.events(on: "sensor") == (0..<200).map { .success(.float64(Double($0))) })
             }
@@ -229,7 +230,7 @@ extension InMemoryTransport {
         listener.demand(3, on: "sensor")
         try listener.listen(on: "sensor", in: embedded)
 
-        onAnotherThread { for n in 0..<1000 { sensor.fire(Double(n)) } }
+        #expect(finishesOnAnotherThread { for n in 0..<1000 { sensor.fire(Double(n)) } })
         embedded.run()
         #expect(try listener.events(on: "sensor") == (0..<3).map { .success(.float64(Double($0))) })
         #expect(record.requested == 3)
@@ -260,7 +261,7 @@ extension InMemoryTransport {
         let listener = embedded.connect()
         try listener.listen(on: "sensor", in: embedded)
         listener.peerWindow = 0
-        onAnotherThread { for n in 0..<1000 { sensor.fire(Double(n)) } }
+        #expect(finishesOnAnotherThread { for n in 0..<1000 { sensor.fire(Double(n)) } })
         embedded.run(turns: 20)
         #expect(record.requested < 1000)  // paced: not everything was asked for
         listener.peerWindow = .max
@@ -285,7 +286,7 @@ extension InMemoryTransport {
                 #expect(try await wire.frame().kind == .reply)
                 wires.append(wire)
             }
-            onAnotherThread { for n in 0..<100 { sensor.fire(Double(n)) } }
+            #expect(finishesOnAnotherThread { for n in 0..<100 { sensor.fire(Double(n)) } })
             for wire in wires {
                 #expect(try await [wire.frame(), wire.frame()].map { try $0.envelope() } == [.success(0.0), .success(1.0)])
                 #expect(try await wire.barrier().isEmpty)
@@ -329,10 +330,10 @@ extension InMemoryTransport {
         let first = embedded.connect(), second = embedded.connect()
         try first.listen(on: "sensor", in: embedded)
         try second.listen(on: "sensor", in: embedded)
-        onAnotherThread {
+        #expect(finishesOnAnotherThread {
             feed.subject.send(2.5)
             feed.subject.send(completion: .failure(ChannelError(code: "sensor_off", message: "unplugged")))
-        }
+        })
         embedded.run()
         for listener in [first, second] {
             #expect(try listener.events(on: "sensor") == [.success(2.5), .failure(ChannelError(code: "sensor_off", message: "unplugged")), nil])
@@ -393,7 +394,7 @@ extension InMemoryTransport {
         caller.send(try .call(1, "read", "next"))
         embedded.run()
         #expect(try caller.frames().isEmpty)
-        onAnotherThread { sensor.fire(7) }
+        #expect(finishesOnAnotherThread { sensor.fire(7) })
         embedded.run()
         #expect(try caller.frames().map { try $0.envelope() } == [.success(7.0)])
         #expect(record.requested == 1)
@@ -404,7 +405,7 @@ extension InMemoryTransport {
         embedded.run()
         #expect(try caller.frames().first?.envelope() == .failure(ChannelError(code: "cancelled", message: "the caller cancelled")))
         #expect(record.cancels == 2)  // the first after its value, the second by the CANCEL
-        onAnotherThread { sensor.fire(8) }
+        #expect(finishesOnAnotherThread { sensor.fire(8) })
         embedded.run()
         #expect(try caller.frames().isEmpty)
     }

@@ -1,9 +1,15 @@
+import Synchronization
 import SwitchboardCodec
+import SwitchboardServer
 import SwitchboardTransport
 import SwitchboardWire
 
+// The demo channels of protocol/demo-channels.md, which the CLI serves unless `--no-demo`, and which the
+// tests, the console and the benchmarks call: built on the server's public API alone, as an embedder's
+// channels are.
+
 extension Server {
-    /// Installs the built-in demo channels of `protocol/demo-channels.md`.
+    /// Installs the built-in demo channels of `protocol/demo-channels.md`, `switchboard/stats` included.
     public func installDemoChannels() {
         let echo: @Sendable (MethodCall, MethodResult) -> Void = { call, result in
             switch call.method {
@@ -22,7 +28,7 @@ extension Server {
         BasicMessageChannel(name: "switchboard/message.binary", codec: BinaryCodec(), server: self)
             .setMessageHandler { message, reply in reply.reply(message) }
 
-        EventChannel(name: "switchboard/ticker", server: self).setStreamHandler(Ticker(loops: group.cores.map(\.loop)))
+        EventChannel(name: "switchboard/ticker", server: self).setStreamHandler(Ticker())
 
         let room = EventChannel(name: "switchboard/room", server: self)
         room.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
@@ -33,12 +39,7 @@ extension Server {
                 reply.reply(nil)
             }
 
-        MethodChannel(name: "switchboard/stats", server: self).setMethodCallHandler { [group] call, result in
-            guard call.method == "get" else { return result.notImplemented() }
-            group.gather(from: group.cores.currentIndex, { $0.statsValue }) { parts in
-                result.success(LoopGroup.sum(parts.compactMap { $0 }))
-            }
-        }
+        installStatsChannel()
     }
 }
 
@@ -53,9 +54,9 @@ struct Ticker: StreamHandler {
         let intervalMs: UInt64
         var next = 0
         var timer: Timer?
-        weak var table: Box?
+        weak var table: Table?
 
-        init(sink: EventSink, count: Int?, intervalMs: UInt64, table: Box) {
+        init(sink: EventSink, count: Int?, intervalMs: UInt64, table: Table) {
             self.sink = sink
             self.count = count
             self.intervalMs = intervalMs
@@ -99,18 +100,32 @@ struct Ticker: StreamHandler {
         func stop() {
             timer?.cancel()
             timer = nil
-            if table?.byClient[sink.client] === self { table?.byClient.removeValue(forKey: sink.client) }
+            table?.remove(self)
         }
     }
 
-    /// Each loop's runs.
-    private let tables: [LoopBound<Box>]
-    final class Box { var byClient: [ClientID: Run] = [:] }
+    /// Each listening client's current run, for every loop. A client's run is only touched on that
+    /// client's loop thread; the lock guards the table, which the loops share.
+    final class Table: Sendable {
+        private let byClient = Mutex<[ClientID: LoopBound<Run>]>([:])
 
-    init(loops: [LoopHandle]) { tables = loops.map { LoopBound(Box(), loop: $0) } }
+        /// The client's current run (loop thread of the client).
+        func run(of client: ClientID) -> Run? { byClient.withLock { $0[client] }?.value }
 
-    /// The runs of the calling loop's listeners.
-    private var runs: LoopBound<Box> { tables.first { $0.loop.isInLoopThread } ?? tables[0] }
+        /// Makes `run` its client's current run (loop thread of the client).
+        func put(_ run: Run, loop: LoopHandle) {
+            let bound = LoopBound(run, loop: loop)
+            byClient.withLock { $0[run.sink.client] = bound }
+        }
+
+        /// Removes `run`, if it is still its client's current one (loop thread of the client).
+        func remove(_ run: Run) {
+            guard self.run(of: run.sink.client) === run else { return }
+            byClient.withLock { _ = $0.removeValue(forKey: run.sink.client) }
+        }
+    }
+
+    private let runs = Table()
 
     func onListen(arguments: ChannelValue, sink: EventSink) -> ChannelError? {
         var count: Int?
@@ -128,15 +143,15 @@ struct Ticker: StreamHandler {
         default:
             return ChannelError(code: "bad_arguments", message: "arguments must be a map or null")
         }
-        runs.value.byClient[sink.client]?.stop()
-        let run = Run(sink: sink, count: count, intervalMs: UInt64(interval), table: runs.value)
-        runs.value.byClient[sink.client] = run
+        runs.run(of: sink.client)?.stop()
+        let run = Run(sink: sink, count: count, intervalMs: UInt64(interval), table: runs)
+        runs.put(run, loop: sink.eventLoop.handle)
         run.start(loop: sink.eventLoop)
         return nil
     }
 
     func onCancel(arguments: ChannelValue, sink: EventSink) {
-        guard let run = runs.value.byClient[sink.client], run.sink === sink else { return }
+        guard let run = runs.run(of: sink.client), run.sink === sink else { return }
         run.stop()
     }
 }

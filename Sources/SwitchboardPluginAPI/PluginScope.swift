@@ -98,8 +98,8 @@ public struct Scope<Kind: ScopedKind>: Sendable {
     public let channels: [ChannelPattern]
     /// The kinds it sees.
     public let kinds: Set<Kind>
-    let mask: UInt8
-    let isEveryChannel: Bool
+    package let mask: UInt8
+    package let isEveryChannel: Bool
 
     /// Every channel and kind unless narrowed.
     public init(channels: [ChannelPattern] = [.any], kinds: Set<Kind> = Set(Kind.allCases)) {

@@ -3,9 +3,10 @@ import SwitchboardCodec
 import SwitchboardTransport
 import SwitchboardWire
 
-/// A server extension, loaded at start-up with ``Server/load(_:)``: ordered inbound processors that see
-/// each request before it is routed, ordered outbound processors that see each reply and event before it
-/// is written, and a hook run once when it is loaded.
+/// A server extension, loaded at start-up with `Server.load(_:)`: ordered inbound processors that see
+/// each request before it is routed, and ordered outbound processors that see each reply and event before
+/// it is written. (A plugin that needs the server itself when it is loaded is a `ServerPlugin`, in
+/// SwitchboardServer.)
 ///
 /// Inbound processors run in load order (and, within a plugin, in array order); outbound ones in reverse
 /// load order, so that the first plugin loaded is the outermost on both ways. Processors are shared by
@@ -24,11 +25,9 @@ public protocol Plugin: Sendable {
     /// Whether it now decides who clients are and what they may do (access control with rules in force).
     /// The server then leaves its own guarded powers to it: `GET /metrics` wants a user's token with the
     /// right to call `switchboard/stats` (wire-v1 section 8), judged by ``authenticate(_:connection:)``
-    /// and the gates, and the introspection channels and ``Server/operatorMethods`` are as the rights
-    /// say. With no such plugin, both serve clients on this machine only. False by default.
+    /// and the gates, and the introspection channels and ``BuiltInChannels/operatorMethods`` are as the
+    /// rights say. With no such plugin, both serve clients on this machine only. False by default.
     var controlsAccess: Bool { get }
-    /// Runs once, on the loading thread, when the plugin is loaded.
-    func didLoad(into server: Server)
 }
 
 extension Plugin {
@@ -36,7 +35,14 @@ extension Plugin {
     public var outbound: [any OutboundProcessor] { [] }
     public func authenticate(_ hello: Hello, connection: ConnectionContext) -> Authentication { .pass }
     public var controlsAccess: Bool { false }
-    public func didLoad(into server: Server) {}
+}
+
+/// What a plugin must know of the server's own channels.
+public enum BuiltInChannels {
+    /// The methods of the built-in channels that are operators' powers: a right grants one only by
+    /// naming it (`switchboard/connections#close`), never through a pattern or an absent right
+    /// (protocol/plugins.md).
+    public static let operatorMethods: [String: [String]] = ["switchboard/connections": ["close"]]
 }
 
 /// What a client said in HELLO, for ``Plugin/authenticate(_:connection:)``.
@@ -48,6 +54,12 @@ public struct Hello: Sendable {
     /// The subject of the client's TLS certificate (RFC 2253, such as `CN=alice,O=Example`), when it
     /// presented one that the server verified (mutual TLS).
     public let certificateSubject: String?
+
+    package init(token: String?, client: String?, certificateSubject: String?) {
+        self.token = token
+        self.client = client
+        self.certificateSubject = certificateSubject
+    }
 }
 
 /// A plugin's verdict on a HELLO.
@@ -68,14 +80,14 @@ public final class ConnectionContext {
     /// How the client speaks.
     public enum Encoding: String, Sendable { case binary, text }
 
-    /// The connection's serial number (``ClientID/rawValue``).
+    /// The connection's serial number (the server's `ClientID.rawValue`).
     public let id: UInt64
     /// The peer's address (such as `127.0.0.1:50312`), or the in-memory transport's name.
     public let remoteAddress: String
     /// Binary frames or text lines (undecided connections send no requests).
-    public internal(set) var encoding = Encoding.binary
+    public package(set) var encoding = Encoding.binary
     /// The `client` name from HELLO.
-    public internal(set) var clientName: String?
+    public package(set) var clientName: String?
     /// Who the client is, as a plugin's ``Plugin/authenticate(_:connection:)`` decided; nil when anonymous.
     public var identity: String? { authenticatedAs }
     /// Changes with every HELLO's verdict: per-connection state derived from ``identity`` can check
@@ -106,6 +118,10 @@ public final class ConnectionContext {
     /// The name this client used for its stream on `channel`, when a stage renamed its `listen`.
     public func listenedName(of channel: String) -> String? { listenedNames[channel] }
 
+    /// The channel a stage renamed this client's `listen` on `name` to, if one did: its DEMAND frames on
+    /// `name` go there.
+    package func channel(renamedFrom name: String) -> String? { channelRenames[name] }
+
     private let eventLoop: EventLoop
     private var authenticatedAs: String?
     private var hellos = 0
@@ -115,32 +131,32 @@ public final class ConnectionContext {
     private var states: [(key: ObjectIdentifier, value: AnyObject)] = []
     /// Event channels this client listens to by another name (a stage renamed its `listen`): its DEMAND
     /// frames on the old name go to the new one.
-    var channelRenames: [String: String] = [:]
+    private var channelRenames: [String: String] = [:]
     /// The same, from the channel's name to the name the client used.
     private var listenedNames: [String: String] = [:]
 
-    init(id: UInt64, remoteAddress: String, eventLoop: EventLoop) {
+    package init(id: UInt64, remoteAddress: String, eventLoop: EventLoop) {
         self.id = id
         self.remoteAddress = remoteAddress
         self.eventLoop = eventLoop
     }
 
     /// Records a HELLO's verdict.
-    func authenticated(as identity: String?) {
+    package func authenticated(as identity: String?) {
         authenticatedAs = identity
         hellos &+= 1
     }
 
     /// Records a listen routed to `channel` (once every stage admitted it), named `original` by the
     /// client when a stage renamed it, nil when the client used the channel's own name.
-    func listened(to channel: String, as original: String?) {
+    package func listened(to channel: String, as original: String?) {
         listenedNames[channel] = original
         if let original { channelRenames[original] = channel }
     }
 
     /// Lets go of every processor's state (when the connection closes: a state that refers back to the
     /// context, a kept ``Decider`` say, would otherwise keep both alive).
-    func dropStates() {
+    package func dropStates() {
         var none: [(key: ObjectIdentifier, value: AnyObject)] = []
         swap(&none, &states)
     }
@@ -167,7 +183,7 @@ public struct InboundRequest {
     }
     /// What the request asks for, judged by what it does (a `listen` call on an event channel is a
     /// listen, however it was sent); judged again when a stage renames the channel or rewrites the payload.
-    public internal(set) var kind = InboundKind.call
+    public package(set) var kind = InboundKind.call
     /// The method of a call, listen or cancel, read without decoding the arguments (nil for sends, and
     /// when the channel's codec is unknown or the payload is not a method call). A call's method is read
     /// from its payload when first asked for: a stage that does not ask costs nothing.
@@ -187,19 +203,19 @@ public struct InboundRequest {
     }
 
     /// The method, once read (or as a text client sent it).
-    var knownMethod: String?
+    package var knownMethod: String?
     /// On a channel held on another node, whose kind only that node can tell: the kinds (as
     /// ``InboundKind/bit``) the request could be, ``kind`` the one its method names; 0 when the kind is known.
-    var possibleKinds: UInt8 = 0
+    package var possibleKinds: UInt8 = 0
     /// Of ``possibleKinds`` (or ``kindsOnArrival``), those a gate refused: the holder's loop or node
     /// refuses the request if it is one there.
-    var refusedKinds: UInt8 = 0
+    package var refusedKinds: UInt8 = 0
     /// On a channel held on another loop, whose holder may declare it again (or another holder take it)
     /// before the request arrives: the kinds, besides ``kind``, that the request could be there. The
     /// gates judge these too, and their refusals join ``refusedKinds``; 0 on any other channel.
-    var kindsOnArrival: UInt8 = 0
+    package var kindsOnArrival: UInt8 = 0
     /// A binary method call whose method has not been read yet.
-    var isMethodPending = false
+    package var isMethodPending = false
     /// The payload; a processor may rewrite it.
     public var payload: Payload {
         didSet {
@@ -213,20 +229,20 @@ public struct InboundRequest {
     /// Whether a request id waits for an answer (false for a MESSAGE with id 0).
     public let expectsAnswer: Bool
     /// A text-mode request (whose method, if any, came with it).
-    let isText: Bool
+    package let isText: Bool
     /// The channel's method codec, for decoding arguments and encoding a direct answer.
-    var codec: SharedMethodCodec?
+    package var codec: SharedMethodCodec?
     /// The message channel's encoder, for a direct answer to a binary send.
-    var encodeMessage: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
+    package var encodeMessage: (@Sendable (ChannelValue) throws(CodecError) -> [UInt8]?)?
     /// Set when a stage rewrote the payload or renamed the channel: what the request is may have changed.
-    var isPayloadChanged = false, isRenamed = false
+    package var isPayloadChanged = false, isRenamed = false
     /// When it arrived (``EventLoop/nanoseconds()``), while some outbound stage sees answers (for their
-    /// ``RequestTrace``); 0 otherwise.
-    var receivedAt: UInt64 = 0
+    /// `RequestTrace`); 0 otherwise.
+    package var receivedAt: UInt64 = 0
     /// The channel the client named, if a stage renamed it.
-    var originalChannel: String?
+    package var originalChannel: String?
 
-    init(connection: ConnectionContext, channel: String, method: String?, payload: Payload, expectsAnswer: Bool, isText: Bool) {
+    package init(connection: ConnectionContext, channel: String, method: String?, payload: Payload, expectsAnswer: Bool, isText: Bool) {
         self.connection = connection
         self.channel = channel
         knownMethod = method
@@ -250,7 +266,7 @@ public struct InboundRequest {
 
 /// Why a request is refused: an ERROR with this code, message and details (an error line in text mode).
 public struct Rejection: Error, Sendable, Equatable {
-    let error: WireError
+    package let error: WireError
 
     /// A refusal with any code.
     public init(code: String, message: String, details: ChannelValue? = nil) {
@@ -296,27 +312,30 @@ public enum InboundDecision: Sendable {
 /// counts. A plugin that lets go of every copy without deciding gets its request answered with ERROR
 /// `plugin_error`: every request gets an answer.
 public struct Decider: Sendable {
-    let token: DecisionToken
+    private let token: DecisionToken
+
+    package init(token: DecisionToken) { self.token = token }
 
     /// Gives the decision (`.later` again is treated as a plugin failure).
     public func callAsFunction(_ decision: InboundDecision) { token.decide(decision) }
 }
 
 /// Takes a deferred request's decision to its loop, once; or, if the plugin drops it undecided, says so.
-final class DecisionToken: Sendable {
-    private let parked: LoopBound<ParkedRequest>
+package final class DecisionToken: Sendable {
+    /// Hands the decision (nil: dropped undecided) to the waiting request, on its loop.
+    private let resume: @Sendable (InboundDecision?) -> Void
     private let isDecided = Atomic<Bool>(false)
 
-    init(_ parked: LoopBound<ParkedRequest>) { self.parked = parked }
+    package init(resume: @escaping @Sendable (InboundDecision?) -> Void) { self.resume = resume }
 
     func decide(_ decision: InboundDecision) {
         guard !isDecided.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        parked.onLoop { $0.resume(with: decision) }
+        resume(decision)
     }
 
     deinit {
         guard !isDecided.load(ordering: .acquiring) else { return }
-        parked.onLoop { $0.resume(with: nil) }
+        resume(nil)
     }
 }
 
@@ -380,7 +399,7 @@ public enum GateVerdict {
     case byMethod(@Sendable (String?) -> Rejection?)
 
     /// One request's fate: nil lets it through. `method` is read only for a verdict by method.
-    func admit(now: UInt64, method: @autoclosure () -> String?) -> Rejection? {
+    package func admit(now: UInt64, method: @autoclosure () -> String?) -> Rejection? {
         switch self {
         case .admit: nil
         case .refuse(let rejection): rejection
@@ -400,14 +419,15 @@ public protocol GateMeter: AnyObject {
 /// A number that advances whenever a gate's settings change (a reload), so that the verdicts kept for
 /// every connection are judged again. Gates that share settings share one.
 public final class VerdictEpoch: Sendable {
-    private let counter = Atomic<Int>(0)
+    @usableFromInline let counter = Atomic<Int>(0)
     /// Epochs that advance with this one (the pipeline's, which stands for all of its gates').
     private let followers = Mutex<[VerdictEpoch]>([])
 
     public init() {}
 
-    /// The current value.
-    public var value: Int { counter.load(ordering: .acquiring) }
+    /// The current value. Inlinable: the server reads it for every request to a held channel, where a
+    /// call into this module would cost a retain and a release of the epoch (measured on relayed calls).
+    @inlinable public var value: Int { counter.load(ordering: .acquiring) }
 
     /// Marks every kept verdict stale.
     public func advance() {
@@ -416,7 +436,7 @@ public final class VerdictEpoch: Sendable {
     }
 
     /// Makes `follower` advance whenever this epoch does.
-    func lead(_ follower: VerdictEpoch) {
+    package func lead(_ follower: VerdictEpoch) {
         followers.withLock { $0.append(follower) }
     }
 }
@@ -446,9 +466,9 @@ public struct OutboundMessage {
     /// The content; a processor may change it (the change reaches this connection only).
     public var content: Content { didSet { isChanged = true } }
     /// Whether a processor changed the channel or the content: unchanged events keep their shared encoding.
-    private(set) var isChanged = false
+    package private(set) var isChanged = false
 
-    init(connection: ConnectionContext, channel: String, kind: OutboundKind, method: String?,
+    package init(connection: ConnectionContext, channel: String, kind: OutboundKind, method: String?,
          elapsed: Duration?, content: Content) {
         self.connection = connection
         self.channel = channel
