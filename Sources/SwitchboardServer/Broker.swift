@@ -329,7 +329,7 @@ extension ServerCore {
 
     /// Puts the holder's answer into the requester's terms.
     func relay(_ result: Result<[UInt8]?, InvokeError>, of registration: Registration?, to request: PendingRequest) {
-        guard case .success(let payload) = result else { return request.answer(.error(.handlerGone)) }
+        guard case .success(let payload) = result else { return request.answer(.error(result == .failure(.noRoom) ? .handlerBusy : .handlerGone)) }
         guard request.isText else { return request.answer(.messageBytes(payload)) }
         guard let registration, let codec = registration.codec else {
             return request.answer(.error(.badRequest("the channel declared no codec")))

@@ -413,7 +413,7 @@ final class Connection {
         if mode == .text {
             TextMode.writeLine(TextMode.withID(textID, ["welcome": welcome]), on: self)
         } else {
-            answerBinaryHello(hello, id: id, length: Frame.headerSize + (payload?.count ?? 0), welcome: welcome)
+            answerBinaryHello(hello, id: id, welcome: welcome)
         }
     }
 

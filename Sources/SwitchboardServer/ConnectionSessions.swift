@@ -52,10 +52,14 @@ extension Connection {
 
     /// Answers a binary HELLO: WELCOME, with a session when the HELLO asks for one and may; `bad_hello`
     /// for a `session` that is not one, `cannot_resume` for one that cannot be resumed.
-    func answerBinaryHello(_ hello: ChannelValue, id: UInt32, length: Int, welcome: ChannelValue) {
+    func answerBinaryHello(_ hello: ChannelValue, id: UInt32, welcome: ChannelValue) {
         guard sessionStage.helloMayAsk, let value = hello["session"] else {
             if sessionStage == .refused { sessionStage = .asked }
-            session?.uncountedInput += length
+            // A later HELLO, and its WELCOME, are in the session's streams like any frame; one that names
+            // another identity would hand the session to it.
+            if let session, session.identity != sessionIdentity {
+                return fail(.badHello("a HELLO may not change the identity of the connection's session"), id: id)
+            }
             return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
         }
         guard let request = SessionRequest(value) else {
@@ -312,8 +316,6 @@ extension Connection {
         swap(&new, &session)
     }
 
-    /// What a session keeps while parked, or sends unacknowledged while connected, at most.
-    var keptLimit: Int { session?.parkedAt != nil ? core.config.sessionBytes : core.config.outboundLimit }
 
     /// The transport of a session's connection, which a resume points elsewhere.
     private var sessionTransport: SessionTransport? { transport as? SessionTransport }

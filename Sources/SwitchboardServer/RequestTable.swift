@@ -266,6 +266,11 @@ extension Connection {
             request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
         }
+        if let session, !session.hasRoom(forFrameOf: Frame.headerSize + channel.utf8.count + (payload?.count ?? 0), pending: outbound.bytes.count,
+                                          limit: core.config.sessionBytes) {
+            request.complete(.failure(.noRoom), core: core)  // a caller must not end the holder's session
+            return nil
+        }
         // One hash per request, and the request moved into the table: an id still in use (only after
         // 2^32 requests) gets its request back, and ours tries the next id.
         var id = requests.lastOutgoingID

@@ -162,6 +162,9 @@ public enum InvokeError: Error, Equatable, Sendable {
     case notImplemented
     /// The client disconnected (or was never connected) before answering.
     case disconnected
+    /// The client's session (protocol/resumption.md) has no room to keep the request: the client is away
+    /// or has not acknowledged what it was sent. The request was not sent.
+    case noRoom
     /// The reply's bytes could not be decoded, or the message could not be encoded.
     case codec(CodecError)
     /// Text-mode clients cannot be called by the server.

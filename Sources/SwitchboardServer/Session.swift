@@ -22,7 +22,7 @@ final class Session {
     /// A POSITION goes out with the next flush.
     private(set) var isPositionDue = false
     /// Bytes of input handled in the current read that are not in the client's stream (POSITION,
-    /// END, a later HELLO), subtracted when the read is counted.
+    /// END), subtracted when the read is counted.
     var uncountedInput = 0
     /// Bytes at the front of the connection's outbound buffer that precede the stream (the WELCOME),
     /// skipped when the next flush is kept.
@@ -107,6 +107,12 @@ final class Session {
 
     /// Bytes kept for the client.
     var keptBytes: Int { replay.count }
+
+    /// Whether a frame of `size` bytes fits in what the session may keep (`limit`), after the `pending`
+    /// bytes not yet flushed into it.
+    func hasRoom(forFrameOf size: Int, pending: Int, limit: Int) -> Bool {
+        replay.count + pending + size <= limit
+    }
 }
 
 /// What a HELLO's `session` asks (protocol/resumption.md, "Asking for a session").

@@ -59,6 +59,33 @@ import SwitchboardWire
         #expect(embedded.server.core.value.sessions.refusedCounts == ["identity": 2])  // alice's user may not read stats
     }
 
+    /// A later HELLO on a session's connection may not name another identity: `bad_hello`, the close,
+    /// and the session ends (it would otherwise pass to the other user).
+    @Test func laterHelloOfAnotherIdentityEndsTheSession() throws {
+        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: accessRules())))
+        let embedded = try EmbeddedServer(plugins: plugins)
+        let alice = embedded.connect()
+        alice.send(Frame(.hello, id: 1, payload: Array(#"{"token":"alice-token","session":{}}"#.utf8)))
+        embedded.run()
+        let welcome = try #require(try alice.frames().first?.payload)
+        let token = try #require(try JSONText.parse(welcome)["session"]?["token"]?.stringValue)
+        alice.send(Frame(.hello, id: 2, payload: Array(#"{"token":"alice-token"}"#.utf8)))
+        embedded.run()
+        #expect(try alice.frames().map(\.kind) == [.welcome])  // the same identity: answered as any HELLO
+        alice.send(Frame(.hello, id: 3, payload: Array(#"{"token":"bob-token"}"#.utf8)))
+        embedded.run()
+        #expect(try alice.frames().map(\.errorCode) == ["bad_hello"])
+        alice.peerCloses()
+        embedded.run()
+        for (credentials, reason) in [(#""token":"alice-token","#, "ended"), (#""token":"bob-token","#, "unknown")] {
+            let again = embedded.connect()
+            again.send(Frame(.hello, id: 1, payload: Array(#"{\#(credentials)"session":{"token":"\#(token)","position":0}}"#.utf8)))
+            embedded.run()
+            let refusal = try #require(try again.frames().first)
+            #expect(try JSONText.parse(refusal.payload ?? [])["details"]?["reason"]?.stringValue == reason, "\(credentials)")
+        }
+    }
+
     /// A session made over WebSocket resumes over plain TCP, live: its channel's caller waited, and
     /// gets the answer the holder gives after resuming.
     @Test func sessionMadeOverWebSocketResumesOverTCP() async throws {

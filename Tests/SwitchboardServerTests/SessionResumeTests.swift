@@ -126,6 +126,32 @@ import SwitchboardWire
         #expect(try caller.frames().first?.envelope() == .success("done"))
     }
 
+    /// A caller cannot end a parked holder's session: a request the session has no room to keep is
+    /// answered `handler_busy` to its caller, and the holder resumes and gets the next one.
+    @Test func requestTooLargeForAParkedHolderIsAnsweredToItsCaller() throws {
+        var config = ServerConfiguration()
+        config.sessionBytes = 2048
+        let embedded = try EmbeddedServer(configuration: config, demoChannels: false)
+        let holder = try Self.newSession(embedded)
+        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
+        embedded.run()
+        let registered = Self.stream(try holder.peer.frames())
+        holder.peer.peerCloses()
+        embedded.run()
+        let caller = embedded.connect()
+        caller.send(try .call(7, "held", "work", .string(String(repeating: "w", count: 4000))))
+        embedded.run()
+        #expect(try caller.frames().map(\.errorCode) == ["handler_busy"])
+        caller.send(try .call(8, "held", "work"))
+        embedded.run()
+        let (resumed, frames) = try Self.resume(embedded, Client(peer: holder.peer, token: holder.token, received: registered.bytes))
+        #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
+        let forwarded = try #require(frames.first { $0.kind == .message && $0.channel == "held" })
+        resumed.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
+        embedded.run()
+        #expect(try caller.frames().first?.envelope() == .success("done"))
+    }
+
     /// A call whose answer is made while the connection is lost gets it on resuming.
     @Test func answerMadeWhileParkedIsReplayed() throws {
         let embedded = try EmbeddedServer(demoChannels: false)

@@ -98,8 +98,8 @@ import SwitchboardWire
         #expect(try peer.frames().isEmpty)
     }
 
-    /// A later HELLO is not in the client's stream.
-    @Test func laterHelloIsNotInTheStream() throws {
+    /// A later HELLO is in the client's stream like any frame (12 bytes, then the PING's 12).
+    @Test func laterHelloIsInTheStream() throws {
         let embedded = try EmbeddedServer()
         let peer = try Self.sessionPeer(embedded)
         peer.send(Frame(.hello, id: 2, payload: nil))
@@ -107,7 +107,7 @@ import SwitchboardWire
         embedded.run()
         #expect(try peer.frames().map(\.kind) == [.welcome, .pong])
         embedded.advanceTime(byMs: 1200)
-        #expect(try peer.frames().compactMap(Self.value) == [12])
+        #expect(try peer.frames().compactMap(Self.value) == [24])
     }
 
     /// END from the client ends the session: the connection goes on as plain wire-v1, nothing is
@@ -128,11 +128,11 @@ import SwitchboardWire
         #expect(try peer.frames().isEmpty)
     }
 
-    /// What the client leaves unacknowledged past the outbound limit ends the session: END
-    /// `overflowed`, and the connection goes on.
-    @Test func unacknowledgedOutputPastTheLimitEndsTheSession() throws {
+    /// What the client leaves unacknowledged past --session-bytes (far below the outbound limit) ends
+    /// the session: END `overflowed`, and the connection goes on.
+    @Test func unacknowledgedOutputPastSessionBytesEndsTheSession() throws {
         var config = ServerConfiguration()
-        config.outboundLimit = 4096
+        config.sessionBytes = 4096
         let embedded = try EmbeddedServer(configuration: config)
         let peer = try Self.sessionPeer(embedded)
         let big = String(repeating: "y", count: 3000)
