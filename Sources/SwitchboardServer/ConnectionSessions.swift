@@ -82,7 +82,8 @@ extension Connection {
             handOver(to: successor)
             core.connectionReplaced(by: successor)
             let session = core.sessions.make(process: core.group?.processMark ?? 0, loop: core.index,
-                                              identity: sessionIdentity, overTLS: isOverTLS, for: successor)
+                                              identity: sessionIdentity, overTLS: isOverTLS,
+                                              address: successor.admittedHost ?? transport.remoteAddress, for: successor)
             successor.writeFrame(.welcome, id: id, payload: try? JSONText.serialize(Self.welcome(welcome, granting: session, resumed: false,
                                                                                               ttlMs: core.config.sessionTTLMs)))
             session.uncountedOutput = successor.outbound.bytes.count  // the WELCOME: the stream begins after it

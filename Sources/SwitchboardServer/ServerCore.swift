@@ -126,7 +126,7 @@ final class ServerCore {
     init(config: ServerConfiguration, logger: Logger, index: Int = 0, loops: Int = 1, quota: ConnectionQuota) throws(UVError) {
         self.config = config
         self.quota = quota
-        sessions = SessionTable(limit: config.maxParkedSessions, ttlMs: config.sessionTTLMs)
+        sessions = SessionTable(limit: config.maxParkedSessions / max(1, loops), ttlMs: config.sessionTTLMs)  // each loop its share
         self.logger = logger
         self.index = index
         loopCount = loops

@@ -13,6 +13,8 @@ final class Session {
     let identity: String?
     /// Whether it was made over TLS (it then resumes only over TLS).
     let overTLS: Bool
+    /// Whom it counts against when parked sessions must make room: its identity, else its address.
+    let owner: String
     /// The server's received position: the bytes of the client's stream handled.
     private(set) var receivedPosition: UInt64 = 0
     /// The received position last told the client (by WELCOME or POSITION).
@@ -34,10 +36,11 @@ final class Session {
     /// When its connection was lost, while it is parked.
     var parkedAt: UInt64?
 
-    init(token: SessionToken, identity: String?, overTLS: Bool) {
+    init(token: SessionToken, identity: String?, overTLS: Bool, address: String) {
         self.token = token
         self.identity = identity
         self.overTLS = overTLS
+        owner = identity.map { "user " + $0 } ?? "address " + address
     }
 
     /// The server's sent position.
@@ -154,7 +157,7 @@ final class SessionTable {
     /// Why sessions ended, for one time to live after, at most `limit` of them, oldest first.
     private var ended: [UInt64: EndedSession] = [:]
     private var endedOrder: [UInt64] = []
-    /// ``ServerConfiguration/maxParkedSessions`` and ``ServerConfiguration/sessionTTLMs``.
+    /// This loop's share of ``ServerConfiguration/maxParkedSessions``, and ``ServerConfiguration/sessionTTLMs``.
     let limit: Int, ttlMs: UInt64
     /// Sessions made, resumed, and taken from a connection that still carried them.
     var made = 0, resumed = 0, taken = 0
@@ -178,12 +181,12 @@ final class SessionTable {
         self.ttlMs = ttlMs
     }
 
-    /// A new session for `connection`, numbered on `loop` of the process marked `process`.
-    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, for connection: Connection) -> Session {
+    /// A new session for `connection` from `address`, numbered on `loop` of the process marked `process`.
+    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, address: String, for connection: Connection) -> Session {
         numbered += 1
         made += 1
         let session = Session(token: SessionToken(process: process, loop: UInt16(truncatingIfNeeded: loop), number: numbered),
-                              identity: identity, overTLS: overTLS)
+                              identity: identity, overTLS: overTLS, address: address)
         session.connection = connection
         live[session.token.number] = session
         return session
@@ -202,11 +205,17 @@ final class SessionTable {
         return ended.reason
     }
 
-    /// Parks `session` at `now`; returns the session parked longest if one must end to make room.
+    /// Parks `session` at `now`; returns the session that must end to make room, if one must: the one
+    /// parked longest of the owner (identity, else address) with the most parked sessions, so that
+    /// whoever parks many ends their own, never another's while they have more.
     func park(_ session: Session, at now: UInt64) -> Session? {
         session.parkedAt = now
         parked.append(session)
-        return parked.count > limit ? parked.first : nil
+        guard parked.count > limit else { return nil }
+        var counts: [String: Int] = [:]
+        for parked in parked { counts[parked.owner, default: 0] += 1 }
+        let most = counts.values.max() ?? 0
+        return parked.first { counts[$0.owner] == most }
     }
 
     /// `session` is no longer parked (resumed, or ending).

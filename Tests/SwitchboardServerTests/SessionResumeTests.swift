@@ -309,6 +309,36 @@ import SwitchboardWire
         #expect(try Self.welcomeSession(try Self.resume(embedded, second).1.first)?["resumed"] == true)
     }
 
+    /// Making room ends a session of whoever parks the most: an address that parks many ends its own
+    /// oldest, not another address's older one.
+    @Test func evictionEndsASessionOfWhoeverParksTheMost() throws {
+        var config = ServerConfiguration()
+        config.maxParkedSessions = 3
+        let embedded = try EmbeddedServer(configuration: config)
+        func session(from address: String) throws -> Client {
+            let peer = embedded.connect(name: address)
+            peer.send(Frame(.hello, id: 1, payload: Array(#"{"version":1,"session":{}}"#.utf8)))
+            embedded.run()
+            let payload = try #require(try peer.frames().first?.payload)
+            return Client(peer: peer, token: try #require(try JSONText.parse(payload)["session"]?["token"]?.stringValue), received: 0)
+        }
+        let stranger = try session(from: "192.0.2.1"), flooder = try (0..<4).map { _ in try session(from: "198.51.100.7") }
+        for client in [stranger] + flooder {
+            client.peer.peerCloses()
+            embedded.run()
+        }
+        #expect(try Self.welcomeSession(try Self.resume(embedded, stranger).1.first)?["resumed"] == true)
+        #expect(try flooder.prefix(2).map { try Self.reason(try Self.resume(embedded, $0).1.first) } == ["evicted", "evicted"])
+    }
+
+    /// --max-parked-sessions is shared out among the loops: each parks its share.
+    @Test func eachLoopParksItsShare() throws {
+        var config = ServerConfiguration()
+        config.maxParkedSessions = 10
+        config.loops = 4
+        #expect(try ServerCore(config: config, logger: Logger(label: "test"), loops: 4, quota: ConnectionQuota(config)).sessions.limit == 2)
+    }
+
     /// A position outside what the server kept is refused, and the session is left as it was.
     @Test func positionOutsideWhatIsKeptIsRefused() throws {
         let embedded = try EmbeddedServer()
