@@ -69,7 +69,7 @@ public struct ServerConfiguration: Sendable {
     public var sessionTTLMs: UInt64 = 60_000
     /// Bytes a session may keep for its client: what was sent and not acknowledged, and what was made while parked.
     public var sessionBytes = 1 << 20
-    /// Sessions parked at once (and ended sessions whose reason is remembered).
+    /// Sessions parked at once, each loop parking its share (and ended sessions whose reason is remembered).
     public var maxParkedSessions = 1000
 
     /// The defaults of wire-v1.

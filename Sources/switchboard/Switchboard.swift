@@ -116,7 +116,7 @@ struct Serve: ParsableCommand {
     var sessionTtl: UInt64 = 60_000
     @Option(help: "Bytes a session may keep for its client: sent and not acknowledged, and made while parked.")
     var sessionBytes = 1 << 20
-    @Option(help: "Sessions parked at once (and ended sessions whose reason is remembered).")
+    @Option(help: "Sessions parked at once, each loop parking its share (and ended sessions whose reason is remembered).")
     var maxParkedSessions = 1000
 
     /// The servers `--cluster` lists; nil if one is not a NATS address.
