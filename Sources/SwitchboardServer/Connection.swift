@@ -42,6 +42,9 @@ enum CloseReason: String {
     case sessionTaken
     /// Its session, parked since its connection was lost, ended (expired, evicted, overflowed or drained).
     case sessionEnded
+    /// It came past its address's cap, which only a resuming HELLO may (protocol/resumption.md, "Limits"),
+    /// and its first frame resumed nothing; counted as the cap's refusal of a connection.
+    case overAddressLimit
 
     /// Whether a connection lost this way parks its session rather than ending it (protocol/resumption.md,
     /// "A parked session").
@@ -270,6 +273,7 @@ final class Connection {
             var decoder = lineDecoder
             while !isClosing, outbound.bytes.count < outboundRoom, let line = decoder.next(from: &buffer) {
                 count += 1
+                if !hasCompletedFrame, count == 1, core.closesOverAddressCap(self) { break }  // text mode has no sessions to resume
                 TextMode.handle(line, on: self)
             }
             lineDecoder = decoder
@@ -307,6 +311,9 @@ final class Connection {
     @inline(never)
     private func handleFramesWhileHelloMayAsk(_ decoder: inout FrameDecoder, in buffer: inout InboundBuffer, count: inout Int,
                                               readable: inout Int, outboundRoom: Int) -> Connection? {
+        // Past its address's cap, a connection may only resume: a first frame that is not a HELLO is not handled.
+        if sessionStage == .firstFrame, buffer.readableBytes > 4, buffer.byte(at: 4) != Frame.Kind.hello.rawValue,
+           core.closesOverAddressCap(self) { return nil }
         while sessionStage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
             count += 1
             buffer.consume(length)

@@ -53,7 +53,10 @@ extension Connection {
     /// Answers a binary HELLO: WELCOME, with a session when the HELLO asks for one and may; `bad_hello`
     /// for a `session` that is not one, `cannot_resume` for one that cannot be resumed.
     func answerBinaryHello(_ hello: ChannelValue, id: UInt32, welcome: ChannelValue) {
+        // A connection past its address's cap came only to resume a session of that address.
+        let mayOnlyResume = sessionStage == .firstFrame && admittedHost.map(core.quota.isOverAddressCap) == true
         guard sessionStage.helloMayAsk, let value = hello["session"] else {
+            if mayOnlyResume, core.closesOverAddressCap(self) { return }
             if sessionStage == .refused { sessionStage = .asked }
             // A later HELLO, and its WELCOME, are in the session's streams like any frame; one that names
             // another identity would hand the session to it.
@@ -69,6 +72,7 @@ extension Connection {
         sessionStage = .asked
         switch request {
         case .new:
+            if mayOnlyResume, core.closesOverAddressCap(self) { return }
             guard core.config.sessionTTLMs > 0, !core.isDraining else {
                 return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
             }
@@ -92,16 +96,24 @@ extension Connection {
         case .resume(let text, let position):
             guard !wasRefused else { return fail(.badHello("one resuming HELLO per connection"), id: id) }
             if let move = SessionMove(text, hello: hello, id: id, from: self) { return stopForMove(move) }
-            switch findSession(text) {
-            case .failure(let refusal):
-                refuseResume(refusal, id: id)
-            case .success(let session):
-                guard let holder = session.connection, holder.transport is SessionTransport else { return refuseResume(.unknown, id: id) }
-                if session.parkedAt == nil { holder.flush() }  // the stream so far is kept, and goes to the old connection
-                guard holder.session === session else { return refuseResume(.overflowed, id: id) }
-                guard let missed = session.missed(from: position) else { return refuseResume(.position, id: id) }
-                holder.resume(session, over: self, missed: missed, welcome: welcome, id: id)
-            }
+            resume(text, from: position, mayOnlyResume: mayOnlyResume, welcome: welcome, id: id)
+            if mayOnlyResume, heir == nil { _ = core.closesOverAddressCap(self) }  // after its cannot_resume
+        }
+    }
+
+    /// Resumes the session `text` names from the client's `position`, or answers why it cannot.
+    private func resume(_ text: String, from position: UInt64, mayOnlyResume: Bool, welcome: ChannelValue, id: UInt32) {
+        switch findSession(text) {
+        case .failure(let refusal):
+            refuseResume(refusal, id: id)
+        case .success(let session):
+            guard let holder = session.connection, holder.transport is SessionTransport else { return refuseResume(.unknown, id: id) }
+            // Past its address's cap, only a session of that address: the place it gives back is that address's.
+            if mayOnlyResume, holder.admittedHost != admittedHost { return }
+            if session.parkedAt == nil { holder.flush() }  // the stream so far is kept, and goes to the old connection
+            guard holder.session === session else { return refuseResume(.overflowed, id: id) }
+            guard let missed = session.missed(from: position) else { return refuseResume(.position, id: id) }
+            holder.resume(session, over: self, missed: missed, welcome: welcome, id: id)
         }
     }
 
@@ -224,7 +236,7 @@ extension Connection {
             logger.info("session ended", metadata: ["session": "\(session.token.number)", "reason": "\(reason.rawValue)"])
         }
         close(closeReason)
-        if wasParked { core.releaseAdmission(of: self) }
+        if wasParked { core.parkedSessionEnded(self) }
     }
 
     /// WELCOME's fields and the granted session's.

@@ -33,6 +33,41 @@ import SwitchboardWire
         }
     }
 
+    /// An address at its cap may still open a connection to resume one of its parked sessions (one past
+    /// the cap per parked session); such a connection that does anything else is closed unheard, and the
+    /// cap holds again once the session resumed.
+    @Test func addressAtItsCapStillResumesItsSession() async throws {
+        try await withServer({ $0.maxConnectionsPerAddress = 2; $0.capsLoopback = true }) { _, port in
+            let reader = try RawConnection(port: port)
+            func stats() async throws -> ChannelValue {
+                try reader.send(.call(9, "switchboard/stats", "get"))
+                return try await reader.nextNonPing().envelope().get()
+            }
+            var first: RawConnection? = try RawConnection(port: port)
+            try first?.send(Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)))
+            let welcome = try #require(try await first?.frame())
+            let token = try #require(try JSONText.parse(welcome.payload ?? [])["session"]?["token"]?.stringValue)
+            first = nil  // lost: the session parks, and keeps its place (two of two)
+            while try await stats()["sessions"]?["parked"] != 1 { try await Task.sleep(for: .milliseconds(10)) }
+            var intruder = RawSocket(port: port)  // admitted past the cap, to resume only
+            intruder?.send(Frame(.hello, id: 1, payload: Array(#"{"version":1}"#.utf8)).bytes)
+            #expect(intruder?.readUntilClosed()?.bytes == [])
+            intruder = nil
+            var resumed: Frame?, resumer: RawConnection?
+            for _ in 0..<200 where resumed == nil {  // the intruder's place is given back once its socket closed
+                resumer = try RawConnection(port: port)
+                try resumer?.send(Frame(.hello, id: 2, payload: Array(#"{"session":{"token":"\#(token)","position":0}}"#.utf8)))
+                resumed = try? await resumer?.frame()
+                if resumed == nil { try await Task.sleep(for: .milliseconds(10)) }
+            }
+            #expect(try JSONText.parse(try #require(resumed).payload ?? [])["session"]?["resumed"] == true)
+            let refused = try #require(RawSocket(port: port))  // two of two again: nothing parked to resume
+            #expect(refused.readUntilClosed()?.bytes == [])
+            #expect(try await stats()["closes"]?["overAddressLimit"].flatMap(\.intValue).map { $0 >= 2 } == true)
+            #expect(resumer != nil)  // the session's connection, open to the end
+        }
+    }
+
     /// A token is good only with the identity that made it: another user's HELLO with it is answered
     /// as for an unknown token (counted as `identity`), and the session is not touched.
     @Test func tokenOfAnotherUserIsRefused() throws {
