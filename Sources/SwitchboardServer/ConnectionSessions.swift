@@ -55,7 +55,7 @@ extension Connection {
     func answerBinaryHello(_ hello: ChannelValue, id: UInt32, welcome: ChannelValue) {
         // A connection past its address's cap came only to resume a session of that address.
         let mayOnlyResume = sessionStage == .firstFrame && admittedHost.map(core.quota.isOverAddressCap) == true
-        guard sessionStage.helloMayAsk, let value = hello["session"] else {
+        guard sessionStage.helloMayAsk, core.config.sessionTTLMs > 0, let value = hello["session"] else {
             if mayOnlyResume, core.closesOverAddressCap(self) { return }
             if sessionStage == .refused { sessionStage = .asked }
             // A later HELLO, and its WELCOME, are in the session's streams like any frame; one that names
@@ -73,7 +73,7 @@ extension Connection {
         switch request {
         case .new:
             if mayOnlyResume, core.closesOverAddressCap(self) { return }
-            guard core.config.sessionTTLMs > 0, !core.isDraining else {
+            guard !core.isDraining else {
                 return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
             }
             // The session's connection is a new one, over a transport a resume can point elsewhere; this
