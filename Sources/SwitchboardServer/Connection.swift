@@ -314,10 +314,12 @@ final class Connection {
         // Past its address's cap, a connection may only resume: a first frame that is not a HELLO is not handled.
         if sessionStage == .firstFrame, buffer.readableBytes > 4, buffer.byte(at: 4) != Frame.Kind.hello.rawValue,
            core.closesOverAddressCap(self) { return nil }
-        while sessionStage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
+        var stage = sessionStage
+        while stage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
             count += 1
             buffer.consume(length)
-            if sessionStage == .firstFrame { sessionStage = .asked }
+            if sessionStage == stage { sessionStage = .asked }  // the frame that may ask is the first, or the one after cannot_resume
+            stage = sessionStage
             readable = buffer.readableBytes
             if let heir { return heir }
             if let move = pendingMove {  // the HELLO goes to its session's loop, with what followed it

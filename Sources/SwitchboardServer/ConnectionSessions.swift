@@ -8,8 +8,8 @@ enum SessionStage {
     case firstFrame
     /// The first frame has been handled (or the one try after a refusal used): `session` is ignored.
     case asked
-    /// A resuming HELLO got `cannot_resume`: the next HELLO may ask for a new session, and one that
-    /// asks to resume again gets `bad_hello`.
+    /// A resuming HELLO got `cannot_resume`: the next frame, if it is a HELLO, may ask for a new session,
+    /// and one that asks to resume again gets `bad_hello`.
     case refused
     /// A session ended on this connection: the POSITION and END that cross its END are ignored.
     case ended
@@ -76,6 +76,7 @@ extension Connection {
             guard !core.isDraining else {
                 return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
             }
+            flush()  // a cannot_resume before this HELLO goes first, and is not in the session's stream
             // The session's connection is a new one, over a transport a resume can point elsewhere; this
             // one (which holds nothing but its HELLO) hands its transport's events and input on to it.
             let successor = Connection(id: self.id, transport: SessionTransport(over: transport), core: core)
@@ -245,7 +246,7 @@ extension Connection {
         let position = session.tellPosition()
         fields.append(.init("session", .stringMap([
             "token": .string(session.token.text), "resumed": .bool(resumed), "position": .int(Int(position)),
-            "ttlMs": .int(Int(ttlMs)), "ackBytes": .int(Int(Session.ackBytes)), "ackMs": .int(Int(Session.ackMs)),
+            "ttlMs": .int(Int(clamping: ttlMs)), "ackBytes": .int(Int(Session.ackBytes)), "ackMs": .int(Int(Session.ackMs)),
         ])))
         return .map(fields)
     }
@@ -322,6 +323,20 @@ extension Connection {
         replaceSession(with: nil)
     }
 
+    /// Whether a frame of `size` bytes fits in what this connection's session may keep (always, without
+    /// one). A frame for the session's client that others send (a forwarded request or message, a relayed
+    /// CANCEL) and that does not fit is not sent, so that no other client can end the session.
+    func sessionHasRoom(forFrameOf size: Int) -> Bool {
+        guard let session else { return true }
+        return session.hasRoom(forFrameOf: size, pending: outbound.bytes.count, limit: core.config.sessionBytes)
+    }
+
+    /// A frame another client sent for this connection's session, dropped for want of room (`message`, an
+    /// id-0 MESSAGE; `cancel`, a relayed CANCEL): counted in the stats' `sessions.dropped`.
+    func countDroppedForSession(_ kind: String) {
+        core.sessions.droppedCounts[kind, default: 0] += 1
+    }
+
     /// Sets ``session`` by exchange, never by assignment: no access to it then releases anything, so
     /// its reads (one per flush and per read) need no exclusivity check at run time.
     func replaceSession(with new: Session?) {
@@ -350,7 +365,7 @@ final class ParkedTransport: Transport {
     }
 
     func start(_ handler: @escaping (TransportEvent) -> Void) {}
-    func write(_ bytes: inout [UInt8]) { bytes.removeAll(keepingCapacity: true) }
+    func write(_ bytes: inout [UInt8]) { bytes = [] }  // the session keeps them: no second buffer of their size
     var queuedBytes: Int { 0 }
     var isOpen: Bool { true }
     func pauseReading() {}

@@ -266,8 +266,7 @@ extension Connection {
             request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
         }
-        if let session, !session.hasRoom(forFrameOf: Frame.headerSize + channel.utf8.count + (payload?.count ?? 0), pending: outbound.bytes.count,
-                                          limit: core.config.sessionBytes) {
+        if session != nil, !sessionHasRoom(forFrameOf: Frame.headerSize + channel.utf8.count + (payload?.count ?? 0)) {
             request.complete(.failure(.noRoom), core: core)  // a caller must not end the holder's session
             return nil
         }
@@ -346,6 +345,7 @@ extension Connection {
     /// Tells this client that the server no longer wants the answer to its request `id`.
     func sendCancel(_ id: UInt32) {
         guard withOutgoing({ $0.removeValue(forKey: id) }) != nil else { return }
+        guard sessionHasRoom(forFrameOf: Frame.headerSize) else { return countDroppedForSession("cancel") }  // its answer is ignored
         writeFrame(.cancel, id: id, payload: nil)
     }
 

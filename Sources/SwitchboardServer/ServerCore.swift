@@ -354,8 +354,10 @@ final class ServerCore {
         if let host = connection.admittedHost { quota.setParked(false, host: host) }
     }
 
-    /// A parked session ended: its place under the caps is given back.
+    /// A parked session ended: its connection, which had left the table, is counted closed, and its
+    /// place under the caps is given back.
     func parkedSessionEnded(_ connection: Connection) {
+        tallies.closes[CloseReason.sessionEnded.rawValue, default: 0] += 1
         if let host = connection.admittedHost { quota.setParked(false, host: host) }
         releaseAdmission(of: connection)
     }

@@ -165,6 +165,8 @@ final class SessionTable {
     /// ``CannotResume`` reasons).
     private(set) var endedCounts: [String: Int] = [:]
     var refusedCounts: [String: Int] = [:]
+    /// Frames others sent for sessions of this loop, dropped for want of room, by kind (`message`, `cancel`).
+    var droppedCounts: [String: Int] = [:]
     /// When a refusal was last logged (at most one a second).
     var lastRefusalLog: UInt64?
 
@@ -274,6 +276,7 @@ extension SessionTable {
             "made": .int(made), "resumed": .int(resumed), "taken": .int(taken),
             "ended": .map(endedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
             "refused": .map(refusedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "dropped": .map(droppedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
         ])
     }
 

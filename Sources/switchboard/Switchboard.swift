@@ -144,6 +144,7 @@ struct Serve: ParsableCommand {
         guard maxRegistrations >= 0 else { throw ValidationError("--max-registrations must be 0 or more") }
         guard maxOpenRequests > 0 else { throw ValidationError("--max-open-requests must be positive") }
         guard sessionBytes > 0, maxParkedSessions > 0 else { throw ValidationError("--session-bytes and --max-parked-sessions must be positive") }
+        guard sessionTtl < 1 << 53 else { throw ValidationError("--session-ttl must be below 2^53 ms (exact in any JSON reader)") }
         if let loops { guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") } }
     }
 

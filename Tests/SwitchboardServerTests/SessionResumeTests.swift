@@ -152,6 +152,37 @@ import SwitchboardWire
         #expect(try caller.frames().first?.envelope() == .success("done"))
     }
 
+    /// Nor can a fire-and-forget MESSAGE (id 0) or a relayed CANCEL end it: one that does not fit is not
+    /// sent, and counted; and a listen the holder's session has no room for is refused `handler_busy`.
+    @Test func framesOthersSendCannotOverflowAParkedHolder() throws {
+        var config = ServerConfiguration()
+        config.sessionBytes = 2048
+        let embedded = try EmbeddedServer(configuration: config, demoChannels: false)
+        let holder = try Self.newSession(embedded)
+        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
+        holder.peer.send(Frame(.register, id: 3, channel: "feed", payload: Array(#"{"kind":"event"}"#.utf8)))
+        embedded.run()
+        let registered = Self.stream(try holder.peer.frames())
+        holder.peer.peerCloses()
+        embedded.run()
+        let caller = embedded.connect()
+        caller.send(Frame(.message, id: 0, channel: "held", payload: [UInt8](repeating: 1, count: 4000)))
+        // A request that leaves 5 bytes of room: its CANCEL (12 bytes) cannot follow it.
+        let body = 2048 - 5 - Int(registered.bytes) - Frame.headerSize - "held".utf8.count
+        caller.send(Frame(.message, id: 7, channel: "held", payload: [UInt8](repeating: 2, count: body)))
+        caller.send(Frame(.cancel, id: 7, payload: nil))
+        caller.send(try .call(8, "feed", "listen"))
+        embedded.run()
+        let answers = try caller.frames()
+        #expect(answers.first?.errorCode == "cancelled")
+        guard case .failure(let refusal)? = try answers.last?.envelope() else { throw ChannelError(code: "test", message: "listen not refused") }
+        #expect(refusal.code == "handler_busy")
+        #expect(embedded.server.core.value.sessions.droppedCounts == ["message": 1, "cancel": 1])
+        let (_, frames) = try Self.resume(embedded, Client(peer: holder.peer, token: holder.token, received: registered.bytes))
+        #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
+        #expect(frames.filter { $0.channel == "held" }.map(\.id) == [1])  // the request, without its CANCEL
+    }
+
     /// A call whose answer is made while the connection is lost gets it on resuming.
     @Test func answerMadeWhileParkedIsReplayed() throws {
         let embedded = try EmbeddedServer(demoChannels: false)
@@ -236,6 +267,7 @@ import SwitchboardWire
         #expect(try caller.frames().map(\.errorCode) == ["handler_gone"])
         let (peer, frames) = try Self.resume(embedded, holder)
         #expect(try Self.reason(frames.first) == "expired")
+        #expect(embedded.server.core.value.tallies.closes[CloseReason.sessionEnded.rawValue] == 1)
         // cannot_resume leaves the connection open for a new session.
         peer.send(Frame(.hello, id: 2, payload: Array(#"{"session":{}}"#.utf8)))
         embedded.run()
@@ -386,13 +418,42 @@ import SwitchboardWire
         let embedded = try EmbeddedServer()
         let peer = embedded.connect()
         peer.send(Self.resumingHello("nonsense", position: 0, id: 1))
-        peer.send(Frame(.ping, id: 2, payload: nil))
         peer.send(Self.resumingHello("nonsense", position: 0, id: 3))
         embedded.run()
         let frames = try peer.frames()
-        #expect(frames.map(\.kind) == [.error, .pong, .error])
+        #expect(frames.map(\.kind) == [.error, .error])
         #expect(frames.last?.errorCode == "bad_hello" && frames.last?.id == 3)
         #expect(peer.isClosed || peer.isClosingGracefully)
+    }
+
+    /// The try after a `cannot_resume` is the frame right after it: a HELLO asking for a new session then
+    /// gets one, its `cannot_resume` first; after any other frame, `session` is ignored, and what the
+    /// connection did meanwhile (a channel held, a call) stays its own, answered.
+    @Test func onlyTheFrameAfterCannotResumeMayAskForASession() throws {
+        let embedded = try EmbeddedServer(demoChannels: true)
+        let peer = embedded.connect()
+        peer.send(Self.resumingHello("nonsense", position: 0, id: 1))
+        peer.send(Frame(.hello, id: 2, payload: Array(#"{"session":{}}"#.utf8)))
+        embedded.run()
+        let granted = try peer.frames()
+        #expect(granted.map(\.kind) == [.error, .welcome])
+        #expect(try Self.welcomeSession(granted.last)?["token"] != nil)
+
+        let other = embedded.connect()
+        other.send(Self.resumingHello("nonsense", position: 0, id: 1))
+        other.send(Frame(.register, id: 2, channel: "squat", payload: nil))
+        other.send(try .call(3, "switchboard/echo", "echo", "x"))
+        other.send(Frame(.hello, id: 4, payload: Array(#"{"session":{}}"#.utf8)))
+        embedded.run()
+        let frames = try other.frames()
+        #expect(frames.map(\.kind) == [.error, .reply, .reply, .welcome])
+        #expect(try Self.welcomeSession(frames.last) == nil)
+        other.peerCloses()
+        embedded.run()
+        let next = embedded.connect()
+        next.send(Frame(.register, id: 1, channel: "squat", payload: nil))  // the channel went with its connection
+        embedded.run()
+        #expect(try next.frames().map(\.kind) == [.reply])
     }
 
     // MARK: Takeover

@@ -1,6 +1,6 @@
 import Testing
 import SwitchboardCodec
-import SwitchboardServer
+@testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
@@ -179,6 +179,24 @@ import SwitchboardWire
         let ends = try peer.frames().filter { $0.kind == .end }
         #expect(ends.count == 1)
         #expect(try ends.first.flatMap { try JSONText.parse($0.payload ?? [])["reason"] } == "overflowed")
+    }
+
+    /// Events waiting for credit that a cancel drops were never asked for: the session goes on.
+    @Test func cancellingAPacedStreamKeepsTheSession() throws {
+        let embedded = try EmbeddedServer()
+        let numbers = EventChannel(name: "numbers", server: embedded.server)
+        numbers.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
+        embedded.run()
+        let peer = try Self.sessionPeer(embedded)
+        peer.send(Frame(.demand, channel: "numbers", payload: [0, 0, 0, 1]))
+        peer.send(try .call(2, "numbers", "listen"))
+        embedded.run()
+        for n in 0..<3 { numbers.broadcast(ChannelValue.int(n)) }
+        embedded.run()
+        peer.send(try .call(3, "numbers", "cancel"))
+        embedded.run()
+        #expect(!(try peer.frames().contains { $0.kind == .end }))
+        #expect(embedded.server.core.value.sessions.live.count == 1)
     }
 
     /// Acknowledged output is forgotten, so a client that acknowledges keeps its session however much it reads.
