@@ -260,16 +260,13 @@ export class SwitchboardClient {
    * call it too. Resolves once the server has granted it; rejects with its ERROR (`channel_taken`).
    * After a reconnect, or a session that could not be resumed, the channel is registered again.
    */
-  async register(channel, handler, { kind, codec } = {}) {
+  register(channel, handler, { kind, codec } = {}) {
     const payload = kind && codec ? utf8Encode(JSON.stringify({ kind, codec })) : null;
-    const registration = { handler, payload };
+    const registration = { handler, payload, granted: false };
+    const granted = new Promise((resolve, reject) => { registration.settle = { resolve, reject }; });
     this.#registrations.set(channel, registration);
-    try {
-      await this.#request({ type: FrameType.REGISTER, channel, payload }, { [REDONE]: true });
-    } catch (error) {
-      if (this.#registrations.get(channel) === registration) this.#registrations.delete(channel);
-      throw error;
-    }
+    this.#sendRegister(channel, registration);
+    return granted;
   }
 
   /** Gives `channel` back (UNREGISTER); resolves once the server has answered. */
@@ -458,7 +455,7 @@ export class SwitchboardClient {
       this.#flush();
       return this.#emit('resumed', { token: this.#session.token });
     }
-    for (const [channel, { payload }] of this.#registrations) this.#reregister(channel, payload);
+    for (const [channel, registration] of this.#registrations) this.#sendRegister(channel, registration);
     for (const stream of this[STREAMS].values()) stream[LISTEN]();
     this.#flush();
     const restart = this.#restart;
@@ -478,11 +475,22 @@ export class SwitchboardClient {
     return true;
   }
 
-  #reregister(channel, payload) {
-    this.#request({ type: FrameType.REGISTER, channel, payload }, { [REDONE]: true }).catch((error) => {
-      if (error.code === 'disconnected' || error.code === 'closed' || error.code === 'session_lost') return;
+  /**
+   * Sends REGISTER for `registration`, the first time or on a new connection or session. A lost
+   * connection registers it again on the next one (a REGISTER lost with a session is dropped, not
+   * failed, and sent again by #welcomed); a refusal gives it up, and is told as an `error` event
+   * when the channel had been granted before.
+   */
+  #sendRegister(channel, registration) {
+    this.#request({ type: FrameType.REGISTER, channel, payload: registration.payload }, { [REDONE]: true }).then(() => {
+      registration.granted = true;
+      registration.settle.resolve();
+    }, (error) => {
+      if (this.#registrations.get(channel) !== registration) return registration.settle.reject(error);
+      if (error.code === 'disconnected' && this.willReconnect) return;
       this.#registrations.delete(channel);
-      this.#emit('error', error);
+      if (registration.granted) this.#emit('error', error);
+      registration.settle.reject(error);
     });
   }
 
