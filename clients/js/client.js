@@ -171,12 +171,17 @@ export class SwitchboardClient {
   }
 
   /**
-   * The session in use: `{token, ttlMs, ackBytes, ackMs, received, sent}` (positions in bytes), or null.
-   * The token is a bearer secret: whoever has it, with this client's identity, can take the session over.
+   * The session in use, or null: `{token, ttlMs, ackBytes, ackMs}`, the positions `received` and `sent`
+   * (bytes of each stream), `unacknowledged` (bytes written and kept until the server acknowledges them)
+   * and `held` (frames not written yet). The token is a bearer secret: whoever has it, with this
+   * client's identity, can take the session over.
    */
   get session() {
     const s = this.#session;
-    return s && { token: s.token, ttlMs: s.ttlMs, ackBytes: s.ackBytes, ackMs: s.ackMs, received: s.received, sent: s.sent };
+    return s && {
+      token: s.token, ttlMs: s.ttlMs, ackBytes: s.ackBytes, ackMs: s.ackMs, received: s.received, sent: s.sent,
+      unacknowledged: s.keptBytes, held: this.#held.length,
+    };
   }
 
   /** Calls `handler` for each `event`; returns a function that stops it. */

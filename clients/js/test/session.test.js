@@ -421,3 +421,222 @@ describe('sessions and the rest of the client', { timeout: 60_000 }, () => {
     assert.ok(client.session.received > 12);
   });
 });
+
+/**
+ * A scripted server behind the WebSocket interface: each connection the client opens is one instance,
+ * the test reads what the client sent (`frames`, decoded; `sent`, the bytes) and writes frames to it.
+ */
+class ScriptedSocket extends EventTarget {
+  static opened = [];
+  static #connecting = [];
+  binaryType = 'arraybuffer';
+  readyState = 0;
+  frames = [];
+  sent = [];
+  #waiters = [];
+
+  constructor() {
+    super();
+    ScriptedSocket.opened.push(this);
+    for (const wake of ScriptedSocket.#connecting.splice(0)) wake();
+    queueMicrotask(() => {
+      this.readyState = 1;
+      this.dispatchEvent(new Event('open'));
+    });
+  }
+
+  /** Resolves with the `n`th connection the client opened (from 0). */
+  static async connection(n) {
+    while (ScriptedSocket.opened.length <= n) await new Promise((wake) => ScriptedSocket.#connecting.push(wake));
+    return ScriptedSocket.opened[n];
+  }
+
+  send(bytes) {
+    this.sent.push(bytes);
+    this.frames.push(decodeFrame(bytes.slice().buffer));
+    for (const wake of this.#waiters.splice(0)) wake();
+  }
+
+  /** Resolves with the first frame sent from index `from` on that `accept` takes. */
+  async sentFrame(accept, from = 0) {
+    for (;;) {
+      const found = this.frames.slice(from).find(accept);
+      if (found) return found;
+      await new Promise((wake) => this.#waiters.push(wake));
+    }
+  }
+
+  close() {
+    if (this.readyState >= 2) return;
+    this.readyState = 3;
+    this.dispatchEvent(new Event('close'));
+  }
+
+  /** Delivers a frame to the client; returns its size on the wire. */
+  deliver(frame) {
+    const bytes = encodeFrame(frame);
+    this.dispatchEvent(new MessageEvent('message', { data: bytes.slice().buffer }));
+    return bytes.length;
+  }
+
+  welcome(id, session) {
+    const body = { version: 1, server: 'scripted', maxFrame: 1 << 24, heartbeatMs: 0, session };
+    this.deliver({ type: FrameType.WELCOME, id, payload: new TextEncoder().encode(JSON.stringify(body)) });
+  }
+}
+
+describe('sessions against a scripted server', { timeout: 60_000 }, () => {
+  const granted = (more = {}) => ({ token: 'T'.repeat(43), resumed: false, position: 0, ttlMs: 60_000, ackBytes: 100, ackMs: 60_000, ...more });
+  const json = (text) => new TextEncoder().encode(JSON.stringify(text));
+  const helloOf = (frame) => JSON.parse(new TextDecoder().decode(frame.payload));
+  const isHello = (frame) => frame.type === FrameType.HELLO;
+  const isCall = (frame) => frame.type === FrameType.MESSAGE && frame.id !== 0;
+
+  /** A client with a session on a new scripted connection: `{client, socket}`. */
+  async function scripted(options = {}) {
+    const first = ScriptedSocket.opened.length;
+    const connecting = SwitchboardClient.connect('scripted:', {
+      session: true, WebSocket: ScriptedSocket, reconnect: { initialDelayMs: 1, maxDelayMs: 5 }, ...options,
+    });
+    const socket = await ScriptedSocket.connection(first);
+    const hello = await socket.sentFrame(isHello);
+    assert.deepEqual(helloOf(hello).session, {});
+    socket.welcome(hello.id, granted());
+    const client = await connecting;
+    clients.add(client);
+    return { client, socket, first };
+  }
+
+  test('POSITION acknowledges whole frames once ackBytes are received, and never for nothing new', async () => {
+    const { client, socket } = await scripted();
+    let received = 0;
+    for (let i = 0; i < 9; i++) received += socket.deliver({ type: FrameType.PING, id: i, payload: Uint8Array.of(1, 2) });
+    const position = await socket.sentFrame((frame) => frame.type === FrameType.POSITION);
+    const acknowledged = Number(new DataView(position.payload.buffer, position.payload.byteOffset).getBigUint64(0));
+    assert.ok(acknowledged >= 100 && acknowledged <= received && acknowledged % 14 === 0, `POSITION ${acknowledged}`);
+    assert.equal(client.session.received, received);
+    assert.equal(socket.frames.filter((frame) => frame.type === FrameType.POSITION).length, 1);
+    assert.equal(client.session.sent, socket.frames.filter((frame) => frame.type === FrameType.PONG).length * 14, 'PONGs are in the stream');
+  });
+
+  test('past maxUnacknowledgedBytes the client holds frames back, in order, until the server acknowledges', async () => {
+    const { client, socket } = await scripted({ session: { maxUnacknowledgedBytes: 100 } });
+    const calls = Array.from({ length: 6 }, (_, i) => client.request('c', new Uint8Array(21).fill(i)));
+    for (const call of calls) call.catch(() => {});  // the last two are never answered
+    const written = () => socket.frames.filter(isCall);
+    assert.equal(written().length, 2, 'two frames of 34 bytes fit in 100, three do not');
+    assert.equal(client.session.unacknowledged, 68);
+    assert.equal(client.session.held, 4);
+    const payload = new Uint8Array(8);
+    new DataView(payload.buffer).setBigUint64(0, 68n);
+    socket.deliver({ type: FrameType.POSITION, payload });
+    assert.equal(written().length, 4);
+    assert.deepEqual(written().map((frame) => frame.payload[0]), [0, 1, 2, 3]);
+    for (const frame of written()) socket.deliver({ type: FrameType.REPLY, id: frame.id, payload: frame.payload });
+    assert.equal((await calls[3])[0], 3);
+  });
+
+  test('resuming: the HELLO names the received position and the client sends again exactly what the server missed', async () => {
+    const { client, socket, first } = await scripted();
+    const calls = [1, 2, 3].map((n) => client.request('c', Uint8Array.of(n)));
+    const sizes = socket.sent.filter((bytes) => bytes[4] === FrameType.MESSAGE).map((bytes) => bytes.length);
+    const [one] = socket.frames.filter(isCall);
+    const received = socket.deliver({ type: FrameType.REPLY, id: one.id, payload: Uint8Array.of(10) });
+    assert.equal(client.session.received, received);
+    const resumed = nextEvent(client, 'resumed');
+    socket.close();
+    const again = await ScriptedSocket.connection(first + 1);
+    const hello = await again.sentFrame(isHello);
+    assert.deepEqual(helloOf(hello).session, { token: 'T'.repeat(43), position: received });
+    assert.equal(again.frames.length, 1, 'nothing after a resuming HELLO until its answer');
+    again.welcome(hello.id, granted({ resumed: true, position: sizes[0] }));  // the server had only the first call
+    await resumed;
+    assert.deepEqual(again.frames.filter(isCall).map((frame) => frame.payload[0]), [2, 3]);
+    for (const frame of again.frames.filter(isCall)) again.deliver({ type: FrameType.REPLY, id: frame.id, payload: frame.payload });
+    assert.deepEqual((await Promise.all(calls)).map((reply) => reply[0]), [10, 2, 3]);
+  });
+
+  test('a WELCOME without a session in answer to a resume: restarted (unsupported), written calls fail, streams listen again', async () => {
+    const { client, socket, first } = await scripted();
+    const stream = new EventChannel('t', client).receiveBroadcastStream();
+    stream[Symbol.asyncIterator]();
+    const listen = await socket.sentFrame(isCall);
+    socket.deliver({ type: FrameType.REPLY, id: listen.id, payload: Uint8Array.of(0, 0) });
+    const call = client.request('c', Uint8Array.of(1));
+    const outcome = rejectsWithCode(call, 'session_lost');
+    const restarted = nextEvent(client, 'restarted');
+    socket.close();
+    const later = client.request('c', Uint8Array.of(2));  // not written before the session was lost: goes on
+    const again = await ScriptedSocket.connection(first + 1);
+    again.welcome((await again.sentFrame(isHello)).id, undefined);
+    const report = await restarted;
+    assert.equal(report.reason, 'unsupported');
+    assert.deepEqual(report.streams, ['t']);
+    assert.equal(report.failed.length, 1);
+    await outcome;
+    assert.equal(client.session, null);
+    const relisten = await again.sentFrame((frame) => isCall(frame) && frame.channel === 't');
+    assert.ok(relisten);
+    const resent = await again.sentFrame((frame) => isCall(frame) && frame.channel === 'c');
+    assert.deepEqual(resent.payload, Uint8Array.of(2));
+    again.deliver({ type: FrameType.REPLY, id: resent.id, payload: Uint8Array.of(5) });
+    assert.deepEqual(await later, Uint8Array.of(5));
+    await client.close();  // the scripted server answers no cancel
+  });
+
+  test('a resume from a position the client did not keep: it closes, falls back (position) and asks for a new session', async () => {
+    const { client, socket, first } = await scripted();
+    client.request('c', Uint8Array.of(1)).catch(() => {});
+    const restarted = nextEvent(client, 'restarted');
+    socket.close();
+    const again = await ScriptedSocket.connection(first + 1);
+    again.welcome((await again.sentFrame(isHello)).id, granted({ resumed: true, position: 3 }));
+    assert.equal(again.readyState, 3, 'closed');
+    const third = await ScriptedSocket.connection(first + 2);
+    const hello = await third.sentFrame(isHello);
+    assert.deepEqual(helloOf(hello).session, {});
+    third.welcome(hello.id, granted({ token: 'U'.repeat(43) }));
+    assert.equal((await restarted).reason, 'position');
+    assert.equal(client.session.token, 'U'.repeat(43));
+  });
+
+  test('cannot_resume: the client asks for a new session on the same connection', async () => {
+    const { client, socket, first } = await scripted();
+    const restarted = nextEvent(client, 'restarted');
+    socket.close();
+    const again = await ScriptedSocket.connection(first + 1);
+    const hello = await again.sentFrame(isHello);
+    again.deliver({ type: FrameType.ERROR, id: hello.id, payload: json({ code: 'cannot_resume', message: 'session expired', details: { reason: 'expired' } }) });
+    const second = await again.sentFrame((frame) => isHello(frame) && frame !== hello);
+    assert.deepEqual(helloOf(second).session, {});
+    again.welcome(second.id, granted({ token: 'V'.repeat(43) }));
+    assert.equal((await restarted).reason, 'expired');
+    assert.equal(ScriptedSocket.opened.length, first + 2, 'no other connection');
+  });
+
+  test('END from the server: ended (with the streams), the connection goes on without a session', async () => {
+    const { client, socket } = await scripted();
+    const stream = new EventChannel('t', client).receiveBroadcastStream();
+    stream[Symbol.asyncIterator]();
+    const listen = await socket.sentFrame(isCall);
+    socket.deliver({ type: FrameType.REPLY, id: listen.id, payload: Uint8Array.of(0, 0) });
+    const ended = nextEvent(client, 'ended');
+    socket.deliver({ type: FrameType.END, payload: json({ reason: 'overflowed' }) });
+    assert.deepEqual(await ended, { reason: 'overflowed', streams: ['t'] });
+    assert.equal(client.session, null);
+    const call = client.request('c', Uint8Array.of(1));
+    const frame = await socket.sentFrame((f) => isCall(f) && f.channel === 'c');
+    for (let i = 0; i < 20; i++) socket.deliver({ type: FrameType.PING, id: i });
+    socket.deliver({ type: FrameType.REPLY, id: frame.id, payload: Uint8Array.of(7) });
+    assert.deepEqual(await call, Uint8Array.of(7));
+    assert.equal(socket.frames.filter((f) => f.type === FrameType.POSITION).length, 0, 'no POSITION after END');
+    await client.close();  // the scripted server answers no cancel
+  });
+
+  test('close() ends the session with END', async () => {
+    const { client, socket } = await scripted();
+    await client.close();
+    assert.equal(socket.frames.at(-1).type, FrameType.END);
+    assert.equal(socket.frames.at(-1).payload, null);
+  });
+});
