@@ -451,7 +451,7 @@ export class SwitchboardClient {
         throw new PlatformException('session_lost', 'the server resumed from a position this client did not keep');
       }
     } else {
-      if (resuming) this.#loseSession(granted.resumed === false ? 'unknown' : 'position');
+      if (resuming) this.#loseSession('unknown');  // a new session in answer to a resume: the old one is gone
       this.#session = granted && this.#sessionOptions ? this.#makeSession(granted) : null;
     }
     this.#setState('connected');
