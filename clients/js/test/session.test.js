@@ -349,6 +349,24 @@ describe('when a session cannot be resumed', { timeout: 180_000 }, () => {
     assert.notEqual(client.session.token, token);
   }));
 
+  test('past --max-parked-sessions the session parked longest is evicted: that client reports restarted (evicted), the other resumes', () => seeded(async () => {
+    const server = await startServer({ args: ['--max-parked-sessions', '1'] });
+    const proxies = [await new CuttingProxy(server.port, { seed }).listen(), await new CuttingProxy(server.port, { seed }).listen()];
+    const [older, newer] = [await connect('tcp', proxies[0].port), await connect('tcp', proxies[1].port)];
+    for (const [i, client] of [older, newer].entries()) {
+      const reconnecting = nextEvent(client, 'state', (state) => state === 'reconnecting');
+      proxies[i].blocked = true;
+      proxies[i].cutAll();  // one at a time, so that the older one is parked first
+      await within(30_000, 'reconnecting', reconnecting);
+      await sleep(100);
+    }
+    const outcomes = [nextEvent(older, 'restarted'), nextEvent(newer, 'resumed')];
+    for (const proxy of proxies) proxy.blocked = false;
+    const [report] = await within(30_000, 'the outcomes', Promise.all(outcomes));
+    assert.equal(report.reason, 'evicted');
+    assert.equal(newer.reports.restarted.length, 0);
+  }));
+
   test('an unknown token gets cannot_resume (unknown), one of a process that is gone (restarted); the connection may ask for a new session', async () => {
     const server = await startServer();
     const made = await rawHello(server.port, { session: {} });
