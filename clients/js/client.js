@@ -241,7 +241,7 @@ export class SwitchboardClient {
         signal?.removeEventListener('abort', abort);
         finish(value);
       };
-      this.#pending.set(id, { resolve: settle(resolve), reject: settle(reject), answered, redone, channel: frame.channel });
+      this.#pending.set(id, { resolve: settle(resolve), reject: settle(reject), answered, redone, channel: frame.channel, type: frame.type });
       signal?.addEventListener('abort', abort, { once: true });
       if (timeoutMs != null) {
         timer = setTimeout(() => this.#abandon(id, new DOMException(`no answer within ${timeoutMs} ms`, 'TimeoutError')), timeoutMs);
@@ -430,7 +430,7 @@ export class SwitchboardClient {
       this.#pending.delete(id);
       unwritten.delete(id);
       if (entry.redone || entry.abandoned) continue;  // listens and REGISTERs are made again; the caller gave up
-      failed.push({ id, channel: entry.channel });
+      if (entry.type === FrameType.MESSAGE) failed.push({ id, channel: entry.channel });  // not an UNREGISTER
       entry.reject(lost);
     }
     // Only requests still waiting go on: DEMAND, CANCEL and answers belong to the old session.

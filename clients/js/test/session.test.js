@@ -505,7 +505,7 @@ class ScriptedSocket extends EventTarget {
 
 describe('sessions against a scripted server', { timeout: 60_000 }, () => {
   const granted = (more = {}) => ({ token: 'T'.repeat(43), resumed: false, position: 0, ttlMs: 60_000, ackBytes: 100, ackMs: 60_000, ...more });
-  const json = (text) => new TextEncoder().encode(JSON.stringify(text));
+  const jsonBytes = (value) => new TextEncoder().encode(JSON.stringify(value));
   const helloOf = (frame) => JSON.parse(new TextDecoder().decode(frame.payload));
   const isHello = (frame) => frame.type === FrameType.HELLO;
   const isCall = (frame) => frame.type === FrameType.MESSAGE && frame.id !== 0;
@@ -624,7 +624,7 @@ describe('sessions against a scripted server', { timeout: 60_000 }, () => {
     socket.close();
     const again = await ScriptedSocket.connection(first + 1);
     const hello = await again.sentFrame(isHello);
-    again.deliver({ type: FrameType.ERROR, id: hello.id, payload: json({ code: 'cannot_resume', message: 'session expired', details: { reason: 'expired' } }) });
+    again.deliver({ type: FrameType.ERROR, id: hello.id, payload: jsonBytes({ code: 'cannot_resume', message: 'session expired', details: { reason: 'expired' } }) });
     const second = await again.sentFrame((frame) => isHello(frame) && frame !== hello);
     assert.deepEqual(helloOf(second).session, {});
     again.welcome(second.id, granted({ token: 'V'.repeat(43) }));
@@ -639,7 +639,7 @@ describe('sessions against a scripted server', { timeout: 60_000 }, () => {
     const listen = await socket.sentFrame(isCall);
     socket.deliver({ type: FrameType.REPLY, id: listen.id, payload: Uint8Array.of(0, 0) });
     const ended = nextEvent(client, 'ended');
-    socket.deliver({ type: FrameType.END, payload: json({ reason: 'overflowed' }) });
+    socket.deliver({ type: FrameType.END, payload: jsonBytes({ reason: 'overflowed' }) });
     assert.deepEqual(await ended, { reason: 'overflowed', streams: ['t'] });
     assert.equal(client.session, null);
     const call = client.request('c', Uint8Array.of(1));
