@@ -18,6 +18,15 @@ LOOPS = pytest.mark.parametrize("loops", [1, 4], ids=["loops1", "loops4"])
 CUTS = (200, 6000)
 
 
+async def within(awaitable):
+    """Guards against a hang (a lost frame would leave a call or a stream waiting); never reached when it works."""
+    return await asyncio.wait_for(awaitable, 60)
+
+
+async def collect(stream):
+    return [event async for event in stream]
+
+
 def serve(factory, loops, *args):
     return factory("--loops", loops, *args)
 
@@ -56,7 +65,7 @@ async def test_numbered_events_arrive_without_gap_or_duplicate(switchboard_serve
         async with await switchboard.connect(proxy.host, proxy.port, resumable=True) as client:
             assert client.session is not None
             ticker = EventChannel("switchboard/ticker", client)
-            events = [event async for event in ticker.receive_broadcast_stream({"count": 3000, "intervalMs": 0})]
+            events = await within(collect(ticker.receive_broadcast_stream({"count": 3000, "intervalMs": 0})))
             assert events == list(range(3000))
             kinds = {event.kind for event in client.session_reports}
         assert proxy.cuts >= 5 and kinds == {"resumed"}, (proxy.cuts, client.session_reports)
@@ -72,7 +81,8 @@ async def test_calls_in_flight_at_a_cut_get_exactly_one_real_answer(switchboard_
             channel = MethodChannel("test/count", caller)
             for batch in range(6):
                 numbers = range(batch * 100, batch * 100 + 100)
-                assert await asyncio.gather(*(channel.invoke_method("add1", n) for n in numbers)) == [n + 1 for n in numbers]
+                answers = await within(asyncio.gather(*(channel.invoke_method("add1", n) for n in numbers)))
+                assert answers == [n + 1 for n in numbers]
             assert {event.kind for event in caller.session_reports} == {"resumed"}
         assert seen == Counter(range(600)), "every call ran exactly once"
         assert proxy.cuts >= 5
@@ -88,7 +98,8 @@ async def test_a_holder_cut_at_random_answers_every_call_once(switchboard_server
             channel = MethodChannel("test/count", caller)
             for batch in range(4):
                 numbers = range(batch * 100, batch * 100 + 100)
-                assert await asyncio.gather(*(channel.invoke_method("add1", n) for n in numbers)) == [n + 1 for n in numbers]
+                answers = await within(asyncio.gather(*(channel.invoke_method("add1", n) for n in numbers)))
+                assert answers == [n + 1 for n in numbers]
             assert {event.kind for event in holder.session_reports} == {"resumed"}
         assert seen == Counter(range(400))
         assert proxy.cuts >= 3
@@ -115,6 +126,36 @@ async def test_a_holder_cut_mid_request_answers_after_resuming(switchboard_serve
             assert await asyncio.wait_for(call, 30) == 42
             assert await next_event(holder) == switchboard.SessionEvent("resumed")
             assert await MethodChannel("test/slow", caller).invoke_method("fast", 1) == 2  # and it goes on answering
+
+
+@LOOPS
+async def test_a_fast_producer_stays_within_the_clients_bound(switchboard_server_factory, switchboard_cut_seed, loops):
+    """A holder sends events as fast as it may through random cuts: what it keeps unacknowledged never passes its
+    `session_bytes` (sending waits instead), and its listener gets every event once, in order."""
+    server = serve(switchboard_server_factory, loops)
+    codec = switchboard.StandardMethodCodec()
+    bound = 8192
+    async with CuttingProxy(server.host, server.port, seed=switchboard_cut_seed, cut_after=CUTS) as proxy, \
+            await server.connect() as listener:
+        async with await switchboard.connect(proxy.host, proxy.port, resumable=True, session_bytes=bound) as holder:
+            listened = asyncio.Event()
+
+            async def handle(payload):
+                listened.set()
+                return codec.encode_success_envelope(None)
+
+            await holder.register("test/numbers", handle, {"kind": "event", "codec": "standard"})
+            stream = EventChannel("test/numbers", listener).receive_broadcast_stream()
+            await stream.listen()
+            await asyncio.wait_for(listened.wait(), 30)
+            most = 0
+            for n in range(1000):
+                await within(holder.send("test/numbers", codec.encode_success_envelope(n)))
+                most = max(most, holder._session.sent - holder._session.acked)
+            await holder.send("test/numbers", None)
+            assert 0 < most <= bound
+            assert await within(collect(stream)) == list(range(1000))
+        assert proxy.cuts >= 3
 
 
 # MARK: When a session cannot be resumed
