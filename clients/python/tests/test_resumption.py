@@ -302,3 +302,8 @@ async def test_another_users_token_is_refused(tmp_path, switchboard_server_facto
             assert await next_event(alice) == switchboard.SessionEvent("resumed")  # and alice still resumes it
             async with await server.connect(token="alice") as observer:
                 assert (await stats(observer))["refused"]["identity"] == 2
+
+
+@pytest.mark.switchboard_client(resumable=True)
+async def test_the_client_fixture_takes_connect_options(switchboard_client):
+    assert switchboard_client.session["ttlMs"] == 60000 and switchboard_client.session_reports == []
