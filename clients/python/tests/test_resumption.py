@@ -36,6 +36,12 @@ async def stats(client):
     return (await MethodChannel("switchboard/stats", client).invoke_method("get"))["sessions"]
 
 
+async def ended(observer, reason):
+    """Returns once the server has ended a session for `reason`."""
+    while (await stats(observer))["ended"].get(reason, 0) < 1:
+        await asyncio.sleep(0.02)  # polls the server's count: there is no event to await
+
+
 async def next_event(client, index=0):
     """The client's `index`-th session event, once it has come."""
     async for event in client.session_events():
@@ -206,29 +212,56 @@ def tampered(token):
 
 
 @LOOPS
-@pytest.mark.parametrize("presented, reason", [
-    (lambda token: token, "expired"),
-    (tampered, "unknown"),
-    (lambda token: "A" * 43, "restarted"),  # a token of a server process this one does not know
-], ids=["own", "tampered", "foreign"])
+@pytest.mark.parametrize("presented, ending, reason, options", [
+    (lambda token: token, "expired", "expired", ()),
+    (tampered, "expired", "unknown", ()),
+    (lambda token: "A" * 43, "expired", "restarted", ()),  # a token of a server process this one does not know
+    (lambda token: token, "overflowed", "overflowed", ("--session-bytes", "4096")),  # ticks fill the parked session
+], ids=["own", "tampered", "foreign", "overflowed"])
 async def test_a_session_that_cannot_be_resumed_makes_the_client_fall_back(switchboard_server_factory, loops,
-                                                                           presented, reason):
-    server = serve(switchboard_server_factory, loops, "--session-ttl", "1000")
+                                                                           presented, ending, reason, options):
+    server = serve(switchboard_server_factory, loops, "--session-ttl", "1000", *options)
     async with CuttingProxy(server.host, server.port) as proxy, await server.connect() as observer:
         client, holder, stream, call = await open_world(server, proxy)
         async with client, holder:
             client._session.token = presented(client._session.token)
-            proxy.hold()  # the client's next try waits in the proxy while its session expires
+            proxy.hold()  # the client's next try waits in the proxy while its session ends
             proxy.cut()
             await within(proxy.wait_accepted(2))
             # A call made without a connection is not lost: it goes on the new session.
             later = asyncio.ensure_future(MethodChannel("switchboard/echo", client).invoke_method("echo", "later"))
-            while (await stats(observer))["ended"].get("expired", 0) < 1:
-                await asyncio.sleep(0.02)  # polls the server's count: there is no event to await
+            await within(ended(observer, ending))
             proxy.release()
             await assert_fell_back(server, client, stream, call, reason)
             assert await within(later) == "later"
             assert (await stats(observer))["refused"] == {reason: 1}
+
+
+@pytest.mark.parametrize("sessions, reason", [(True, "restarted"), (False, "unsupported")], ids=["restarted", "unsupported"])
+async def test_a_server_restart_makes_the_client_fall_back(switchboard_server_factory, sessions, reason):
+    first = serve(switchboard_server_factory, 1)
+    async with CuttingProxy(first.host, first.port) as proxy:
+        client, holder, stream, call = await open_world(first, proxy)
+        async with client:
+            proxy.hold()
+            proxy.cut()
+            await holder.close()
+            assert await asyncio.to_thread(first.stop) == 0
+            second = serve(switchboard_server_factory, 1, "--port", first.port,
+                           *(() if sessions else ("--session-ttl", "0")))
+            await within(proxy.wait_accepted(2))
+            proxy.release()
+            event = await within(next_event(client))
+            assert (event.kind, event.reason, event.streams, event.channels) == (
+                "restarted", reason, ("switchboard/ticker",), ("test/held",))
+            with pytest.raises(SessionLostError):
+                await call
+            assert (client.session is not None) is sessions
+            async for tick in stream:  # listened again on the new server
+                if tick == 0:
+                    break
+            async with await second.connect() as other:
+                assert await MethodChannel("test/held", other).invoke_method("who") == "held"
 
 
 async def test_a_client_that_cannot_reach_the_server_again_reports_the_end(switchboard_server_factory):
@@ -312,3 +345,50 @@ async def test_another_users_token_is_refused(tmp_path, switchboard_server_facto
 @pytest.mark.switchboard_client(resumable=True)
 async def test_the_client_fixture_takes_connect_options(switchboard_client):
     assert switchboard_client.session["ttlMs"] == 60000 and switchboard_client.session_reports == []
+
+
+async def test_the_servers_end_leaves_a_plain_connection():
+    """A fake server grants a session, then ends it (END, overflowed): the client reports `ended` with the stream
+    it had, goes on over the same connection without a session, and a drop then closes it."""
+    received = []
+    done = asyncio.Event()
+
+    async def fake_server(reader, writer):
+        async def read():
+            header = await reader.readexactly(12)
+            body = await reader.readexactly(int.from_bytes(header[:4], "big") - 8)
+            return Frame(header[4], int.from_bytes(header[8:12], "big"), body[:int.from_bytes(header[6:8], "big")].decode())
+
+        hello = await read()
+        session = {"token": "t" * 43, "resumed": False, "position": 0, "ttlMs": 60000, "ackBytes": 1, "ackMs": 1}
+        writer.write(encode_frame(Frame(FrameType.WELCOME, hello.id, "", json.dumps({"version": 1, "session": session}).encode())))
+        listen = await read()
+        writer.write(encode_frame(Frame(FrameType.REPLY, listen.id, "", b"\x00\x00")))  # success, null
+        writer.write(encode_frame(Frame(FrameType.END, 0, "", b'{"reason":"overflowed"}')))
+        while True:
+            frame = await read()
+            received.append(frame.type)
+            if frame.type == FrameType.PING:  # the client's: answered, then the server PINGs
+                writer.write(encode_frame(Frame(FrameType.PONG, frame.id)))
+                writer.write(encode_frame(Frame(FrameType.PING, 0)))
+            elif frame.type == FrameType.PONG:
+                break
+        writer.close()
+        done.set()
+
+    listening = await asyncio.start_server(fake_server, "127.0.0.1", 0)
+    async with listening:
+        client = await switchboard.connect("127.0.0.1", listening.sockets[0].getsockname()[1], resumable=True)
+        async with client:
+            stream = EventChannel("fake/events", client).receive_broadcast_stream()
+            await stream.listen()
+            event = await within(next_event(client))
+            assert event == switchboard.SessionEvent("ended", "overflowed", streams=("fake/events",))
+            assert client.session is None
+            assert await within(client.ping()) is None
+            await within(done.wait())
+            # The REPLY was acknowledged (ackBytes 1) before END came; nothing is after it (the PONG).
+            assert received == [FrameType.POSITION, FrameType.PING, FrameType.PONG]
+            while client.is_open:
+                await asyncio.sleep(0.01)  # the close reaches the client: not resumed, as there is no session
+            assert client.session_reports == [event]
