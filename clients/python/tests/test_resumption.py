@@ -2,6 +2,7 @@
 cuts connections at random byte offsets. Each test prints its proxy's seed: SWITCHBOARD_CUT_SEED=<seed> repeats it."""
 
 import asyncio
+import os
 import hashlib
 import json
 from collections import Counter
@@ -21,7 +22,7 @@ CUTS = (400, 6000)
 
 async def within(awaitable):
     """Guards against a hang (a lost frame would leave a call or a stream waiting); never reached when it works."""
-    return await asyncio.wait_for(awaitable, 60)
+    return await asyncio.wait_for(awaitable, float(os.environ.get("HANG_GUARD", 60)))
 
 
 async def collect(stream):
@@ -76,6 +77,23 @@ async def test_numbered_events_arrive_without_gap_or_duplicate(switchboard_serve
             assert events == list(range(3000))
             kinds = {event.kind for event in client.session_reports}
         assert proxy.cuts >= 5 and kinds == {"resumed"}, (proxy.cuts, client.session_reports)
+
+
+@LOOPS
+async def test_a_paced_stream_keeps_its_credit_through_cuts(switchboard_server_factory, switchboard_cut_seed, loops):
+    server = serve(switchboard_server_factory, loops)
+    async with CuttingProxy(server.host, server.port, seed=switchboard_cut_seed, cut_after=CUTS) as proxy:
+        async with await switchboard.connect(proxy.host, proxy.port, resumable=True) as client:
+            stream = EventChannel("switchboard/ticker", client).receive_broadcast_stream(
+                {"count": 1000, "intervalMs": 0}, credit=10)
+            events = []
+            async for event in stream:
+                events.append(event)
+                if len(events) % 10 == 0:
+                    await within(stream.request(10))
+            assert events == list(range(1000))
+            assert {event.kind for event in client.session_reports} == {"resumed"}
+        assert proxy.cuts >= 3
 
 
 @LOOPS
@@ -291,6 +309,72 @@ async def test_a_session_taken_over_makes_the_client_fall_back(switchboard_serve
             assert welcome["session"]["resumed"] is True
             # The taker's session (parked once it closes) keeps `test/held`: registering it again is refused.
             await assert_fell_back(server, client, stream, call, "taken", held_again=False)
+
+
+async def listens(client):
+    """The `listens` of the resumable client's connection, from the server's introspection channel."""
+    page = await MethodChannel("switchboard/connections", client).invoke_method("list")
+    [mine] = [c for c in page["connections"] if c["listens"]]
+    return mine["listens"]
+
+
+@LOOPS
+async def test_a_fallback_listens_again_with_the_outstanding_credit(switchboard_server_factory, loops):
+    server = serve(switchboard_server_factory, loops)
+    codec = switchboard.StandardMethodCodec()
+    async with CuttingProxy(server.host, server.port) as proxy, await server.connect() as observer, \
+            await server.connect() as holder:
+        listens_seen = asyncio.Queue()
+
+        async def handle(payload):
+            listens_seen.put_nowait(codec.decode_method_call(payload).method)
+            return codec.encode_success_envelope(None)
+
+        await holder.register("test/paced", handle, {"kind": "event", "codec": "standard"})
+        async with await switchboard.connect(proxy.host, proxy.port, resumable=True) as client:
+            stream = EventChannel("test/paced", client).receive_broadcast_stream(credit=3)
+            await stream.listen()
+            assert await within(listens_seen.get()) == "listen"
+            await holder.send("test/paced", codec.encode_success_envelope("before"))
+            assert await within(stream.__anext__()) == "before"  # 2 of the credit left
+            client._session.token = tampered(client._session.token)
+            proxy.cut()
+            event = await within(next_event(client))
+            assert (event.kind, event.reason, event.streams) == ("restarted", "unknown", ("test/paced",))
+            # Reported once listened again (the holder is not asked again: the parked session still listens).
+            for n in range(5):
+                await holder.send("test/paced", codec.encode_success_envelope(n))
+            assert [await within(stream.__anext__()) for _ in range(2)] == [0, 1]
+            assert await listens(observer) == [{"channel": "test/paced", "credit": 0}]
+            await stream.request(1)
+            assert await within(stream.__anext__()) == 2
+
+
+@LOOPS
+async def test_a_fallback_with_no_credit_left_listens_again_once_credit_comes(switchboard_server_factory, loops):
+    server = serve(switchboard_server_factory, loops)
+    async with CuttingProxy(server.host, server.port) as proxy, await server.connect() as observer:
+        async with await switchboard.connect(proxy.host, proxy.port, resumable=True) as client:
+            stream = EventChannel("switchboard/ticker", client).receive_broadcast_stream({"intervalMs": 0}, credit=1)
+            assert await stream.__anext__() == 0
+            client._session.token = tampered(client._session.token)
+            proxy.cut()
+            event = await within(next_event(client))
+            assert (event.kind, event.reason, event.streams) == ("restarted", "unknown", ("switchboard/ticker",))
+            page = await MethodChannel("switchboard/connections", observer).invoke_method("list")
+            assert [c["listens"] for c in page["connections"] if c["listens"]] == []  # not listened again yet
+            await stream.request(2)
+            assert [await within(stream.__anext__()) for _ in range(2)] == [0, 1]
+            assert await listens(observer) == [{"channel": "switchboard/ticker", "credit": 0}]
+
+
+async def test_closing_ends_the_session(switchboard_server_factory):
+    server = serve(switchboard_server_factory, 1)
+    async with await server.connect() as observer:
+        client = await server.connect(resumable=True)
+        await client.close()
+        await within(ended(observer, "end"))
+        assert (await stats(observer))["parked"] == 0
 
 
 async def test_a_server_without_sessions_gives_a_plain_connection(switchboard_server_factory):
