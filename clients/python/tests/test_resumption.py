@@ -522,3 +522,34 @@ async def test_the_servers_end_leaves_a_plain_connection():
             while client.is_open:
                 await asyncio.sleep(0.01)  # the close reaches the client: not resumed, as there is no session
             assert client.session_reports == [event]
+
+
+async def test_a_resume_at_a_position_the_client_did_not_keep_falls_back():
+    """A (broken) fake server resumes at a position past what the client sent: the client closes that connection and
+    falls back, reason `position`, on a new connection with a new session."""
+    hellos = []
+
+    async def fake_server(reader, writer):
+        header = await reader.readexactly(12)
+        body = await reader.readexactly(int.from_bytes(header[:4], "big") - 8)
+        hello = json.loads(body)
+        hellos.append(hello.get("session"))
+        session = {"token": "t" * 43, "resumed": "token" in hello["session"], "position": 10_000 if "token" in hello["session"] else 0,
+                   "ttlMs": 60000, "ackBytes": 65536, "ackMs": 1000}
+        writer.write(encode_frame(Frame(FrameType.WELCOME, 1, "", json.dumps({"version": 1, "session": session}).encode())))
+        if len(hellos) == 1:
+            writer.transport.abort()  # the first connection drops at once
+            return
+        try:
+            await reader.read()  # the client closes the second; the third stays
+        finally:
+            writer.close()
+
+    listening = await asyncio.start_server(fake_server, "127.0.0.1", 0)
+    async with listening:
+        client = await switchboard.connect("127.0.0.1", listening.sockets[0].getsockname()[1], resumable=True)
+        async with client:
+            event = await within(next_event(client))
+            assert (event.kind, event.reason) == ("restarted", "position")
+            assert hellos == [{}, {"token": "t" * 43, "position": 0}, {}]
+            assert client.session is not None
