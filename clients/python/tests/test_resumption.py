@@ -1,5 +1,6 @@
 """Resumable sessions (protocol/resumption.md) against a live server, on one loop and on four, through a proxy that
-cuts connections at random byte offsets. Each test prints its proxy's seed: SWITCHBOARD_CUT_SEED=<seed> repeats it."""
+cuts connections at random byte offsets. Each test prints its proxy's seed: SWITCHBOARD_CUT_SEED=<seed> repeats it.
+HANG_GUARD=<seconds> (60 by default) shortens the guard against a hang when debugging one."""
 
 import asyncio
 import os
