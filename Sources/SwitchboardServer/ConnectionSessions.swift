@@ -88,7 +88,8 @@ extension Connection {
             core.connectionReplaced(by: successor)
             let session = core.sessions.make(process: core.group?.processMark ?? 0, loop: core.index,
                                               identity: sessionIdentity, overTLS: isOverTLS,
-                                              address: successor.admittedHost ?? transport.remoteAddress, for: successor)
+                                              address: successor.admittedHost ?? transport.remoteAddress,
+                                              keeping: core.config.sessionBytes, for: successor)
             successor.writeFrame(.welcome, id: id, payload: try? JSONText.serialize(Self.welcome(welcome, granting: session, resumed: false,
                                                                                               ttlMs: core.config.sessionTTLMs)))
             session.uncountedOutput = successor.outbound.bytes.count  // the WELCOME: the stream begins after it
@@ -246,7 +247,7 @@ extension Connection {
         let position = session.tellPosition()
         fields.append(.init("session", .stringMap([
             "token": .string(session.token.text), "resumed": .bool(resumed), "position": .int(Int(position)),
-            "ttlMs": .int(Int(clamping: ttlMs)), "ackBytes": .int(Int(Session.ackBytes)), "ackMs": .int(Int(Session.ackMs)),
+            "ttlMs": .int(Int(clamping: ttlMs)), "ackBytes": .int(Int(session.ackBytes)), "ackMs": .int(Int(Session.ackMs)),
         ])))
         return .map(fields)
     }

@@ -3,8 +3,12 @@ import SwitchboardCodec
 /// A resumable session (protocol/resumption.md): the positions of its two streams and what the
 /// server has sent that the client has not acknowledged. Loop thread only, like its connection.
 final class Session {
-    /// `ackBytes` and `ackMs`, told in every WELCOME that grants a session.
-    static let ackBytes: UInt64 = 65_536, ackMs: UInt64 = 1000
+    /// `ackMs`, told in every WELCOME that grants a session.
+    static let ackMs: UInt64 = 1000
+
+    /// `ackBytes`, told in every WELCOME that grants a session: 64 KiB, or half of what a session may
+    /// keep (`limit`) when that is less, so that a client acknowledging as told never overflows it.
+    static func ackBytes(keeping limit: Int) -> UInt64 { UInt64(max(1, min(65_536, limit / 2))) }
     /// No stream of a session passes this position (2^53 − 1: exact in any JSON reader).
     static let maxPosition: UInt64 = (1 << 53) - 1
 
@@ -36,7 +40,11 @@ final class Session {
     /// When its connection was lost, while it is parked.
     var parkedAt: UInt64?
 
-    init(token: SessionToken, identity: String?, overTLS: Bool, address: String) {
+    /// How often each side acknowledges, in bytes (``ackBytes(keeping:)``).
+    let ackBytes: UInt64
+
+    init(token: SessionToken, identity: String?, overTLS: Bool, address: String, ackBytes: UInt64) {
+        self.ackBytes = ackBytes
         self.token = token
         self.identity = identity
         self.overTLS = overTLS
@@ -55,7 +63,7 @@ final class Session {
         guard UInt64(counted) <= Self.maxPosition - receivedPosition else { return false }
         receivedPosition += UInt64(counted)
         if untoldSince == nil { untoldSince = now }
-        if receivedPosition - toldPosition >= Self.ackBytes { isPositionDue = true }
+        if receivedPosition - toldPosition >= ackBytes { isPositionDue = true }
         return true
     }
 
@@ -183,12 +191,14 @@ final class SessionTable {
         self.ttlMs = ttlMs
     }
 
-    /// A new session for `connection` from `address`, numbered on `loop` of the process marked `process`.
-    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, address: String, for connection: Connection) -> Session {
+    /// A new session for `connection` from `address`, numbered on `loop` of the process marked `process`,
+    /// that may keep `keeping` bytes.
+    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, address: String, keeping: Int,
+              for connection: Connection) -> Session {
         numbered += 1
         made += 1
         let session = Session(token: SessionToken(process: process, loop: UInt16(truncatingIfNeeded: loop), number: numbered),
-                              identity: identity, overTLS: overTLS, address: address)
+                              identity: identity, overTLS: overTLS, address: address, ackBytes: Session.ackBytes(keeping: keeping))
         session.connection = connection
         live[session.token.number] = session
         return session

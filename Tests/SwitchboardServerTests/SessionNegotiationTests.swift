@@ -29,6 +29,18 @@ import SwitchboardWire
         #expect(session["ttlMs"] == 60_000 && session["ackBytes"] == 65_536 && session["ackMs"] == 1000)
     }
 
+    /// With --session-bytes below twice 64 KiB, ackBytes is half of it: a client acknowledging as told
+    /// never leaves more unacknowledged than its session may keep.
+    @Test func ackBytesIsAtMostHalfOfWhatASessionMayKeep() throws {
+        var config = ServerConfiguration()
+        config.sessionBytes = 4096
+        let embedded = try EmbeddedServer(configuration: config)
+        let peer = embedded.connect()
+        peer.send(Self.hello(#"{"session":{}}"#))
+        embedded.run()
+        #expect(try Self.grantedSession(peer)?["ackBytes"] == 2048)
+    }
+
     @Test func helloWithoutSessionGetsNone() throws {
         let embedded = try EmbeddedServer()
         let peer = embedded.connect()
