@@ -14,8 +14,9 @@ from switchboard.cutting_proxy import CuttingProxy
 from switchboard.wire import Frame, FrameType, encode_frame
 
 LOOPS = pytest.mark.parametrize("loops", [1, 4], ids=["loops1", "loops4"])
-# Each connection through a random-cutting proxy is reset after forwarding this many bytes (both ways).
-CUTS = (200, 6000)
+# Each connection through a random-cutting proxy is reset after forwarding this many bytes (both ways): at
+# least 400, so that the first HELLO and WELCOME (about 330 bytes) pass, as the first connect is not resumable.
+CUTS = (400, 6000)
 
 
 async def within(awaitable):
@@ -219,10 +220,14 @@ async def test_a_session_that_cannot_be_resumed_makes_the_client_fall_back(switc
             client._session.token = presented(client._session.token)
             proxy.hold()  # the client's next try waits in the proxy while its session expires
             proxy.cut()
+            await within(proxy.wait_accepted(2))
+            # A call made without a connection is not lost: it goes on the new session.
+            later = asyncio.ensure_future(MethodChannel("switchboard/echo", client).invoke_method("echo", "later"))
             while (await stats(observer))["ended"].get("expired", 0) < 1:
                 await asyncio.sleep(0.02)  # polls the server's count: there is no event to await
             proxy.release()
             await assert_fell_back(server, client, stream, call, reason)
+            assert await within(later) == "later"
             assert (await stats(observer))["refused"] == {reason: 1}
 
 
@@ -302,3 +307,8 @@ async def test_another_users_token_is_refused(tmp_path, switchboard_server_facto
             assert await next_event(alice) == switchboard.SessionEvent("resumed")  # and alice still resumes it
             async with await server.connect(token="alice") as observer:
                 assert (await stats(observer))["refused"]["identity"] == 2
+
+
+@pytest.mark.switchboard_client(resumable=True)
+async def test_the_client_fixture_takes_connect_options(switchboard_client):
+    assert switchboard_client.session["ttlMs"] == 60000 and switchboard_client.session_reports == []

@@ -614,6 +614,12 @@ class Client:
         """What the client does when a session cannot be resumed (protocol/resumption.md): fails the requests
         written on it, forgets those forwarded to it, makes a new session, registers and listens again, and
         sends the frames that were never written; then reports ``restarted``."""
+        welcome = self.welcome
+        if reason != "unsupported":
+            deadline = self._loop.time() + old.ttl_ms / 1000
+            welcome, link = await self._new_session(link, deadline)
+        # From here on nothing awaits until the new session's frames are in order: what the application sends
+        # meanwhile goes to the old session's stream until it is taken out here, then to the new one.
         kept = old.take_unwritten()
         unwritten = {frame.id for frame in kept if frame.type in _REQUESTS and frame.id}
         failed = []
@@ -631,17 +637,12 @@ class Client:
                    if not state.ended and not state.cancelling and getattr(state, "listen_payload", None) is not None]
         listened = {channel for channel, _ in streams}
         kept = [frame for frame in kept if _still_wanted(frame, self._pending, listened)]
-
-        welcome = self.welcome
-        if reason != "unsupported":
-            deadline = self._loop.time() + old.ttl_ms / 1000
-            welcome, link = await self._new_session(link, deadline)
-            if link is None:
-                self._report(SessionEvent("ended", reason, streams=tuple(listened), channels=tuple(self._held),
-                                          failed=tuple(failed)))
-                self._connection_ended(ConnectionClosedError(f"the session was lost ({reason}) and the server could "
-                                                             "not be reached again"))
-                return
+        if link is None:
+            self._report(SessionEvent("ended", reason, streams=tuple(listened), channels=tuple(self._held),
+                                      failed=tuple(failed)))
+            self._connection_ended(ConnectionClosedError(f"the session was lost ({reason}) and the server could "
+                                                         "not be reached again"))
+            return
         self.welcome = welcome
         self._start_session(welcome)
         self._install(*link)

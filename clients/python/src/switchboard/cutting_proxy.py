@@ -44,6 +44,9 @@ class CuttingProxy:
         """How many connections the proxy has cut."""
         self.connections = 0
         """How many connections the proxy has forwarded."""
+        self.accepted = 0
+        """How many connections the proxy has accepted (held ones too)."""
+        self._accepting = asyncio.Condition()
         self._random = random.Random(self.seed)
         self._open = asyncio.Event()
         self._open.set()
@@ -80,6 +83,11 @@ class CuttingProxy:
             self._cut(pair)
         return len(pairs)
 
+    async def wait_accepted(self, count: int) -> None:
+        """Returns once the proxy has accepted `count` connections in all."""
+        async with self._accepting:
+            await self._accepting.wait_for(lambda: self.accepted >= count)
+
     def hold(self) -> None:
         """New connections are accepted but wait, forwarding nothing, until :meth:`release`."""
         self._open.clear()
@@ -95,6 +103,9 @@ class CuttingProxy:
         task = asyncio.current_task()
         self._tasks.add(task)
         try:
+            self.accepted += 1
+            async with self._accepting:
+                self._accepting.notify_all()
             await self._open.wait()
             if self._refusing:
                 client_writer.transport.abort()
