@@ -389,9 +389,6 @@ class Soak:
         """Requests of `entry` that its session events name as failed (SessionLostError)."""
         return sum(len(e.failed) for e in entry["events"] if e.kind in ("restarted", "ended"))
 
-    def restarts(self, entry):
-        return sum(1 for e in entry["events"] if e.kind in ("restarted", "ended"))
-
     async def cut_request(self, entry, channel, payload, on_answer):
         """One request on a resumable client: on_answer(payload) for its answer, or counts it lost when it
         fails with SessionLostError (the session was not resumed); anything else fails the soak."""
@@ -605,7 +602,6 @@ class Soak:
         for entry in self.cut_clients:
             waiting = sum(1 for t in entry["inflight"] if not t.done())
             if waiting:
-                self.c["cut_unanswered"] = self.c.get("cut_unanswered", 0) + waiting
                 self.fail(f"{entry['name']}: {waiting} request(s) unanswered {DRAIN_TIMEOUT:.0f} s after the end (session "
                           f"events: {[(e.kind, e.reason) for e in entry['events']][-3:]})")
         for t in tasks:
