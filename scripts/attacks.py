@@ -68,8 +68,10 @@ Thresholds (an attack FAILs when any is broken):
 """
 import argparse
 import asyncio
+import base64
 import json
 import os
+import random
 import socket
 import struct
 import sys
@@ -588,7 +590,6 @@ class Attack:
         live_token, ended_token = a["session"]["token"], e["session"]["token"]
         ended.send(frame(END))
         ended.close()
-        import base64
         b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
         name = base64.urlsafe_b64decode(live_token + "=")[:16]
         alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=+/.! é"
@@ -614,7 +615,6 @@ class Attack:
 
         async def worker(index):
             nonlocal fallbacks
-            import random
             r = random.Random(index)
             while not stop.is_set():
                 kind_name = r.choice(list(kinds))
