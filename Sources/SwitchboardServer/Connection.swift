@@ -42,6 +42,9 @@ enum CloseReason: String {
     case sessionTaken
     /// Its session, parked since its connection was lost, ended (expired, evicted, overflowed or drained).
     case sessionEnded
+    /// It came past its address's cap, which only a resuming HELLO may (protocol/resumption.md, "Limits"),
+    /// and its first frame resumed nothing; counted as the cap's refusal of a connection.
+    case overAddressLimit
 
     /// Whether a connection lost this way parks its session rather than ending it (protocol/resumption.md,
     /// "A parked session").
@@ -270,6 +273,7 @@ final class Connection {
             var decoder = lineDecoder
             while !isClosing, outbound.bytes.count < outboundRoom, let line = decoder.next(from: &buffer) {
                 count += 1
+                if !hasCompletedFrame, count == 1, core.closesOverAddressCap(self) { break }  // text mode has no sessions to resume
                 TextMode.handle(line, on: self)
             }
             lineDecoder = decoder
@@ -307,10 +311,15 @@ final class Connection {
     @inline(never)
     private func handleFramesWhileHelloMayAsk(_ decoder: inout FrameDecoder, in buffer: inout InboundBuffer, count: inout Int,
                                               readable: inout Int, outboundRoom: Int) -> Connection? {
-        while sessionStage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
+        // Past its address's cap, a connection may only resume: a first frame that is not a HELLO is not handled.
+        if sessionStage == .firstFrame, buffer.readableBytes > 4, buffer.byte(at: 4) != Frame.Kind.hello.rawValue,
+           core.closesOverAddressCap(self) { return nil }
+        var stage = sessionStage
+        while stage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
             count += 1
             buffer.consume(length)
-            if sessionStage == .firstFrame { sessionStage = .asked }
+            if sessionStage == stage { sessionStage = .asked }  // the frame that may ask is the first, or the one after cannot_resume
+            stage = sessionStage
             readable = buffer.readableBytes
             if let heir { return heir }
             if let move = pendingMove {  // the HELLO goes to its session's loop, with what followed it
@@ -413,7 +422,7 @@ final class Connection {
         if mode == .text {
             TextMode.writeLine(TextMode.withID(textID, ["welcome": welcome]), on: self)
         } else {
-            answerBinaryHello(hello, id: id, length: Frame.headerSize + (payload?.count ?? 0), welcome: welcome)
+            answerBinaryHello(hello, id: id, welcome: welcome)
         }
     }
 

@@ -17,6 +17,9 @@ final class ConnectionQuota: Sendable {
         var total = 0
         /// Connections by host, for the hosts the per-address cap applies to.
         var byHost: [String: Int] = [:]
+        /// Parked sessions by host (counted in ``byHost`` too): a host may go past its cap by as many, to
+        /// resume them (protocol/resumption.md, "Limits").
+        var parkedByHost: [String: Int] = [:]
     }
 
     private let state = Mutex(State())
@@ -40,11 +43,24 @@ final class ConnectionQuota: Sendable {
         return state.withLock { state in
             guard state.total < maxConnections else { return .overConnectionLimit }
             if capped {
-                guard state.byHost[host, default: 0] < maxPerAddress else { return .overAddressLimit }
+                guard state.byHost[host, default: 0] < maxPerAddress + state.parkedByHost[host, default: 0] else { return .overAddressLimit }
                 state.byHost[host, default: 0] += 1
             }
             state.total += 1
             return nil
+        }
+    }
+
+    /// Whether `host` holds more than its cap: a connection of it past the cap may only resume a session.
+    func isOverAddressCap(_ host: String) -> Bool {
+        state.withLock { $0.byHost[host, default: 0] > maxPerAddress }
+    }
+
+    /// A session of a connection from `host` is parked (`true`), or no longer (`false`).
+    func setParked(_ isParked: Bool, host: String) {
+        state.withLock { state in
+            let count = state.parkedByHost[host, default: 0] + (isParked ? 1 : -1)
+            state.parkedByHost[host] = count > 0 ? count : nil
         }
     }
 

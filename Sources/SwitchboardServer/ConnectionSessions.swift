@@ -8,8 +8,8 @@ enum SessionStage {
     case firstFrame
     /// The first frame has been handled (or the one try after a refusal used): `session` is ignored.
     case asked
-    /// A resuming HELLO got `cannot_resume`: the next HELLO may ask for a new session, and one that
-    /// asks to resume again gets `bad_hello`.
+    /// A resuming HELLO got `cannot_resume`: the next frame, if it is a HELLO, may ask for a new session,
+    /// and one that asks to resume again gets `bad_hello`.
     case refused
     /// A session ended on this connection: the POSITION and END that cross its END are ignored.
     case ended
@@ -52,10 +52,17 @@ extension Connection {
 
     /// Answers a binary HELLO: WELCOME, with a session when the HELLO asks for one and may; `bad_hello`
     /// for a `session` that is not one, `cannot_resume` for one that cannot be resumed.
-    func answerBinaryHello(_ hello: ChannelValue, id: UInt32, length: Int, welcome: ChannelValue) {
-        guard sessionStage.helloMayAsk, let value = hello["session"] else {
+    func answerBinaryHello(_ hello: ChannelValue, id: UInt32, welcome: ChannelValue) {
+        // A connection past its address's cap came only to resume a session of that address.
+        let mayOnlyResume = sessionStage == .firstFrame && admittedHost.map(core.quota.isOverAddressCap) == true
+        guard sessionStage.helloMayAsk, core.config.sessionTTLMs > 0, let value = hello["session"] else {
+            if mayOnlyResume, core.closesOverAddressCap(self) { return }
             if sessionStage == .refused { sessionStage = .asked }
-            session?.uncountedInput += length
+            // A later HELLO, and its WELCOME, are in the session's streams like any frame; one that names
+            // another identity would hand the session to it.
+            if let session, session.identity != sessionIdentity {
+                return fail(.badHello("a HELLO may not change the identity of the connection's session"), id: id)
+            }
             return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
         }
         guard let request = SessionRequest(value) else {
@@ -65,9 +72,11 @@ extension Connection {
         sessionStage = .asked
         switch request {
         case .new:
-            guard core.config.sessionTTLMs > 0, !core.isDraining else {
+            if mayOnlyResume, core.closesOverAddressCap(self) { return }
+            guard !core.isDraining else {
                 return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
             }
+            flush()  // a cannot_resume before this HELLO goes first, and is not in the session's stream
             // The session's connection is a new one, over a transport a resume can point elsewhere; this
             // one (which holds nothing but its HELLO) hands its transport's events and input on to it.
             let successor = Connection(id: self.id, transport: SessionTransport(over: transport), core: core)
@@ -78,7 +87,8 @@ extension Connection {
             handOver(to: successor)
             core.connectionReplaced(by: successor)
             let session = core.sessions.make(process: core.group?.processMark ?? 0, loop: core.index,
-                                              identity: sessionIdentity, overTLS: isOverTLS, for: successor)
+                                              identity: sessionIdentity, overTLS: isOverTLS,
+                                              address: successor.admittedHost ?? transport.remoteAddress, for: successor)
             successor.writeFrame(.welcome, id: id, payload: try? JSONText.serialize(Self.welcome(welcome, granting: session, resumed: false,
                                                                                               ttlMs: core.config.sessionTTLMs)))
             session.uncountedOutput = successor.outbound.bytes.count  // the WELCOME: the stream begins after it
@@ -87,16 +97,24 @@ extension Connection {
         case .resume(let text, let position):
             guard !wasRefused else { return fail(.badHello("one resuming HELLO per connection"), id: id) }
             if let move = SessionMove(text, hello: hello, id: id, from: self) { return stopForMove(move) }
-            switch findSession(text) {
-            case .failure(let refusal):
-                refuseResume(refusal, id: id)
-            case .success(let session):
-                guard let holder = session.connection, holder.transport is SessionTransport else { return refuseResume(.unknown, id: id) }
-                if session.parkedAt == nil { holder.flush() }  // the stream so far is kept, and goes to the old connection
-                guard holder.session === session else { return refuseResume(.overflowed, id: id) }
-                guard let missed = session.missed(from: position) else { return refuseResume(.position, id: id) }
-                holder.resume(session, over: self, missed: missed, welcome: welcome, id: id)
-            }
+            resume(text, from: position, mayOnlyResume: mayOnlyResume, welcome: welcome, id: id)
+            if mayOnlyResume, heir == nil { _ = core.closesOverAddressCap(self) }  // after its cannot_resume
+        }
+    }
+
+    /// Resumes the session `text` names from the client's `position`, or answers why it cannot.
+    private func resume(_ text: String, from position: UInt64, mayOnlyResume: Bool, welcome: ChannelValue, id: UInt32) {
+        switch findSession(text) {
+        case .failure(let refusal):
+            refuseResume(refusal, id: id)
+        case .success(let session):
+            guard let holder = session.connection, holder.transport is SessionTransport else { return refuseResume(.unknown, id: id) }
+            // Past its address's cap, only a session of that address: the place it gives back is that address's.
+            if mayOnlyResume, holder.admittedHost != admittedHost { return }
+            if session.parkedAt == nil { holder.flush() }  // the stream so far is kept, and goes to the old connection
+            guard holder.session === session else { return refuseResume(.overflowed, id: id) }
+            guard let missed = session.missed(from: position) else { return refuseResume(.position, id: id) }
+            holder.resume(session, over: self, missed: missed, welcome: welcome, id: id)
         }
     }
 
@@ -219,7 +237,7 @@ extension Connection {
             logger.info("session ended", metadata: ["session": "\(session.token.number)", "reason": "\(reason.rawValue)"])
         }
         close(closeReason)
-        if wasParked { core.releaseAdmission(of: self) }
+        if wasParked { core.parkedSessionEnded(self) }
     }
 
     /// WELCOME's fields and the granted session's.
@@ -228,7 +246,7 @@ extension Connection {
         let position = session.tellPosition()
         fields.append(.init("session", .stringMap([
             "token": .string(session.token.text), "resumed": .bool(resumed), "position": .int(Int(position)),
-            "ttlMs": .int(Int(ttlMs)), "ackBytes": .int(Int(Session.ackBytes)), "ackMs": .int(Int(Session.ackMs)),
+            "ttlMs": .int(Int(clamping: ttlMs)), "ackBytes": .int(Int(Session.ackBytes)), "ackMs": .int(Int(Session.ackMs)),
         ])))
         return .map(fields)
     }
@@ -305,6 +323,20 @@ extension Connection {
         replaceSession(with: nil)
     }
 
+    /// Whether a frame of `size` bytes fits in what this connection's session may keep (always, without
+    /// one). A frame for the session's client that others send (a forwarded request or message, a relayed
+    /// CANCEL) and that does not fit is not sent, so that no other client can end the session.
+    func sessionHasRoom(forFrameOf size: Int) -> Bool {
+        guard let session else { return true }
+        return session.hasRoom(forFrameOf: size, pending: outbound.bytes.count, limit: core.config.sessionBytes)
+    }
+
+    /// A frame another client sent for this connection's session, dropped for want of room (`message`, an
+    /// id-0 MESSAGE; `cancel`, a relayed CANCEL): counted in the stats' `sessions.dropped`.
+    func countDroppedForSession(_ kind: String) {
+        core.sessions.droppedCounts[kind, default: 0] += 1
+    }
+
     /// Sets ``session`` by exchange, never by assignment: no access to it then releases anything, so
     /// its reads (one per flush and per read) need no exclusivity check at run time.
     func replaceSession(with new: Session?) {
@@ -312,8 +344,6 @@ extension Connection {
         swap(&new, &session)
     }
 
-    /// What a session keeps while parked, or sends unacknowledged while connected, at most.
-    var keptLimit: Int { session?.parkedAt != nil ? core.config.sessionBytes : core.config.outboundLimit }
 
     /// The transport of a session's connection, which a resume points elsewhere.
     private var sessionTransport: SessionTransport? { transport as? SessionTransport }
@@ -335,7 +365,7 @@ final class ParkedTransport: Transport {
     }
 
     func start(_ handler: @escaping (TransportEvent) -> Void) {}
-    func write(_ bytes: inout [UInt8]) { bytes.removeAll(keepingCapacity: true) }
+    func write(_ bytes: inout [UInt8]) { bytes = [] }  // the session keeps them: no second buffer of their size
     var queuedBytes: Int { 0 }
     var isOpen: Bool { true }
     func pauseReading() {}

@@ -210,11 +210,13 @@ final class EventStream {
         if fits() { append(event, size: size) } else { dropped(reason) }
     }
 
-    /// Counts a drop; one the stream had credit for ends its connection's session, if any
-    /// (protocol/resumption.md: keep-latest promises no more than the latest event).
+    /// Counts a drop; one the stream had credit for, dropped for want of room (not a stream stopped by a
+    /// cancel or shutdown), ends its connection's session, if any (protocol/resumption.md: keep-latest
+    /// promises no more than the latest event).
     private func dropped(_ reason: String) {
         connection.core.countDrop(reason)
-        if reason != "noCredit", entry.overflow != .keepLatest, connection.session != nil { connection.endSession(.overflowed) }
+        let lacksRoom = reason == "outboundLimit" || reason == "queueFull"
+        if lacksRoom, entry.overflow != .keepLatest, connection.session != nil { connection.endSession(.overflowed) }
     }
 
     private func append(_ event: OutboundEvent, size: Int) {

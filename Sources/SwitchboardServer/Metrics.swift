@@ -116,6 +116,7 @@ extension ServerCore {
         total("switchboard_sessions_taken_total", sessions.taken)
         for (reason, value) in sessions.endedCounts { total("switchboard_sessions_ended_total", value, ["reason": reason]) }
         for (reason, value) in sessions.refusedCounts { total("switchboard_resumes_refused_total", value, ["reason": reason]) }
+        for (kind, value) in sessions.droppedCounts { total("switchboard_session_frames_dropped_total", value, ["kind": kind]) }
         for (plugin, codes) in tallies.pluginRejections {
             for (code, value) in codes { total("switchboard_plugin_rejections_total", value, ["plugin": plugin, "code": code]) }
         }

@@ -116,9 +116,9 @@ extension Connection {
 
     /// Keeps what this flush hands over in the session's stream (protocol/resumption.md), then adds the
     /// POSITION that is due, which is not in it. What the client leaves unacknowledged past the
-    /// outbound limit ends the session (END `overflowed`).
+    /// `--session-bytes` ends the session (END `overflowed`).
     private func keepSent(by session: Session) {
-        if !outbound.bytes.isEmpty, !session.keepSent(outbound.bytes, limit: keptLimit) {
+        if !outbound.bytes.isEmpty, !session.keepSent(outbound.bytes, limit: core.config.sessionBytes) {
             return endSession(.overflowed)
         }
         guard session.isPositionDue else { return }

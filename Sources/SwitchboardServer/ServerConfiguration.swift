@@ -69,7 +69,7 @@ public struct ServerConfiguration: Sendable {
     public var sessionTTLMs: UInt64 = 60_000
     /// Bytes a session may keep for its client: what was sent and not acknowledged, and what was made while parked.
     public var sessionBytes = 1 << 20
-    /// Sessions parked at once (and ended sessions whose reason is remembered).
+    /// Sessions parked at once, each loop parking its share (and ended sessions whose reason is remembered).
     public var maxParkedSessions = 1000
 
     /// The defaults of wire-v1.
@@ -162,6 +162,9 @@ public enum InvokeError: Error, Equatable, Sendable {
     case notImplemented
     /// The client disconnected (or was never connected) before answering.
     case disconnected
+    /// The client's session (protocol/resumption.md) has no room to keep the request: the client is away
+    /// or has not acknowledged what it was sent. The request was not sent.
+    case noRoom
     /// The reply's bytes could not be decoded, or the message could not be encoded.
     case codec(CodecError)
     /// Text-mode clients cannot be called by the server.

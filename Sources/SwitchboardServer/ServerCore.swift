@@ -126,7 +126,7 @@ final class ServerCore {
     init(config: ServerConfiguration, logger: Logger, index: Int = 0, loops: Int = 1, quota: ConnectionQuota) throws(UVError) {
         self.config = config
         self.quota = quota
-        sessions = SessionTable(limit: config.maxParkedSessions, ttlMs: config.sessionTTLMs)
+        sessions = SessionTable(limit: config.maxParkedSessions / max(1, loops), ttlMs: config.sessionTTLMs)  // each loop its share
         self.logger = logger
         self.index = index
         loopCount = loops
@@ -345,8 +345,30 @@ final class ServerCore {
 
     /// A parked session's connection leaves the table (it counts under the caps until its session ends
     /// or resumes); a resumed one comes back.
-    func connectionParked(_ connection: Connection) { connections.removeValue(forKey: connection.id) }
-    func connectionResumed(_ connection: Connection) { connections[connection.id] = connection }
+    func connectionParked(_ connection: Connection) {
+        connections.removeValue(forKey: connection.id)
+        if let host = connection.admittedHost { quota.setParked(true, host: host) }
+    }
+    func connectionResumed(_ connection: Connection) {
+        connections[connection.id] = connection
+        if let host = connection.admittedHost { quota.setParked(false, host: host) }
+    }
+
+    /// A parked session ended: its connection, which had left the table, is counted closed, and its
+    /// place under the caps is given back.
+    func parkedSessionEnded(_ connection: Connection) {
+        tallies.closes[CloseReason.sessionEnded.rawValue, default: 0] += 1
+        if let host = connection.admittedHost { quota.setParked(false, host: host) }
+        releaseAdmission(of: connection)
+    }
+
+    /// Whether `connection`, which has not resumed a session with its first frame, came from an address
+    /// past its cap (which only a resume may go past): it is then closed, counted as the cap's refusal.
+    func closesOverAddressCap(_ connection: Connection) -> Bool {
+        guard let host = connection.admittedHost, quota.isOverAddressCap(host) else { return false }
+        connection.closeAfterFlush(.overAddressLimit)
+        return true
+    }
 
     /// Ends every parked session (a shutdown's drain begins).
     func endParkedSessions() {

@@ -13,6 +13,8 @@ final class Session {
     let identity: String?
     /// Whether it was made over TLS (it then resumes only over TLS).
     let overTLS: Bool
+    /// Whom it counts against when parked sessions must make room: its identity, else its address.
+    let owner: String
     /// The server's received position: the bytes of the client's stream handled.
     private(set) var receivedPosition: UInt64 = 0
     /// The received position last told the client (by WELCOME or POSITION).
@@ -22,7 +24,7 @@ final class Session {
     /// A POSITION goes out with the next flush.
     private(set) var isPositionDue = false
     /// Bytes of input handled in the current read that are not in the client's stream (POSITION,
-    /// END, a later HELLO), subtracted when the read is counted.
+    /// END), subtracted when the read is counted.
     var uncountedInput = 0
     /// Bytes at the front of the connection's outbound buffer that precede the stream (the WELCOME),
     /// skipped when the next flush is kept.
@@ -34,10 +36,11 @@ final class Session {
     /// When its connection was lost, while it is parked.
     var parkedAt: UInt64?
 
-    init(token: SessionToken, identity: String?, overTLS: Bool) {
+    init(token: SessionToken, identity: String?, overTLS: Bool, address: String) {
         self.token = token
         self.identity = identity
         self.overTLS = overTLS
+        owner = identity.map { "user " + $0 } ?? "address " + address
     }
 
     /// The server's sent position.
@@ -107,6 +110,12 @@ final class Session {
 
     /// Bytes kept for the client.
     var keptBytes: Int { replay.count }
+
+    /// Whether a frame of `size` bytes fits in what the session may keep (`limit`), after the `pending`
+    /// bytes not yet flushed into it.
+    func hasRoom(forFrameOf size: Int, pending: Int, limit: Int) -> Bool {
+        replay.count + pending + size <= limit
+    }
 }
 
 /// What a HELLO's `session` asks (protocol/resumption.md, "Asking for a session").
@@ -148,7 +157,7 @@ final class SessionTable {
     /// Why sessions ended, for one time to live after, at most `limit` of them, oldest first.
     private var ended: [UInt64: EndedSession] = [:]
     private var endedOrder: [UInt64] = []
-    /// ``ServerConfiguration/maxParkedSessions`` and ``ServerConfiguration/sessionTTLMs``.
+    /// This loop's share of ``ServerConfiguration/maxParkedSessions``, and ``ServerConfiguration/sessionTTLMs``.
     let limit: Int, ttlMs: UInt64
     /// Sessions made, resumed, and taken from a connection that still carried them.
     var made = 0, resumed = 0, taken = 0
@@ -156,6 +165,8 @@ final class SessionTable {
     /// ``CannotResume`` reasons).
     private(set) var endedCounts: [String: Int] = [:]
     var refusedCounts: [String: Int] = [:]
+    /// Frames others sent for sessions of this loop, dropped for want of room, by kind (`message`, `cancel`).
+    var droppedCounts: [String: Int] = [:]
     /// When a refusal was last logged (at most one a second).
     var lastRefusalLog: UInt64?
 
@@ -172,12 +183,12 @@ final class SessionTable {
         self.ttlMs = ttlMs
     }
 
-    /// A new session for `connection`, numbered on `loop` of the process marked `process`.
-    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, for connection: Connection) -> Session {
+    /// A new session for `connection` from `address`, numbered on `loop` of the process marked `process`.
+    func make(process: UInt64, loop: Int, identity: String?, overTLS: Bool, address: String, for connection: Connection) -> Session {
         numbered += 1
         made += 1
         let session = Session(token: SessionToken(process: process, loop: UInt16(truncatingIfNeeded: loop), number: numbered),
-                              identity: identity, overTLS: overTLS)
+                              identity: identity, overTLS: overTLS, address: address)
         session.connection = connection
         live[session.token.number] = session
         return session
@@ -196,11 +207,17 @@ final class SessionTable {
         return ended.reason
     }
 
-    /// Parks `session` at `now`; returns the session parked longest if one must end to make room.
+    /// Parks `session` at `now`; returns the session that must end to make room, if one must: the one
+    /// parked longest of the owner (identity, else address) with the most parked sessions, so that
+    /// whoever parks many ends their own, never another's while they have more.
     func park(_ session: Session, at now: UInt64) -> Session? {
         session.parkedAt = now
         parked.append(session)
-        return parked.count > limit ? parked.first : nil
+        guard parked.count > limit else { return nil }
+        var counts: [String: Int] = [:]
+        for parked in parked { counts[parked.owner, default: 0] += 1 }
+        let most = counts.values.max() ?? 0
+        return parked.first { counts[$0.owner] == most }
     }
 
     /// `session` is no longer parked (resumed, or ending).
@@ -259,6 +276,7 @@ extension SessionTable {
             "made": .int(made), "resumed": .int(resumed), "taken": .int(taken),
             "ended": .map(endedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
             "refused": .map(refusedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
+            "dropped": .map(droppedCounts.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
         ])
     }
 

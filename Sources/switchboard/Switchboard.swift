@@ -116,7 +116,7 @@ struct Serve: ParsableCommand {
     var sessionTtl: UInt64 = 60_000
     @Option(help: "Bytes a session may keep for its client: sent and not acknowledged, and made while parked.")
     var sessionBytes = 1 << 20
-    @Option(help: "Sessions parked at once (and ended sessions whose reason is remembered).")
+    @Option(help: "Sessions parked at once, each loop parking its share (and ended sessions whose reason is remembered).")
     var maxParkedSessions = 1000
 
     /// The servers `--cluster` lists; nil if one is not a NATS address.
@@ -144,6 +144,7 @@ struct Serve: ParsableCommand {
         guard maxRegistrations >= 0 else { throw ValidationError("--max-registrations must be 0 or more") }
         guard maxOpenRequests > 0 else { throw ValidationError("--max-open-requests must be positive") }
         guard sessionBytes > 0, maxParkedSessions > 0 else { throw ValidationError("--session-bytes and --max-parked-sessions must be positive") }
+        guard sessionTtl < 1 << 53 else { throw ValidationError("--session-ttl must be below 2^53 ms (exact in any JSON reader)") }
         if let loops { guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") } }
     }
 

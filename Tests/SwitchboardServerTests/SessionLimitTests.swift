@@ -33,6 +33,41 @@ import SwitchboardWire
         }
     }
 
+    /// An address at its cap may still open a connection to resume one of its parked sessions (one past
+    /// the cap per parked session); such a connection that does anything else is closed unheard, and the
+    /// cap holds again once the session resumed.
+    @Test func addressAtItsCapStillResumesItsSession() async throws {
+        try await withServer({ $0.maxConnectionsPerAddress = 2; $0.capsLoopback = true }) { _, port in
+            let reader = try RawConnection(port: port)
+            func stats() async throws -> ChannelValue {
+                try reader.send(.call(9, "switchboard/stats", "get"))
+                return try await reader.nextNonPing().envelope().get()
+            }
+            var first: RawConnection? = try RawConnection(port: port)
+            try first?.send(Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)))
+            let welcome = try #require(try await first?.frame())
+            let token = try #require(try JSONText.parse(welcome.payload ?? [])["session"]?["token"]?.stringValue)
+            first = nil  // lost: the session parks, and keeps its place (two of two)
+            while try await stats()["sessions"]?["parked"] != 1 { try await Task.sleep(for: .milliseconds(10)) }
+            var intruder = RawSocket(port: port)  // admitted past the cap, to resume only
+            intruder?.send(Frame(.hello, id: 1, payload: Array(#"{"version":1}"#.utf8)).bytes)
+            #expect(intruder?.readUntilClosed()?.bytes == [])
+            intruder = nil
+            var resumed: Frame?, resumer: RawConnection?
+            for _ in 0..<200 where resumed == nil {  // the intruder's place is given back once its socket closed
+                resumer = try RawConnection(port: port)
+                try resumer?.send(Frame(.hello, id: 2, payload: Array(#"{"session":{"token":"\#(token)","position":0}}"#.utf8)))
+                resumed = try? await resumer?.frame()
+                if resumed == nil { try await Task.sleep(for: .milliseconds(10)) }
+            }
+            #expect(try JSONText.parse(try #require(resumed).payload ?? [])["session"]?["resumed"] == true)
+            let refused = try #require(RawSocket(port: port))  // two of two again: nothing parked to resume
+            #expect(refused.readUntilClosed()?.bytes == [])
+            #expect(try await stats()["closes"]?["overAddressLimit"].flatMap(\.intValue).map { $0 >= 2 } == true)
+            #expect(resumer != nil)  // the session's connection, open to the end
+        }
+    }
+
     /// A token is good only with the identity that made it: another user's HELLO with it is answered
     /// as for an unknown token (counted as `identity`), and the session is not touched.
     @Test func tokenOfAnotherUserIsRefused() throws {
@@ -57,6 +92,33 @@ import SwitchboardWire
         embedded.run()
         #expect(try JSONText.parse(try again.frames().first?.payload ?? [])["session"]?["resumed"] == true)
         #expect(embedded.server.core.value.sessions.refusedCounts == ["identity": 2])  // alice's user may not read stats
+    }
+
+    /// A later HELLO on a session's connection may not name another identity: `bad_hello`, the close,
+    /// and the session ends (it would otherwise pass to the other user).
+    @Test func laterHelloOfAnotherIdentityEndsTheSession() throws {
+        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: accessRules())))
+        let embedded = try EmbeddedServer(plugins: plugins)
+        let alice = embedded.connect()
+        alice.send(Frame(.hello, id: 1, payload: Array(#"{"token":"alice-token","session":{}}"#.utf8)))
+        embedded.run()
+        let welcome = try #require(try alice.frames().first?.payload)
+        let token = try #require(try JSONText.parse(welcome)["session"]?["token"]?.stringValue)
+        alice.send(Frame(.hello, id: 2, payload: Array(#"{"token":"alice-token"}"#.utf8)))
+        embedded.run()
+        #expect(try alice.frames().map(\.kind) == [.welcome])  // the same identity: answered as any HELLO
+        alice.send(Frame(.hello, id: 3, payload: Array(#"{"token":"bob-token"}"#.utf8)))
+        embedded.run()
+        #expect(try alice.frames().map(\.errorCode) == ["bad_hello"])
+        alice.peerCloses()
+        embedded.run()
+        for (credentials, reason) in [(#""token":"alice-token","#, "ended"), (#""token":"bob-token","#, "unknown")] {
+            let again = embedded.connect()
+            again.send(Frame(.hello, id: 1, payload: Array(#"{\#(credentials)"session":{"token":"\#(token)","position":0}}"#.utf8)))
+            embedded.run()
+            let refusal = try #require(try again.frames().first)
+            #expect(try JSONText.parse(refusal.payload ?? [])["details"]?["reason"]?.stringValue == reason, "\(credentials)")
+        }
     }
 
     /// A session made over WebSocket resumes over plain TCP, live: its channel's caller waited, and

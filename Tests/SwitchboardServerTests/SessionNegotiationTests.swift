@@ -37,14 +37,19 @@ import SwitchboardWire
         #expect(try Self.grantedSession(peer) == nil)
     }
 
-    @Test func zeroTimeToLiveGrantsNone() throws {
+    /// A server with --session-ttl 0 answers as one without sessions: a plain WELCOME, to a HELLO asking
+    /// for a new session and to one resuming (whose client then falls back, `unsupported`).
+    @Test(arguments: [#"{"session":{}}"#, #"{"session":{"token":"Oh-cLn1LCmEAAAAAAAAAKjI2latvuJYBTs6eqM_GNx4","position":0}}"#])
+    func zeroTimeToLiveGrantsNone(hello: String) throws {
         var config = ServerConfiguration()
         config.sessionTTLMs = 0
         let embedded = try EmbeddedServer(configuration: config)
         let peer = embedded.connect()
-        peer.send(Self.hello(#"{"session":{}}"#))
+        peer.send(Self.hello(hello))
         embedded.run()
-        #expect(try Self.grantedSession(peer) == nil)
+        let frames = try peer.frames()
+        #expect(frames.map(\.kind) == [.welcome])
+        #expect(try frames.first.flatMap { try JSONText.parse($0.payload ?? [])["session"] } == nil)
     }
 
     @Test func textModeGrantsNone() throws {

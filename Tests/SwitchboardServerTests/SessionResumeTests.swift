@@ -126,6 +126,63 @@ import SwitchboardWire
         #expect(try caller.frames().first?.envelope() == .success("done"))
     }
 
+    /// A caller cannot end a parked holder's session: a request the session has no room to keep is
+    /// answered `handler_busy` to its caller, and the holder resumes and gets the next one.
+    @Test func requestTooLargeForAParkedHolderIsAnsweredToItsCaller() throws {
+        var config = ServerConfiguration()
+        config.sessionBytes = 2048
+        let embedded = try EmbeddedServer(configuration: config, demoChannels: false)
+        let holder = try Self.newSession(embedded)
+        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
+        embedded.run()
+        let registered = Self.stream(try holder.peer.frames())
+        holder.peer.peerCloses()
+        embedded.run()
+        let caller = embedded.connect()
+        caller.send(try .call(7, "held", "work", .string(String(repeating: "w", count: 4000))))
+        embedded.run()
+        #expect(try caller.frames().map(\.errorCode) == ["handler_busy"])
+        caller.send(try .call(8, "held", "work"))
+        embedded.run()
+        let (resumed, frames) = try Self.resume(embedded, Client(peer: holder.peer, token: holder.token, received: registered.bytes))
+        #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
+        let forwarded = try #require(frames.first { $0.kind == .message && $0.channel == "held" })
+        resumed.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
+        embedded.run()
+        #expect(try caller.frames().first?.envelope() == .success("done"))
+    }
+
+    /// Nor can a fire-and-forget MESSAGE (id 0) or a relayed CANCEL end it: one that does not fit is not
+    /// sent, and counted; and a listen the holder's session has no room for is refused `handler_busy`.
+    @Test func framesOthersSendCannotOverflowAParkedHolder() throws {
+        var config = ServerConfiguration()
+        config.sessionBytes = 2048
+        let embedded = try EmbeddedServer(configuration: config, demoChannels: false)
+        let holder = try Self.newSession(embedded)
+        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
+        holder.peer.send(Frame(.register, id: 3, channel: "feed", payload: Array(#"{"kind":"event"}"#.utf8)))
+        embedded.run()
+        let registered = Self.stream(try holder.peer.frames())
+        holder.peer.peerCloses()
+        embedded.run()
+        let caller = embedded.connect()
+        caller.send(Frame(.message, id: 0, channel: "held", payload: [UInt8](repeating: 1, count: 4000)))
+        // A request that leaves 5 bytes of room: its CANCEL (12 bytes) cannot follow it.
+        let body = 2048 - 5 - Int(registered.bytes) - Frame.headerSize - "held".utf8.count
+        caller.send(Frame(.message, id: 7, channel: "held", payload: [UInt8](repeating: 2, count: body)))
+        caller.send(Frame(.cancel, id: 7, payload: nil))
+        caller.send(try .call(8, "feed", "listen"))
+        embedded.run()
+        let answers = try caller.frames()
+        #expect(answers.first?.errorCode == "cancelled")
+        guard case .failure(let refusal)? = try answers.last?.envelope() else { throw ChannelError(code: "test", message: "listen not refused") }
+        #expect(refusal.code == "handler_busy")
+        #expect(embedded.server.core.value.sessions.droppedCounts == ["message": 1, "cancel": 1])
+        let (_, frames) = try Self.resume(embedded, Client(peer: holder.peer, token: holder.token, received: registered.bytes))
+        #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
+        #expect(frames.filter { $0.channel == "held" }.map(\.id) == [1])  // the request, without its CANCEL
+    }
+
     /// A call whose answer is made while the connection is lost gets it on resuming.
     @Test func answerMadeWhileParkedIsReplayed() throws {
         let embedded = try EmbeddedServer(demoChannels: false)
@@ -210,6 +267,7 @@ import SwitchboardWire
         #expect(try caller.frames().map(\.errorCode) == ["handler_gone"])
         let (peer, frames) = try Self.resume(embedded, holder)
         #expect(try Self.reason(frames.first) == "expired")
+        #expect(embedded.server.core.value.tallies.closes[CloseReason.sessionEnded.rawValue] == 1)
         // cannot_resume leaves the connection open for a new session.
         peer.send(Frame(.hello, id: 2, payload: Array(#"{"session":{}}"#.utf8)))
         embedded.run()
@@ -283,6 +341,36 @@ import SwitchboardWire
         #expect(try Self.welcomeSession(try Self.resume(embedded, second).1.first)?["resumed"] == true)
     }
 
+    /// Making room ends a session of whoever parks the most: an address that parks many ends its own
+    /// oldest, not another address's older one.
+    @Test func evictionEndsASessionOfWhoeverParksTheMost() throws {
+        var config = ServerConfiguration()
+        config.maxParkedSessions = 3
+        let embedded = try EmbeddedServer(configuration: config)
+        func session(from address: String) throws -> Client {
+            let peer = embedded.connect(name: address)
+            peer.send(Frame(.hello, id: 1, payload: Array(#"{"version":1,"session":{}}"#.utf8)))
+            embedded.run()
+            let payload = try #require(try peer.frames().first?.payload)
+            return Client(peer: peer, token: try #require(try JSONText.parse(payload)["session"]?["token"]?.stringValue), received: 0)
+        }
+        let stranger = try session(from: "192.0.2.1"), flooder = try (0..<4).map { _ in try session(from: "198.51.100.7") }
+        for client in [stranger] + flooder {
+            client.peer.peerCloses()
+            embedded.run()
+        }
+        #expect(try Self.welcomeSession(try Self.resume(embedded, stranger).1.first)?["resumed"] == true)
+        #expect(try flooder.prefix(2).map { try Self.reason(try Self.resume(embedded, $0).1.first) } == ["evicted", "evicted"])
+    }
+
+    /// --max-parked-sessions is shared out among the loops: each parks its share.
+    @Test func eachLoopParksItsShare() throws {
+        var config = ServerConfiguration()
+        config.maxParkedSessions = 10
+        config.loops = 4
+        #expect(try ServerCore(config: config, logger: Logger(label: "test"), loops: 4, quota: ConnectionQuota(config)).sessions.limit == 2)
+    }
+
     /// A position outside what the server kept is refused, and the session is left as it was.
     @Test func positionOutsideWhatIsKeptIsRefused() throws {
         let embedded = try EmbeddedServer()
@@ -330,13 +418,42 @@ import SwitchboardWire
         let embedded = try EmbeddedServer()
         let peer = embedded.connect()
         peer.send(Self.resumingHello("nonsense", position: 0, id: 1))
-        peer.send(Frame(.ping, id: 2, payload: nil))
         peer.send(Self.resumingHello("nonsense", position: 0, id: 3))
         embedded.run()
         let frames = try peer.frames()
-        #expect(frames.map(\.kind) == [.error, .pong, .error])
+        #expect(frames.map(\.kind) == [.error, .error])
         #expect(frames.last?.errorCode == "bad_hello" && frames.last?.id == 3)
         #expect(peer.isClosed || peer.isClosingGracefully)
+    }
+
+    /// The try after a `cannot_resume` is the frame right after it: a HELLO asking for a new session then
+    /// gets one, its `cannot_resume` first; after any other frame, `session` is ignored, and what the
+    /// connection did meanwhile (a channel held, a call) stays its own, answered.
+    @Test func onlyTheFrameAfterCannotResumeMayAskForASession() throws {
+        let embedded = try EmbeddedServer(demoChannels: true)
+        let peer = embedded.connect()
+        peer.send(Self.resumingHello("nonsense", position: 0, id: 1))
+        peer.send(Frame(.hello, id: 2, payload: Array(#"{"session":{}}"#.utf8)))
+        embedded.run()
+        let granted = try peer.frames()
+        #expect(granted.map(\.kind) == [.error, .welcome])
+        #expect(try Self.welcomeSession(granted.last)?["token"] != nil)
+
+        let other = embedded.connect()
+        other.send(Self.resumingHello("nonsense", position: 0, id: 1))
+        other.send(Frame(.register, id: 2, channel: "squat", payload: nil))
+        other.send(try .call(3, "switchboard/echo", "echo", "x"))
+        other.send(Frame(.hello, id: 4, payload: Array(#"{"session":{}}"#.utf8)))
+        embedded.run()
+        let frames = try other.frames()
+        #expect(frames.map(\.kind) == [.error, .reply, .reply, .welcome])
+        #expect(try Self.welcomeSession(frames.last) == nil)
+        other.peerCloses()
+        embedded.run()
+        let next = embedded.connect()
+        next.send(Frame(.register, id: 1, channel: "squat", payload: nil))  // the channel went with its connection
+        embedded.run()
+        #expect(try next.frames().map(\.kind) == [.reply])
     }
 
     // MARK: Takeover

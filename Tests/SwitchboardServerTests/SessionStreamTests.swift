@@ -1,6 +1,6 @@
 import Testing
 import SwitchboardCodec
-import SwitchboardServer
+@testable import SwitchboardServer
 import SwitchboardTesting
 import SwitchboardWire
 
@@ -98,8 +98,8 @@ import SwitchboardWire
         #expect(try peer.frames().isEmpty)
     }
 
-    /// A later HELLO is not in the client's stream.
-    @Test func laterHelloIsNotInTheStream() throws {
+    /// A later HELLO is in the client's stream like any frame (12 bytes, then the PING's 12).
+    @Test func laterHelloIsInTheStream() throws {
         let embedded = try EmbeddedServer()
         let peer = try Self.sessionPeer(embedded)
         peer.send(Frame(.hello, id: 2, payload: nil))
@@ -107,7 +107,7 @@ import SwitchboardWire
         embedded.run()
         #expect(try peer.frames().map(\.kind) == [.welcome, .pong])
         embedded.advanceTime(byMs: 1200)
-        #expect(try peer.frames().compactMap(Self.value) == [12])
+        #expect(try peer.frames().compactMap(Self.value) == [24])
     }
 
     /// END from the client ends the session: the connection goes on as plain wire-v1, nothing is
@@ -128,11 +128,11 @@ import SwitchboardWire
         #expect(try peer.frames().isEmpty)
     }
 
-    /// What the client leaves unacknowledged past the outbound limit ends the session: END
-    /// `overflowed`, and the connection goes on.
-    @Test func unacknowledgedOutputPastTheLimitEndsTheSession() throws {
+    /// What the client leaves unacknowledged past --session-bytes (far below the outbound limit) ends
+    /// the session: END `overflowed`, and the connection goes on.
+    @Test func unacknowledgedOutputPastSessionBytesEndsTheSession() throws {
         var config = ServerConfiguration()
-        config.outboundLimit = 4096
+        config.sessionBytes = 4096
         let embedded = try EmbeddedServer(configuration: config)
         let peer = try Self.sessionPeer(embedded)
         let big = String(repeating: "y", count: 3000)
@@ -179,6 +179,24 @@ import SwitchboardWire
         let ends = try peer.frames().filter { $0.kind == .end }
         #expect(ends.count == 1)
         #expect(try ends.first.flatMap { try JSONText.parse($0.payload ?? [])["reason"] } == "overflowed")
+    }
+
+    /// Events waiting for credit that a cancel drops were never asked for: the session goes on.
+    @Test func cancellingAPacedStreamKeepsTheSession() throws {
+        let embedded = try EmbeddedServer()
+        let numbers = EventChannel(name: "numbers", server: embedded.server)
+        numbers.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in nil }))
+        embedded.run()
+        let peer = try Self.sessionPeer(embedded)
+        peer.send(Frame(.demand, channel: "numbers", payload: [0, 0, 0, 1]))
+        peer.send(try .call(2, "numbers", "listen"))
+        embedded.run()
+        for n in 0..<3 { numbers.broadcast(ChannelValue.int(n)) }
+        embedded.run()
+        peer.send(try .call(3, "numbers", "cancel"))
+        embedded.run()
+        #expect(!(try peer.frames().contains { $0.kind == .end }))
+        #expect(embedded.server.core.value.sessions.live.count == 1)
     }
 
     /// Acknowledged output is forgotten, so a client that acknowledges keeps its session however much it reads.
