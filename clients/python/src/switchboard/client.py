@@ -607,6 +607,7 @@ class Client:
             return "position", None
         session.told = position
         self._install(reader, writer)
+        self._wake_room()  # the WELCOME's position acknowledges like a POSITION
         self._report(SessionEvent("resumed"))
         return True
 
