@@ -116,7 +116,9 @@ extension Connection {
     private func findSession(_ text: String) -> Result<Session, CannotResume> {
         if core.isDraining { return .failure(.ended) }
         guard let token = SessionToken(text: text) else { return .failure(.unknown) }
-        guard token.process == core.group?.processMark ?? 0 else { return .failure(.restarted) }
+        guard token.process == core.group?.processMark ?? 0 else {  // a node of the cluster, or a process that is gone
+            return .failure(core.cluster?.hears(process: String(token.process, radix: 16)) == true ? .otherNode : .restarted)
+        }
         // A loop this server does not have, or another loop's session on a transport that cannot move there.
         guard Int(token.loop) == core.index else { return .failure(.unknown) }
         return core.findSession(token, identity: sessionIdentity, overTLS: isOverTLS)
