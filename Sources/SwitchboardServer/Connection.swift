@@ -210,6 +210,7 @@ final class Connection {
 
     func handle(_ event: TransportEvent) {
         if let heir { return heir.handle(event) }
+        if pendingMove != nil { return holdWhileMoving(event) }
         switch event {
         case .data(let bytes):
             guard !isClosing else { return }
@@ -322,8 +323,8 @@ final class Connection {
             stage = sessionStage
             readable = buffer.readableBytes
             if let heir { return heir }
-            if let move = pendingMove {  // the HELLO goes to its session's loop, with what followed it
-                finish(move, input: Array(buffer.readable))
+            if pendingMove != nil {  // the HELLO goes to its session's loop, with what followed it
+                pendingMove?.input = Array(buffer.readable)
                 buffer.consume(buffer.readableBytes)
                 return nil
             }
@@ -672,12 +673,30 @@ final class Connection {
         swap(&admittedHost, &predecessor.admittedHost)
     }
 
-    /// Its HELLO resumes a session of another loop, where its socket goes: it stops here, without a
-    /// close of its own (its place under the caps goes with the socket).
+    /// Its HELLO resumes a session of another loop, where it may go: it stops here, its input paused,
+    /// without a close of its own (its place under the caps goes with it).
     func stopForMove(_ move: SessionMove) {
         pendingMove = move
         isClosing = true
         isClosed = true
+        transport.pauseReading()
+    }
+
+    /// It did not move after all: it goes on here.
+    func stayAfterMove() {
+        pendingMove = nil
+        isClosing = false
+        isClosed = false
+    }
+
+    /// An event of its transport while it may move: input (none comes while paused) goes along, and an
+    /// end is kept for when it stays.
+    private func holdWhileMoving(_ event: TransportEvent) {
+        switch event {
+        case .data(let bytes): pendingMove?.input += bytes
+        case .closed, .failed: if pendingMove?.lost == nil { pendingMove?.lost = event }
+        case .drained: break
+        }
     }
 
     /// This connection's HELLO resumed `heir`'s session, which now has its transport: it goes away

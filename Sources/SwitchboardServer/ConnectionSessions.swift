@@ -97,7 +97,7 @@ extension Connection {
             logger.debug("session made", metadata: ["session": "\(session.token.number)"])
         case .resume(let text, let position):
             guard !wasRefused else { return fail(.badHello("one resuming HELLO per connection"), id: id) }
-            if let move = SessionMove(text, hello: hello, id: id, from: self) { return stopForMove(move) }
+            if let move = SessionMove(text, hello: hello, id: id, from: self) { return ask(move) }
             resume(text, from: position, mayOnlyResume: mayOnlyResume, welcome: welcome, id: id)
             if mayOnlyResume, heir == nil { _ = core.closesOverAddressCap(self) }  // after its cannot_resume
         }
@@ -135,35 +135,74 @@ extension Connection {
     private func findSession(_ text: String) -> Result<Session, CannotResume> {
         if core.isDraining { return .failure(.ended) }
         guard let token = SessionToken(text: text) else { return .failure(.unknown) }
-        guard token.process == core.group?.processMark ?? 0 else { return .failure(.restarted) }
-        // A session of another loop, presented over TLS or WebSocket (whose state cannot move): not yet.
-        guard Int(token.loop) == core.index else { return .failure(.unknown) }
-        guard let session = core.sessions.find(token) else {
-            return .failure(core.sessions.endReason(token, identity: sessionIdentity, at: core.eventLoop.now) ?? .unknown)
+        guard token.process == core.group?.processMark ?? 0 else {  // a node of the cluster, or a process that is gone
+            return .failure(core.cluster?.hears(process: String(token.process, radix: 16)) == true ? .otherNode : .restarted)
         }
-        guard session.identity == sessionIdentity, !session.overTLS || isOverTLS else { return .failure(.otherIdentity) }
-        return .success(session)
+        // A loop this server does not have, or another loop's session on a transport that cannot move there.
+        guard Int(token.loop) == core.index else { return .failure(.unknown) }
+        return core.findSession(token, identity: sessionIdentity, overTLS: isOverTLS)
     }
 
     // MARK: Resuming
 
-    /// Sends this connection's socket, its HELLO and what followed it to the loop of the session the
-    /// HELLO resumes, where a connection of that loop reads them as its own (the HELLO's checks are
-    /// made again there); its place under the caps goes along.
-    func finish(_ move: SessionMove, input: [UInt8]) {
+    /// Its HELLO resumes a session of another loop. That loop is asked first whether it has the
+    /// session, for this connection's identity (the secret is compared there), while this connection
+    /// waits out of the table, its input paused; a forged or stale token moves nothing. Then the
+    /// connection moves there (``finish(_:)``), or is refused here and goes on (``moveAnswered(_:)``).
+    private func ask(_ move: SessionMove) {
+        stopForMove(move)
         core.connectionHandedOver(self)
+        let here = LoopBound(self, loop: core.handle), target = move.loop
+        let token = move.token, identity = sessionIdentity, overTLS = isOverTLS
+        let asked = target.loop.execute {
+            let refusal: CannotResume? = switch target.value.findSession(token, identity: identity, overTLS: overTLS) {
+            case .success: nil
+            case .failure(let refusal): refusal
+            }
+            here.loop.execute { here.value.moveAnswered(refusal) }  // a loop that has stopped has no connection waiting
+        }
+        if !asked { core.handle.execute { here.value.moveAnswered(.ended) } }  // that loop has stopped: the server is stopping
+    }
+
+    /// The session's loop answered a move: the connection goes there, or, refused (or closed by its
+    /// peer meanwhile), it comes back here and goes on as after a refusal on this loop.
+    func moveAnswered(_ refusal: CannotResume?) {
+        guard let move = pendingMove else { return }
+        if refusal == nil, move.lost == nil, move.transport.canDetach { return finish(move) }
+        stayAfterMove()
+        core.connectionReturned(self)
+        if let lost = move.lost { return handle(lost) }
+        guard let refusal else {  // output waits to be written on it, which could not go along: closed, the client tries again
+            logger.info("cannot move a resuming connection with output waiting", metadata: ["to": "loop \(move.token.loop)"])
+            return close(.ioError)
+        }
+        transport.resumeReading()
+        refuseResume(refusal, id: move.id)
+        if admittedHost.map(core.quota.isOverAddressCap) == true, core.closesOverAddressCap(self) { return }  // it came only to resume
+        processInput(move.input)
+    }
+
+    /// Sends this connection, with the state of its layers, its HELLO and what followed it, to the loop
+    /// of the session the HELLO resumes, where a connection of that loop reads them as its own (the
+    /// HELLO's checks are made again there); its place under the caps goes along.
+    private func finish(_ move: SessionMove) {
+        pendingMove = nil
         let host = admittedHost
         admittedHost = nil
         let quota = core.quota
-        let socket: DetachedSocket
-        do { socket = try move.socket.detach() } catch {
+        let connection: DetachedConnection?
+        do { connection = try move.transport.detach() } catch {
             if let host { quota.release(host) }
-            return logger.warning("cannot move a resuming connection to loop \(move.loop.value.index): \(error)")
+            return logger.warning("cannot move a resuming connection to loop \(move.token.loop): \(error)")
         }
-        let target = move.loop, bytes = move.hello + input
-        if !target.loop.execute({ target.value.adoptResuming(socket, host: host, input: bytes) }) {
+        guard let connection else {  // checked just before: not reached
             if let host { quota.release(host) }
-            socket.close()
+            return
+        }
+        let target = move.loop, bytes = move.hello + move.input
+        if !target.loop.execute({ target.value.adoptResuming(connection, host: host, input: bytes) }) {
+            if let host { quota.release(host) }
+            connection.close()
         }
     }
 
@@ -180,7 +219,7 @@ extension Connection {
             let old = sessionTransport?.inner ?? transport
             var error = Frame(.error, payload: WireError.plugin(code: "session_taken", message: "a resuming HELLO on another connection took the session", details: nil).payload).bytes
             old.write(&error)
-            old.closeNow()
+            old.closeNow(.normal)  // over WebSocket, close code 1000
             core.tallies.closes[CloseReason.sessionTaken.rawValue, default: 0] += 1
             logger.info("session taken over", metadata: ["session": "\(session.token.number)"])
         }
@@ -406,27 +445,49 @@ final class SessionTransport: Transport {
     func closeAfterWrites() { inner.closeAfterWrites() }
     func closeAfterWrites(_ intent: CloseIntent) { inner.closeAfterWrites(intent) }
     func closeNow() { inner.closeNow() }
+    func closeNow(_ intent: CloseIntent) { inner.closeNow(intent) }
     var holdsPartialInput: Bool { inner.holdsPartialInput }
 }
 
-/// A resuming HELLO read on one loop for a session of another, and the plain TCP socket it came on,
-/// which moves there (TLS and WebSocket keep state that cannot move: such a HELLO is answered `unknown`).
+/// A resuming HELLO read on one loop for a session of another, and the connection it came on, which
+/// moves there with the state of its layers (TLS, WebSocket) once that loop has found the session.
 struct SessionMove {
     let loop: LoopBound<ServerCore>
-    let socket: TCPConnection
-    /// The HELLO, to be read again there.
+    let transport: HTTPUpgradeTransport
+    let token: SessionToken
+    /// The HELLO, to be read again there, and its id, for a refusal here.
     let hello: [UInt8]
+    let id: UInt32
+    /// What followed the HELLO.
+    var input: [UInt8] = []
+    /// How the transport ended while the session's loop was asked, if it did: nothing moves then.
+    var lost: TransportEvent?
 
     /// The move `text` asks of `connection`, if the token names another loop of this process and the
-    /// connection's socket can move.
+    /// connection runs over a transport that can move.
     init?(_ text: String, hello: ChannelValue, id: UInt32, from connection: Connection) {
         let core = connection.core
-        guard let token = SessionToken(text: text), token.process == core.group?.processMark ?? 0, Int(token.loop) != core.index,
-              let group = core.group, group.cores.indices.contains(Int(token.loop)),
-              let socket = (connection.transport as? HTTPUpgradeTransport)?.plainConnection,
+        guard let token = SessionToken(text: text), let group = core.group, token.process == group.processMark,
+              Int(token.loop) != core.index, group.cores.indices.contains(Int(token.loop)),
+              let transport = connection.transport as? HTTPUpgradeTransport,
               let payload = try? JSONText.serialize(hello) else { return nil }
         loop = group.cores[Int(token.loop)]
-        self.socket = socket
+        self.transport = transport
+        self.token = token
         self.hello = Frame(.hello, id: id, payload: payload).bytes
+        self.id = id
+    }
+}
+
+extension ServerCore {
+    /// This loop's session that `token` names, if it has it, it has not ended, and it is bound to
+    /// `identity` (and, made over TLS, presented over TLS: `overTLS`); else why it cannot be resumed.
+    func findSession(_ token: SessionToken, identity: String?, overTLS: Bool) -> Result<Session, CannotResume> {
+        if isDraining { return .failure(.ended) }
+        guard let session = sessions.find(token) else {
+            return .failure(sessions.endReason(token, identity: identity, at: eventLoop.now) ?? .unknown)
+        }
+        guard session.identity == identity, !session.overTLS || overTLS else { return .failure(.otherIdentity) }
+        return .success(session)
     }
 }

@@ -232,17 +232,19 @@ final class ServerCore {
 
     /// Serves a connection whose resuming HELLO another loop read, for a session of this loop: `input`
     /// (the HELLO and what followed it) is read first, as the connection's own.
-    func adoptResuming(_ socket: DetachedSocket, host: String?, input: [UInt8]) {
+    func adoptResuming(_ connection: DetachedConnection, host: String?, input: [UInt8]) {
         guard phase == .running || phase == .draining else {
             if let host { quota.release(host) }
-            return socket.close()
+            return connection.close()
         }
-        let transport: TCPConnection
-        do { transport = try TCPConnection.adopt(socket, loop: eventLoop) } catch {
+        let transport: HTTPUpgradeTransport
+        // Past its first bytes, the connection answers no HTTP request: no endpoint is needed.
+        let options = HTTPUpgradeTransport.Options(maxFrame: Int(config.maxFrame), allowedOrigins: config.webSocketOrigins)
+        do { transport = try HTTPUpgradeTransport(adopting: connection, loop: eventLoop, options: options) } catch {
             if let host { quota.release(host) }
             return acceptFailed(error)
         }
-        accept(web(transport), admittedHost: host)?.handle(.data(input))
+        accept(transport, admittedHost: host)?.handle(.data(input))
     }
 
     /// Serves an accepted TCP connection, under TLS when it came to the TLS port.
@@ -353,6 +355,8 @@ final class ServerCore {
         connections[connection.id] = connection
         if let host = connection.admittedHost { quota.setParked(false, host: host) }
     }
+    /// A connection whose resuming HELLO did not move it to another loop after all is back.
+    func connectionReturned(_ connection: Connection) { connections[connection.id] = connection }
 
     /// A parked session ended: its connection, which had left the table, is counted closed, and its
     /// place under the caps is given back.
