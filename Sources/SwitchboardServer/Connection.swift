@@ -158,6 +158,9 @@ final class Connection {
     var clientName: String?
     /// The host that ``ConnectionQuota`` counted it under, released when it closes; nil if not counted.
     var admittedHost: String?
+    /// It came past its address's cap, by the margin that address's parked sessions give: its first frame
+    /// must resume one of them (protocol/resumption.md, "Limits").
+    var admittedToResume = false
     /// A frame or line has been read whole: the first-frame deadline is met.
     private var hasCompletedFrame = false
     /// When housekeeping first saw the current unfinished frame (or line, or head), and `bytesIn` then.
@@ -274,7 +277,7 @@ final class Connection {
             var decoder = lineDecoder
             while !isClosing, outbound.bytes.count < outboundRoom, let line = decoder.next(from: &buffer) {
                 count += 1
-                if !hasCompletedFrame, count == 1, core.closesOverAddressCap(self) { break }  // text mode has no sessions to resume
+                if !hasCompletedFrame, count == 1, admittedToResume { return refuseOverAddressCap() }  // text mode has no sessions
                 TextMode.handle(line, on: self)
             }
             lineDecoder = decoder
@@ -313,8 +316,10 @@ final class Connection {
     private func handleFramesWhileHelloMayAsk(_ decoder: inout FrameDecoder, in buffer: inout InboundBuffer, count: inout Int,
                                               readable: inout Int, outboundRoom: Int) -> Connection? {
         // Past its address's cap, a connection may only resume: a first frame that is not a HELLO is not handled.
-        if sessionStage == .firstFrame, buffer.readableBytes > 4, buffer.byte(at: 4) != Frame.Kind.hello.rawValue,
-           core.closesOverAddressCap(self) { return nil }
+        if sessionStage == .firstFrame, admittedToResume, buffer.readableBytes > 4, buffer.byte(at: 4) != Frame.Kind.hello.rawValue {
+            refuseOverAddressCap()
+            return nil
+        }
         var stage = sessionStage
         while stage.helloMayAsk, !isClosing, outbound.bytes.count < outboundRoom, let length = decodeFrame(&decoder, in: buffer) {
             count += 1

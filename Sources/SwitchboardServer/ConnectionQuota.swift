@@ -37,23 +37,22 @@ final class ConnectionQuota: Sendable {
         capsLoopback = config.capsLoopback
     }
 
-    /// Counts a connection from `host`; the refusal instead, when a cap is reached.
-    func admit(_ host: String) -> Refusal? {
+    /// Counts a connection from `host`, telling whether it came past the address's cap by the margin its
+    /// parked sessions give (it may then only resume one); the refusal instead, when a cap is reached.
+    func admit(_ host: String) -> (refusal: Refusal?, toResume: Bool) {
         let capped = capsLoopback || !isLoopbackAddress(host)
         return state.withLock { state in
-            guard state.total < maxConnections else { return .overConnectionLimit }
+            guard state.total < maxConnections else { return (.overConnectionLimit, false) }
+            var toResume = false
             if capped {
-                guard state.byHost[host, default: 0] < maxPerAddress + state.parkedByHost[host, default: 0] else { return .overAddressLimit }
-                state.byHost[host, default: 0] += 1
+                let count = state.byHost[host, default: 0]
+                guard count < maxPerAddress + state.parkedByHost[host, default: 0] else { return (.overAddressLimit, false) }
+                toResume = count >= maxPerAddress
+                state.byHost[host] = count + 1
             }
             state.total += 1
-            return nil
+            return (nil, toResume)
         }
-    }
-
-    /// Whether `host` holds more than its cap: a connection of it past the cap may only resume a session.
-    func isOverAddressCap(_ host: String) -> Bool {
-        state.withLock { $0.byHost[host, default: 0] > maxPerAddress }
     }
 
     /// A session of a connection from `host` is parked (`true`), or no longer (`false`).

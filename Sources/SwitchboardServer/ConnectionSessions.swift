@@ -54,9 +54,9 @@ extension Connection {
     /// for a `session` that is not one, `cannot_resume` for one that cannot be resumed.
     func answerBinaryHello(_ hello: ChannelValue, id: UInt32, welcome: ChannelValue) {
         // A connection past its address's cap came only to resume a session of that address.
-        let mayOnlyResume = sessionStage == .firstFrame && admittedHost.map(core.quota.isOverAddressCap) == true
+        let mayOnlyResume = sessionStage == .firstFrame && admittedToResume
         guard sessionStage.helloMayAsk, core.config.sessionTTLMs > 0, let value = hello["session"] else {
-            if mayOnlyResume, core.closesOverAddressCap(self) { return }
+            if mayOnlyResume { return refuseOverAddressCap() }
             if sessionStage == .refused { sessionStage = .asked }
             // A later HELLO, and its WELCOME, are in the session's streams like any frame; one that names
             // another identity would hand the session to it.
@@ -72,7 +72,7 @@ extension Connection {
         sessionStage = .asked
         switch request {
         case .new:
-            if mayOnlyResume, core.closesOverAddressCap(self) { return }
+            if mayOnlyResume { return refuseOverAddressCap() }
             guard !core.isDraining else {
                 return writeFrame(.welcome, id: id, payload: try? JSONText.serialize(welcome))
             }
@@ -99,7 +99,7 @@ extension Connection {
             guard !wasRefused else { return fail(.badHello("one resuming HELLO per connection"), id: id) }
             if let move = SessionMove(text, hello: hello, id: id, from: self) { return ask(move) }
             resume(text, from: position, mayOnlyResume: mayOnlyResume, welcome: welcome, id: id)
-            if mayOnlyResume, heir == nil { _ = core.closesOverAddressCap(self) }  // after its cannot_resume
+            if mayOnlyResume, heir == nil, pendingMove == nil { refuseOverAddressCap() }  // after its cannot_resume
         }
     }
 
@@ -117,6 +117,11 @@ extension Connection {
             guard let missed = session.missed(from: position) else { return refuseResume(.position, id: id) }
             holder.resume(session, over: self, missed: missed, welcome: welcome, id: id)
         }
+    }
+
+    /// Closes a connection that came past its address's cap to resume and did not: counted as the cap's refusal.
+    func refuseOverAddressCap() {
+        closeAfterFlush(.overAddressLimit)
     }
 
     private func refuseResume(_ refusal: CannotResume, id: UInt32) {
@@ -178,7 +183,7 @@ extension Connection {
         }
         transport.resumeReading()
         refuseResume(refusal, id: move.id)
-        if admittedHost.map(core.quota.isOverAddressCap) == true, core.closesOverAddressCap(self) { return }  // it came only to resume
+        if admittedToResume { return refuseOverAddressCap() }  // it came only to resume
         processInput(move.input)
     }
 
@@ -187,7 +192,7 @@ extension Connection {
     /// HELLO's checks are made again there); its place under the caps goes along.
     private func finish(_ move: SessionMove) {
         pendingMove = nil
-        let host = admittedHost
+        let host = admittedHost, toResume = admittedToResume
         admittedHost = nil
         let quota = core.quota
         let connection: DetachedConnection?
@@ -200,7 +205,7 @@ extension Connection {
             return
         }
         let target = move.loop, bytes = move.hello + move.input
-        if !target.loop.execute({ target.value.adoptResuming(connection, host: host, input: bytes) }) {
+        if !target.loop.execute({ target.value.adoptResuming(connection, host: host, toResume: toResume, input: bytes) }) {
             if let host { quota.release(host) }
             connection.close()
         }

@@ -190,17 +190,18 @@ final class ServerCore {
     /// closed at once (it has no mode yet to be told in), counted and logged.
     private func accepted(_ transport: TCPConnection, tls: TLSSettings?) {
         let host = hostOfAddress(transport.remoteAddress)
-        if let refusal = quota.admit(host) { return refuse(transport, refusal, host: host) }
+        let (refusal, toResume) = quota.admit(host)
+        if let refusal { return refuse(transport, refusal, host: host) }
         let target = nextLoop
         nextLoop = (nextLoop + 1) % loopCount
-        guard target != index, let sibling = group?.cores[target] else { return serve(transport, tls: tls, host: host) }
+        guard target != index, let sibling = group?.cores[target] else { return serve(transport, tls: tls, host: host, toResume: toResume) }
         let socket: DetachedSocket
         do { socket = try transport.detach() } catch {
             quota.release(host)
             return acceptFailed(error)
         }
         let quota = quota
-        if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls, host: host) }) {
+        if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls, host: host, toResume: toResume) }) {
             quota.release(host)
             socket.close()
         }
@@ -216,8 +217,8 @@ final class ServerCore {
             "remote": "\(host)", "maxConnections": "\(quota.maxConnections)", "maxConnectionsPerAddress": "\(quota.maxPerAddress)"])
     }
 
-    /// Serves a connection loop 0 accepted for this loop.
-    private func adopt(_ socket: DetachedSocket, tls: TLSSettings?, host: String) {
+    /// Serves a connection loop 0 accepted for this loop (`toResume`: past its address's cap, to resume).
+    private func adopt(_ socket: DetachedSocket, tls: TLSSettings?, host: String, toResume: Bool) {
         guard phase == .running || phase == .draining else {
             quota.release(host)
             return socket.close()
@@ -227,12 +228,12 @@ final class ServerCore {
             quota.release(host)
             return acceptFailed(error)
         }
-        serve(transport, tls: tls, host: host)
+        serve(transport, tls: tls, host: host, toResume: toResume)
     }
 
     /// Serves a connection whose resuming HELLO another loop read, for a session of this loop: `input`
     /// (the HELLO and what followed it) is read first, as the connection's own.
-    func adoptResuming(_ connection: DetachedConnection, host: String?, input: [UInt8]) {
+    func adoptResuming(_ connection: DetachedConnection, host: String?, toResume: Bool, input: [UInt8]) {
         guard phase == .running || phase == .draining else {
             if let host { quota.release(host) }
             return connection.close()
@@ -244,22 +245,22 @@ final class ServerCore {
             if let host { quota.release(host) }
             return acceptFailed(error)
         }
-        accept(transport, admittedHost: host)?.handle(.data(input))
+        accept(transport, admittedHost: host, toResume: toResume)?.handle(.data(input))
     }
 
     /// Serves an accepted TCP connection, under TLS when it came to the TLS port.
-    private func serve(_ transport: TCPConnection, tls: TLSSettings?, host: String) {
-        if let tls { return acceptTLS(transport, tls, host: host) }
-        accept(web(transport), admittedHost: host)
+    private func serve(_ transport: TCPConnection, tls: TLSSettings?, host: String, toResume: Bool) {
+        if let tls { return acceptTLS(transport, tls, host: host, toResume: toResume) }
+        accept(web(transport), admittedHost: host, toResume: toResume)
     }
 
     /// The TLS port, once bound.
     var tlsPort: Int? { tlsListener?.port }
 
-    private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings, host: String) {
+    private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings, host: String, toResume: Bool) {
         do {
             accept(web(try TLSTransport(over: transport, context: tls.context, loop: eventLoop, handshakeTimeoutMs: tls.handshakeTimeoutMs)),
-                   admittedHost: host)
+                   admittedHost: host, toResume: toResume)
         } catch {
             logger.warning("cannot start TLS: \(error)")
             quota.release(host)
@@ -319,9 +320,10 @@ final class ServerCore {
         }
     }
 
-    /// Serves a new connection over `transport` (counted under `admittedHost` by the caps, if given).
+    /// Serves a new connection over `transport` (counted under `admittedHost` by the caps, if given;
+    /// `toResume`: past that address's cap, to resume one of its parked sessions).
     @discardableResult
-    func accept(_ transport: any Transport, admittedHost: String? = nil) -> Connection? {
+    func accept(_ transport: any Transport, admittedHost: String? = nil, toResume: Bool = false) -> Connection? {
         guard phase == .running || phase == .draining else {
             if let admittedHost { quota.release(admittedHost) }
             transport.closeNow()
@@ -330,6 +332,7 @@ final class ServerCore {
         connectionsMade += 1
         let connection = Connection(id: (connectionsMade - 1) * UInt64(loopCount) + UInt64(index) + 1, transport: transport, core: self)
         connection.admittedHost = admittedHost
+        connection.admittedToResume = toResume
         connections[connection.id] = connection
         stats.connectionsTotal += 1
         transport.start { event in connection.handle(event) }
@@ -366,13 +369,6 @@ final class ServerCore {
         releaseAdmission(of: connection)
     }
 
-    /// Whether `connection`, which has not resumed a session with its first frame, came from an address
-    /// past its cap (which only a resume may go past): it is then closed, counted as the cap's refusal.
-    func closesOverAddressCap(_ connection: Connection) -> Bool {
-        guard let host = connection.admittedHost, quota.isOverAddressCap(host) else { return false }
-        connection.closeAfterFlush(.overAddressLimit)
-        return true
-    }
 
     /// Ends every parked session (a shutdown's drain begins).
     func endParkedSessions() {

@@ -34,10 +34,10 @@ import SwitchboardWire
     }
 
     /// An address at its cap may still open a connection to resume one of its parked sessions (one past
-    /// the cap per parked session); such a connection that does anything else is closed unheard, and the
-    /// cap holds again once the session resumed.
+    /// the cap per parked session); such a connection that does anything else is closed unheard, one
+    /// admitted within the cap meanwhile is not, and the cap holds again once the session resumed.
     @Test func addressAtItsCapStillResumesItsSession() async throws {
-        try await withServer({ $0.maxConnectionsPerAddress = 2; $0.capsLoopback = true }) { _, port in
+        try await withServer({ $0.maxConnectionsPerAddress = 3; $0.capsLoopback = true }) { _, port in
             let reader = try RawConnection(port: port)
             func stats() async throws -> ChannelValue {
                 try reader.send(.call(9, "switchboard/stats", "get"))
@@ -47,9 +47,13 @@ import SwitchboardWire
             try first?.send(Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)))
             let welcome = try #require(try await first?.frame())
             let token = try #require(try JSONText.parse(welcome.payload ?? [])["session"]?["token"]?.stringValue)
-            first = nil  // lost: the session parks, and keeps its place (two of two)
+            first = nil  // lost: the session parks, and keeps its place (two of three)
             while try await stats()["sessions"]?["parked"] != 1 { try await Task.sleep(for: .milliseconds(10)) }
-            var intruder = RawSocket(port: port)  // admitted past the cap, to resume only
+            let neighbour = try RawConnection(port: port)  // within the cap: three of three
+            var intruder = RawSocket(port: port)  // past the cap by the parked session's margin, to resume only
+            while try await stats()["connections"] != 3 { try await Task.sleep(for: .milliseconds(10)) }
+            try neighbour.send(Frame(.hello, id: 1, payload: Array(#"{"version":1}"#.utf8)))
+            #expect(try await neighbour.frame().kind == .welcome)  // not taken for the one past the cap
             intruder?.send(Frame(.hello, id: 1, payload: Array(#"{"version":1}"#.utf8)).bytes)
             #expect(intruder?.readUntilClosed()?.bytes == [])
             intruder = nil
@@ -61,7 +65,7 @@ import SwitchboardWire
                 if resumed == nil { try await Task.sleep(for: .milliseconds(10)) }
             }
             #expect(try JSONText.parse(try #require(resumed).payload ?? [])["session"]?["resumed"] == true)
-            let refused = try #require(RawSocket(port: port))  // two of two again: nothing parked to resume
+            let refused = try #require(RawSocket(port: port))  // three of three again: nothing parked to resume
             #expect(refused.readUntilClosed()?.bytes == [])
             #expect(try await stats()["closes"]?["overAddressLimit"].flatMap(\.intValue).map { $0 >= 2 } == true)
             #expect(resumer != nil)  // the session's connection, open to the end
