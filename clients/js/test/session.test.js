@@ -172,7 +172,6 @@ for (const loops of [1, 4]) {
   for (const transport of ['tcp', 'ws']) {
     // The server does not yet resume a WebSocket session on another loop (resumption.md's status: it
     // answers `unknown`); these run and report, without failing the suite, until it does.
-    const todo = loops > 1 && transport === 'ws' ? 'a WebSocket resume landing on another loop is not served yet' : undefined;
     describe(`resuming through cuts (--loops ${loops}, over ${transport === 'ws' ? 'WebSocket' : 'TCP'})`, { timeout: 180_000 }, () => {
       let server;
       let proxy;
@@ -185,7 +184,7 @@ for (const loops of [1, 4]) {
         proxy.blocked = false;
       });
 
-      test('numbered events arrive gap-free and without duplicates, pushed or paced by credit', { todo }, () => seeded(async () => {
+      test('numbered events arrive gap-free and without duplicates, pushed or paced by credit', () => seeded(async () => {
         const pushed = await connect(transport, proxy.port);
         const paced = await connect(transport, proxy.port);
         const collect = async (client, options, count) => {
@@ -206,7 +205,7 @@ for (const loops of [1, 4]) {
         await Promise.all([pushed.close(), paced.close()]);
       }));
 
-      test('calls in flight at a cut get exactly one real answer, and the holder runs each once', { todo }, () => seeded(async () => {
+      test('calls in flight at a cut get exactly one real answer, and the holder runs each once', () => seeded(async () => {
         const holder = await connect(transport, server.port, { session: false });
         const runs = new Map();
         await hold(holder, `test/double.${loops}.${transport}`, async (n) => {
@@ -235,7 +234,7 @@ for (const loops of [1, 4]) {
         await Promise.all([holder.close(), caller.close()]);
       }));
 
-      test('a holder cut mid-request answers after resuming, and its callers get the answers', { todo }, () => seeded(async () => {
+      test('a holder cut mid-request answers after resuming, and its callers get the answers', () => seeded(async () => {
         const channelName = `test/held.${loops}.${transport}`;
         const holder = await connect(transport, proxy.port);
         let entered;
@@ -271,7 +270,7 @@ for (const loops of [1, 4]) {
         await Promise.all([holder.close(), caller.close()]);
       }));
 
-      test('a session parked past what it may keep is lost: the client reports restarted (overflowed) and listens again', { todo }, () => seeded(async () => {
+      test('a session parked past what it may keep is lost: the client reports restarted (overflowed) and listens again', () => seeded(async () => {
         const small = await startServer({ args: ['--loops', String(loops), '--session-bytes', '4096'] });
         const gateProxy = await new CuttingProxy(small.port, { seed }).listen();
         const client = await connect(transport, gateProxy.port);
