@@ -4,9 +4,10 @@ import Glibc
 import Synchronization
 import SwitchboardTransport
 
-/// A TCP proxy on loopback between clients and a server that cuts connections: each of the first
-/// `cuts` connections is cut (both sides shut down, as a tunnel or a Wi-Fi hand-over would) once a
-/// random number of bytes from `budget` has passed through it, either way. Random numbers come from
+/// A TCP proxy on loopback between clients and a server that cuts connections: each of the first `cuts`
+/// connections is cut (both sides shut down, as a tunnel or a Wi-Fi hand-over would) once a
+/// random number of bytes from `budget` has passed through it, either way (the first connection
+/// not before 512 bytes: a client's `connect` fails unless its handshake completes). Random numbers come from
 /// `seed`, which tests print on failure. Blocking sockets, two threads per connection: a test helper.
 final class CuttingProxy: Sendable {
     /// The port clients connect to.
@@ -138,6 +139,7 @@ final class CuttingProxy: Sendable {
                 if s.cutsLeft > 0 {
                     s.cutsLeft -= 1
                     budget = Int.random(in: s.budget, using: &s.random)
+                    if s.firstFromServer.isEmpty { budget = max(512, budget ?? 0) }
                 }
                 s.firstFromServer.append([])
                 return (s.target, budget, s.firstFromServer.count - 1)

@@ -218,7 +218,7 @@ final class Collected: Sendable {
         #expect(try await first.value == "done 1")
         #expect(try await second.value == "done 2")
         #expect(started.all == [1, 2])
-        #expect(log.events == [.resumed])
+        #expect(try await eventually { log.events == [.resumed] })
         await caller.close()
         await holder.close()
         proxy.stop()
