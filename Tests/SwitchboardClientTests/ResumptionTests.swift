@@ -16,7 +16,8 @@ import SwitchboardTesting
 import SwitchboardWire
 
 /// A live server for the resumption tests: the demo channels, `numbers` (an event channel the test
-/// broadcasts on; its listens are counted), `count` (answers its argument and counts each call by it)
+/// broadcasts on; its listens are counted), `count` (answers its argument, an integer or a list that
+/// begins with one, and counts each call by it)
 /// and `never` (never answers).
 final class ResumptionServer: Sendable {
     let server: Server
@@ -39,8 +40,9 @@ final class ResumptionServer: Sendable {
         let listens = self.listens, handled = self.handled
         numbers.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in listens.add(); return nil }))
         SwitchboardServer.MethodChannel(name: "count", server: server).setMethodCallHandler { call in
-            handled.withLock { $0[call.arguments.intValue ?? -1, default: 0] += 1 }
-            return call.arguments
+            let n = call.arguments.intValue ?? call.arguments.listValue?.first?.intValue ?? -1
+            handled.withLock { $0[n, default: 0] += 1 }
+            return .int(n)
         }
         let waiting = self.waiting
         SwitchboardServer.MethodChannel(name: "never", server: server).setMethodCallHandler { _, _ in waiting.add() }
@@ -169,22 +171,48 @@ final class Collected: Sendable {
     }
 
     /// Calls in flight when connections are cut each get exactly one answer, their own, and the server
-    /// ran each exactly once.
+    /// ran each exactly once. The calls' 120 KB make the server acknowledge them (POSITION) meanwhile.
     @Test func callsInFlightAtACutGetExactlyOneRealAnswer() async throws {
         let server = try ResumptionServer()
-        let proxy = try CuttingProxy(to: server.port, cuts: 20, budget: 64...3000)
+        let proxy = try CuttingProxy(to: server.port, cuts: 20, budget: 64...16000)
         let client = try await resumableClient(port: proxy.port)
         let log = SessionLog(client)
         let calls = 400
+        let padding = ChannelValue.string(String(repeating: "p", count: 300))
         let answers = try await withThrowingTaskGroup(of: (Int, ChannelValue).self) { group in
             for n in 0..<calls {
-                group.addTask { (n, try await MethodChannel(name: "count", client: client).invokeMethod("count", arguments: .int(n))) }
+                group.addTask { (n, try await MethodChannel(name: "count", client: client).invokeMethod("count", arguments: [.int(n), padding])) }
             }
             var answers: [Int: ChannelValue] = [:]
             for try await (n, answer) in group { answers[n] = answer }
             return answers
         }
         #expect(answers.count == calls && answers.allSatisfy { $0.value.intValue == $0.key }, "seed \(proxy.seed)")
+        #expect(server.handled.withLock { $0 } == Dictionary(uniqueKeysWithValues: (0..<calls).map { ($0, 1) }), "seed \(proxy.seed)")
+        #expect(proxy.cuts > 0 && log.events.allSatisfy { $0 == .resumed }, "seed \(proxy.seed): \(log.events)")
+        await client.close()
+        proxy.stop()
+        await server.stop()
+    }
+
+    /// A client that sends more than its bound goes on only as the server's POSITIONs free its buffer,
+    /// and resumes after them: a POSITION is not in the server's stream.
+    @Test func acknowledgementsFreeTheBufferAndAreNotInTheStream() async throws {
+        let server = try ResumptionServer()
+        let proxy = try CuttingProxy(to: server.port, cuts: 3, budget: 150_000...200_000)
+        let client = try await resumableClient(port: proxy.port, bound: 96 * 1024)
+        let log = SessionLog(client)
+        let calls = 400
+        let padding = ChannelValue.string(String(repeating: "p", count: 1000))
+        let answered = try await withThrowingTaskGroup(of: Int?.self) { group in
+            for n in 0..<calls {
+                group.addTask { try await MethodChannel(name: "count", client: client).invokeMethod("count", arguments: [.int(n), padding]).intValue }
+            }
+            var answered = 0
+            for try await answer in group where answer != nil { answered += 1 }
+            return answered
+        }
+        #expect(answered == calls, "seed \(proxy.seed)")
         #expect(server.handled.withLock { $0 } == Dictionary(uniqueKeysWithValues: (0..<calls).map { ($0, 1) }), "seed \(proxy.seed)")
         #expect(proxy.cuts > 0 && log.events.allSatisfy { $0 == .resumed }, "seed \(proxy.seed): \(log.events)")
         await client.close()
