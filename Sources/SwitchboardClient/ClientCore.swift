@@ -251,8 +251,10 @@ final class ClientCore {
                                        failedRequests: failed)
     }
 
-    /// Starts a fresh stream holding only the requests (and posts) never written: everything else in
-    /// it is made again for the next connection (listens, registrations) or belonged to the old one.
+    /// Starts a fresh stream holding only the application's requests (and posts) never written, once
+    /// the requests written are answered or failed. Everything else in it is made again for the next
+    /// connection (listens, registrations) or belonged to the old one: the client's own requests among
+    /// it fail as with a lost connection (a listen is made again; a REGISTER's caller is told).
     private func carryUnsentRequests() {
         let unsent = output.unsentFrames()
         output = OutboundStream(bound: output.bound)
@@ -262,6 +264,9 @@ final class ClientCore {
             let end = output.append(frame.kind, id: frame.id, channel: frame.channel, payload: frame.payload)
             if frame.id != 0 { pending[frame.id]?.streamEnd = end }
         }
+        let dropped = pending.filter { $0.key >= 0x8000_0000 }
+        for id in dropped.keys { pending.removeValue(forKey: id) }
+        for entry in dropped.values { entry.reply(.failure(ClientError.connectionLost)) }
     }
 
     // MARK: Holding channels (broker routing)
@@ -425,7 +430,7 @@ final class ClientCore {
     func listen(_ listener: StreamListener) {
         streams[listener.channel]?.end(nil)  // one stream per channel and connection, as on the server
         streams[listener.channel] = listener
-        if state == .connected { sendListen(listener) }
+        if canSend { sendListen(listener) }
     }
 
     private func sendListen(_ listener: StreamListener) {
@@ -458,7 +463,7 @@ final class ClientCore {
         guard streams[listener.channel] === listener else { return }
         streams.removeValue(forKey: listener.channel)
         listener.end(nil)
-        guard state == .connected,
+        guard canSend,
               let payload = try? listener.codec.encodeMethodCall(MethodCall(method: "cancel", arguments: listener.arguments))
         else { return }
         request(id: nextInternalID(), channel: listener.channel, payload: payload, timeout: config.requestTimeout) { _ in }
@@ -468,7 +473,7 @@ final class ClientCore {
     func addCredit(_ n: UInt32, to listener: StreamListener) {
         guard streams[listener.channel] === listener else { return }
         listener.credit = n == .max ? nil : (listener.credit ?? 0) &+ n
-        if state == .connected { sendDemand(n, channel: listener.channel) }
+        if canSend { sendDemand(n, channel: listener.channel) }
     }
 
     private func sendDemand(_ n: UInt32, channel: String) {

@@ -61,7 +61,11 @@ struct OutboundStream {
         written = max(written, position)
         while firstFrame < frameEnds.count, frameEnds[firstFrame] <= position { firstFrame += 1 }
         nextFrame = max(nextFrame, firstFrame)
-        if start > 65536, start > bytes.count / 2 {
+        if start == bytes.count {
+            bytes.removeAll(keepingCapacity: true)
+            frameEnds.removeAll(keepingCapacity: true)
+            (start, firstFrame, nextFrame) = (0, 0, 0)
+        } else if start > 65536, start > bytes.count / 2 {
             bytes.removeFirst(start)
             start = 0
             frameEnds.removeFirst(firstFrame)

@@ -372,6 +372,30 @@ final class Collected: Sendable {
         await server.stop()
     }
 
+    /// A fast producer while the client is away cannot grow its session past `--session-bytes`: the
+    /// server ends it (`overflowed`), and the client, told so when it comes back, falls back and says
+    /// which stream may have missed events.
+    @Test func sessionBoundHoldsUnderAFastProducerWhileParked() async throws {
+        let server = try ResumptionServer { $0.sessionBytes = 32 * 1024 }
+        let proxy = try CuttingProxy(to: server.port)
+        let client = try await resumableClient(port: proxy.port)
+        let log = SessionLog(client)
+        let (received, listening) = try await listenToNumbers(client, server, listens: 1)
+        proxy.stallToServer(true)
+        proxy.cutAll()
+        for n in 0..<5000 { server.numbers.broadcast(.int(n)) }
+        #expect(try await eventually { try await stats(server)["sessions"]?["ended"]?["overflowed"] == 1 })
+        #expect(try await stats(server)["sessions"]?["bufferedBytes"]?.intValue ?? .max <= 32 * 1024)
+        proxy.stallToServer(false)
+        let report = try await log.firstNotResumed()
+        #expect(report == .restarted(SessionRestart(reason: "overflowed", streams: ["numbers"], channels: [], failedRequests: [])))
+        try await expectWorksAgain(client, server, received, listens: 2)
+        listening.cancel()
+        await client.close()
+        proxy.stop()
+        await server.stop()
+    }
+
     // MARK: Helpers
 
     /// Listens to `numbers` and waits until the server has `listens` listens.
