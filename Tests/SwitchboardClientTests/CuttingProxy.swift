@@ -3,6 +3,7 @@ import Glibc
 #endif
 import Synchronization
 import SwitchboardTransport
+import SwitchboardWire
 
 /// A TCP proxy on loopback between clients and a server that cuts connections: each of the first `cuts`
 /// connections is cut (both sides shut down, as a tunnel or a Wi-Fi hand-over would) once a
@@ -28,6 +29,8 @@ final class CuttingProxy: Sendable {
         var stallsToServer = false
         /// While set, no byte goes to clients.
         var stallsToClient = false
+        /// While set, new connections are closed at once (as when the network is gone).
+        var refuses = false
         /// Bytes that went to the server, over all connections.
         var toServer = 0
         /// The first bytes each connection got from the server (its WELCOME), in order of connection.
@@ -71,27 +74,11 @@ final class CuttingProxy: Sendable {
     /// random count of bytes in `budget`.
     init(to target: Int, seed: UInt64 = UInt64.random(in: 0...UInt64.max), cuts: Int = 0, budget: ClosedRange<Int> = 1...4096) throws {
         self.seed = seed
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        self.listener = listener
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(listener, pointer, length) == 0 && listen(listener, 128) == 0 && getsockname(listener, pointer, &length) == 0
-            }
-        }
-        guard bound else {
-            close(listener)
-            throw ProxyError.cannotListen
-        }
-        port = Int(UInt16(bigEndian: address.sin_port))
+        (listener, port) = try listenOnLoopback()
+        let listener = self.listener
         shared = Mutex(Shared(random: SplitMix64(seed: seed), target: target, cutsLeft: cuts, budget: budget))
         startThread { [self] in acceptLoop(listener) }
     }
-
-    enum ProxyError: Error { case cannotListen }
 
     /// Connections cut so far (by budget or ``cutAll()``).
     var cuts: Int { shared.withLock { $0.cuts } }
@@ -106,6 +93,9 @@ final class CuttingProxy: Sendable {
     func stallToServer(_ stalls: Bool) { shared.withLock { $0.stallsToServer = stalls } }
     /// Holds every byte bound for the clients back (true) or lets them go (false).
     func stallToClient(_ stalls: Bool) { shared.withLock { $0.stallsToClient = stalls } }
+
+    /// Closes new connections at once (true), or proxies them again (false).
+    func refuseNew(_ refuses: Bool) { shared.withLock { $0.refuses = refuses } }
 
     /// Cuts every open connection now.
     func cutAll() {
@@ -133,6 +123,10 @@ final class CuttingProxy: Sendable {
             guard client >= 0 else {
                 if errno == EINTR || errno == ECONNABORTED { continue }
                 return
+            }
+            guard !shared.withLock({ $0.refuses }) else {
+                close(client)
+                continue
             }
             let (target, budget, index) = shared.withLock { s -> (Int, Int?, Int) in
                 var budget: Int?
@@ -222,4 +216,71 @@ struct SplitMix64: RandomNumberGenerator {
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
     }
+}
+
+/// A listening socket on 127.0.0.1 and a free port.
+func listenOnLoopback() throws -> (Int32, Int) {
+    let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(listener, pointer, length) == 0 && listen(listener, 128) == 0 && getsockname(listener, pointer, &length) == 0
+        }
+    }
+    guard bound else {
+        close(listener)
+        throw CannotListen()
+    }
+    return (listener, Int(UInt16(bigEndian: address.sin_port)))
+}
+
+struct CannotListen: Error {}
+
+/// A server that plays one script on every connection: once the HELLO has arrived it writes `answer`,
+/// after the client's next frame `then`, and then reads until the client closes. For answers no real
+/// server gives (a WELCOME without `session` to a resuming HELLO, as a wire-v1 server would) or not on
+/// demand (END).
+final class ScriptedServer: Sendable {
+    let port: Int
+    private let listener: Int32
+
+    init(answer: [Frame], then: [Frame] = []) throws {
+        (listener, port) = try listenOnLoopback()
+        let listener = self.listener
+        let script = [answer, then].map { $0.flatMap(\.bytes) }
+        startThread {
+            while true {
+                let client = accept(listener, nil, nil)
+                guard client >= 0 else { return }
+                startThread {
+                    defer { close(client) }
+                    var input: [UInt8] = []
+                    for bytes in script {
+                        guard Self.readFrame(client, &input) else { return }
+                        _ = bytes.withUnsafeBytes { send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                    }
+                    while Self.readFrame(client, &input) {}
+                }
+            }
+        }
+    }
+
+    /// Reads one whole frame from `client` into `input` and drops it; false once the client closed.
+    private static func readFrame(_ client: Int32, _ input: inout [UInt8]) -> Bool {
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while input.count < 4 || input.count < 4 + Int(input[0..<4].reduce(0) { $0 << 8 | UInt32($1) }) {
+            let n = chunk.withUnsafeMutableBytes { recv(client, $0.baseAddress, $0.count, 0) }
+            guard n > 0 else { return false }
+            input += chunk[0..<n]
+        }
+        input.removeFirst(4 + Int(input[0..<4].reduce(0) { $0 << 8 | UInt32($1) }))
+        return true
+    }
+
+    func stop() { shutdown(listener, Int32(SHUT_RDWR)) }
+
+    deinit { close(listener) }
 }
