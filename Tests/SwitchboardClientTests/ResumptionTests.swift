@@ -220,6 +220,21 @@ final class Collected: Sendable {
         await server.stop()
     }
 
+    /// The client acknowledges what it received (POSITION, here after `ackMs`), and the server forgets
+    /// what it kept for it.
+    @Test func clientAcknowledgesWhatItReceived() async throws {
+        let server = try ResumptionServer()
+        let client = try await resumableClient(port: server.port)
+        let (received, listening) = try await listenToNumbers(client, server, listens: 1)
+        for n in 0..<100 { server.numbers.broadcast(.int(n)) }
+        #expect(try await eventually { received.all.count == 100 })
+        #expect(try await stats(server)["sessions"]?["bufferedBytes"]?.intValue ?? 0 > 0)
+        #expect(try await eventually { try await stats(server)["sessions"]?["bufferedBytes"] == 0 })
+        listening.cancel()
+        await client.close()
+        await server.stop()
+    }
+
     /// A holder cut while it works on a forwarded request answers after resuming, and the caller gets
     /// that answer; a request forwarded while it is away reaches it once it is back.
     @Test func holderCutMidRequestAnswersAfterResuming() async throws {
