@@ -498,9 +498,9 @@ final class ClientCore {
                 let frame: Frame? = if case .frame(let view, _) = peeked { view.frame } else { nil }
                 inbound.consume(peeked.length)
                 let counted = awaitingWelcome ? nil : session
-                let inStream = frame.map(Self.isInStream) ?? true
+                let inStream = counted != nil && (frame.map(Self.isInStream) ?? true)
                 if let frame { handleFrame(frame) }
-                if let counted, counted === session, inStream { didReceive(UInt64(peeked.length), counted) }
+                if inStream, let counted, counted === session { didReceive(UInt64(peeked.length), counted) }
             }
         case .closed(let error):
             transport?.closeNow()

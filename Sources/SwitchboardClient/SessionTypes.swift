@@ -36,7 +36,8 @@ public struct SessionRestart: Equatable, Sendable {
     public let streams: [String]
     /// Channels this client held, registered again.
     public let channels: [String]
-    /// The channel of each request that failed with ``ClientError/sessionLost``, in no order.
+    /// The channel of each request that failed with ``ClientError/sessionLost`` (empty for a ping), in
+    /// no order.
     public let failedRequests: [String]
 
     /// Makes a report (the client makes them; tests compare them).
