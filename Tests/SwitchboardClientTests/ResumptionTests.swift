@@ -23,6 +23,7 @@ final class ResumptionServer: Sendable {
     let server: Server
     let numbers: SwitchboardServer.EventChannel
     let listens = Tally()
+    private let sinks = Locked<[EventSink]>([])
     /// Calls to `never` received.
     let waiting = Tally()
     let handled = Locked<[Int: Int]>([:])
@@ -37,8 +38,12 @@ final class ResumptionServer: Sendable {
         for plugin in plugins { server.load(plugin) }
         server.installDemoChannels()
         numbers = SwitchboardServer.EventChannel(name: "numbers", queueLimit: 1 << 20, server: server)
-        let listens = self.listens, handled = self.handled
-        numbers.setStreamHandler(StreamHandlerClosures(onListen: { _, _ in listens.add(); return nil }))
+        let listens = self.listens, handled = self.handled, sinks = self.sinks
+        numbers.setStreamHandler(StreamHandlerClosures(onListen: { _, sink in
+            listens.add()
+            sinks.withLock { $0.append(sink) }
+            return nil
+        }))
         SwitchboardServer.MethodChannel(name: "count", server: server).setMethodCallHandler { call in
             let n = call.arguments.intValue ?? call.arguments.listValue?.first?.intValue ?? -1
             handled.withLock { $0[n, default: 0] += 1 }
@@ -50,6 +55,11 @@ final class ResumptionServer: Sendable {
     }
 
     var port: Int { server.port }
+
+    /// Ends every stream of `numbers`.
+    func endStreams() {
+        for sink in sinks.withLock({ $0 }) { sink.endOfStream() }
+    }
 
     func stop() async {
         server.shutdown()
@@ -224,14 +234,16 @@ final class Collected: Sendable {
     /// what it kept for it.
     @Test func clientAcknowledgesWhatItReceived() async throws {
         let server = try ResumptionServer()
+        let reader = try await connect(server.server)
         let client = try await resumableClient(port: server.port)
         let (received, listening) = try await listenToNumbers(client, server, listens: 1)
         for n in 0..<100 { server.numbers.broadcast(.int(n)) }
         #expect(try await eventually { received.all.count == 100 })
-        #expect(try await stats(server)["sessions"]?["bufferedBytes"]?.intValue ?? 0 > 0)
-        #expect(try await eventually { try await stats(server)["sessions"]?["bufferedBytes"] == 0 })
+        #expect(try await stats(reader)["sessions"]?["bufferedBytes"]?.intValue ?? 0 > 0)
+        #expect(try await eventually { try await stats(reader)["sessions"]?["bufferedBytes"] == 0 })
         listening.cancel()
         await client.close()
+        await reader.close()
         await server.stop()
     }
 
@@ -272,7 +284,9 @@ final class Collected: Sendable {
     /// and the client falls back: the call it had written fails with `session_lost`, it makes a new
     /// session, holds its channel and listens again, and reports what may be lost.
     @Test func expiredSessionFallsBackAndReports() async throws {
-        let server = try ResumptionServer { $0.sessionTTLMs = 100 }
+        // The server remembers why a session ended for one time to live: time enough for the HELLO.
+        let server = try ResumptionServer { $0.sessionTTLMs = 1000 }
+        let reader = try await connect(server.server)
         let proxy = try CuttingProxy(to: server.port)
         let client = try await resumableClient(port: proxy.port)
         let log = SessionLog(client)
@@ -282,7 +296,7 @@ final class Collected: Sendable {
         #expect(try await eventually { server.waiting.value == 1 })
         proxy.stallToServer(true)
         proxy.cutAll()
-        #expect(try await eventually { try await stats(server)["sessions"]?["ended"]?["expired"] == 1 })
+        #expect(try await eventually { try await stats(reader)["sessions"]?["ended"]?["expired"] == 1 })
         proxy.stallToServer(false)  // the client's resuming HELLO arrives after the session expired
         await #expect(throws: ClientError.sessionLost) { try await lost.value }
         let report = try await log.firstNotResumed()
@@ -290,6 +304,7 @@ final class Collected: Sendable {
         try await expectWorksAgain(client, server, received, listens: 2)
         listening.cancel()
         await client.close()
+        await reader.close()
         proxy.stop()
         await server.stop()
     }
@@ -472,6 +487,7 @@ final class Collected: Sendable {
     /// which stream may have missed events.
     @Test func sessionBoundHoldsUnderAFastProducerWhileParked() async throws {
         let server = try ResumptionServer { $0.sessionBytes = 32 * 1024 }
+        let reader = try await connect(server.server)
         let proxy = try CuttingProxy(to: server.port)
         let client = try await resumableClient(port: proxy.port)
         let log = SessionLog(client)
@@ -479,16 +495,61 @@ final class Collected: Sendable {
         proxy.stallToServer(true)
         proxy.cutAll()
         for n in 0..<5000 { server.numbers.broadcast(.int(n)) }
-        #expect(try await eventually { try await stats(server)["sessions"]?["ended"]?["overflowed"] == 1 })
-        #expect(try await stats(server)["sessions"]?["bufferedBytes"]?.intValue ?? .max <= 32 * 1024)
+        #expect(try await eventually { try await stats(reader)["sessions"]?["ended"]?["overflowed"] == 1 })
+        #expect(try await stats(reader)["sessions"]?["bufferedBytes"]?.intValue ?? .max <= 32 * 1024)
         proxy.stallToServer(false)
         let report = try await log.firstNotResumed()
         #expect(report == .restarted(SessionRestart(reason: "overflowed", streams: ["numbers"], channels: [], failedRequests: [])))
         try await expectWorksAgain(client, server, received, listens: 2)
         listening.cancel()
         await client.close()
+        await reader.close()
         proxy.stop()
         await server.stop()
+    }
+
+    /// docs/clients.md's example, run: the stream goes on across a session that could not be resumed,
+    /// and the report names it.
+    @Test func documentedExampleRuns() async throws {
+        let first = try ResumptionServer(), second = try ResumptionServer()
+        let proxy = try CuttingProxy(to: first.port)
+        let (host, port) = ("127.0.0.1", proxy.port)
+        let refreshed = Locked<[String]>([]), shown = Collected()
+        @Sendable func refresh(_ channel: String) async { refreshed.withLock { $0.append(channel) } }
+        @Sendable func show(_ number: ChannelValue) { shown.add(number.intValue ?? -1) }
+        let script = Task { () async throws in
+            #expect(try await eventually { first.listens.value == 1 })
+            first.numbers.broadcast(1)
+            #expect(try await eventually { shown.all == [1] })
+            proxy.retarget(to: second.port)  // the server "restarted"
+            proxy.cutAll()
+            #expect(try await eventually { second.listens.value == 1 })
+            second.numbers.broadcast(2)
+            #expect(try await eventually { shown.all == [1, 2] })
+            second.endStreams()
+        }
+
+        var configuration = ClientConfiguration(host: host, port: port, token: "app-secret")
+        configuration.session = SessionOptions()
+        let client = try await Client.connect(configuration)
+        Task {
+            for await event in client.sessionEvents() {
+                if case .restarted(let restart) = event {
+                    // Events of these streams may be missing: fetch what changed meanwhile.
+                    for channel in restart.streams { await refresh(channel) }
+                }
+            }
+        }
+        for try await number in EventChannel(name: "numbers", client: client).receiveBroadcastStream() {
+            show(number)  // no gap while the session resumes
+        }
+
+        try await script.value
+        #expect(try await eventually { refreshed.withLock { $0 } == ["numbers"] })
+        await client.close()
+        proxy.stop()
+        await first.stop()
+        await second.stop()
     }
 
     // MARK: Helpers
@@ -513,10 +574,9 @@ final class Collected: Sendable {
         #expect(try await MethodChannel(name: "count", client: client).invokeMethod("count", arguments: 7).intValue == 7)
     }
 
-    private func stats(_ server: ResumptionServer) async throws -> ChannelValue {
-        let reader = try await connect(server.server)
-        defer { Task { await reader.close() } }
-        return try await MethodChannel(name: "switchboard/stats", client: reader).invokeMethod("get")
+    /// The server's `switchboard/stats`, read by `reader` (a plain client of the server's own).
+    private func stats(_ reader: Client) async throws -> ChannelValue {
+        try await MethodChannel(name: "switchboard/stats", client: reader).invokeMethod("get")
     }
 
     /// The session token of the proxy's first connection, from its WELCOME, and the position of a client
