@@ -31,6 +31,8 @@ final class CuttingProxy: Sendable {
         var stallsToClient = false
         /// While set, new connections are closed at once (as when the network is gone).
         var refuses = false
+        /// While set, new connections hold what they read from their client until ``release(_:)``.
+        var holdsNew = false
         /// Bytes that went to the server, over all connections.
         var toServer = 0
         /// The first bytes each connection got from the server (its WELCOME), in order of connection.
@@ -47,12 +49,17 @@ final class CuttingProxy: Sendable {
         let passed = Atomic<Int>(0)
         let pumpsDone = Atomic<Int>(0)
         let isCut = Atomic<Bool>(false)
+        /// Bytes from the client wait in the proxy while set.
+        let holds: Atomic<Bool>
+        /// Bytes read from the client.
+        let fromClient = Atomic<Int>(0)
 
-        init(client: Int32, server: Int32, index: Int, budget: Int?) {
+        init(client: Int32, server: Int32, index: Int, budget: Int?, holds: Bool) {
             self.client = client
             self.server = server
             self.index = index
             self.budget = budget
+            self.holds = Atomic(holds)
         }
 
         func cut() {
@@ -94,6 +101,23 @@ final class CuttingProxy: Sendable {
     /// Holds every byte bound for the clients back (true) or lets them go (false).
     func stallToClient(_ stalls: Bool) { shared.withLock { $0.stallsToClient = stalls } }
 
+    /// Makes new connections hold what their client sends (true) until ``release(_:)``, or not (false).
+    func holdNew(_ holds: Bool) { shared.withLock { $0.holdsNew = holds } }
+
+    /// Bytes connection `index` (in order of connection, from 0) has read from its client.
+    func bytesFromClient(_ index: Int) -> Int { pair(index)?.fromClient.load(ordering: .acquiring) ?? 0 }
+
+    /// Closes connection `index` toward its client only: the client sees it end, while what it sent and
+    /// the proxy holds still reaches the server on ``release(_:)`` (a packet late out of a tunnel).
+    func hangUpClient(_ index: Int) {
+        if let pair = pair(index) { shutdown(pair.client, Int32(SHUT_RDWR)) }
+    }
+
+    /// Lets connection `index` forward what it holds, and all that follows.
+    func release(_ index: Int) { pair(index)?.holds.store(false, ordering: .releasing) }
+
+    private func pair(_ index: Int) -> Pair? { shared.withLock { s in s.pairs.first { $0.index == index } } }
+
     /// Closes new connections at once (true), or proxies them again (false).
     func refuseNew(_ refuses: Bool) { shared.withLock { $0.refuses = refuses } }
 
@@ -128,7 +152,7 @@ final class CuttingProxy: Sendable {
                 close(client)
                 continue
             }
-            let (target, budget, index) = shared.withLock { s -> (Int, Int?, Int) in
+            let (target, budget, index, holds) = shared.withLock { s -> (Int, Int?, Int, Bool) in
                 var budget: Int?
                 if s.cutsLeft > 0 {
                     s.cutsLeft -= 1
@@ -136,14 +160,14 @@ final class CuttingProxy: Sendable {
                     if s.firstFromServer.isEmpty { budget = max(512, budget ?? 0) }
                 }
                 s.firstFromServer.append([])
-                return (s.target, budget, s.firstFromServer.count - 1)
+                return (s.target, budget, s.firstFromServer.count - 1, s.holdsNew)
             }
             let server = Self.connect(to: target)
             guard server >= 0 else {
                 close(client)
                 continue
             }
-            let pair = Pair(client: client, server: server, index: index, budget: budget)
+            let pair = Pair(client: client, server: server, index: index, budget: budget, holds: holds)
             shared.withLock { s in
                 s.pairs.removeAll { $0.isCut.load(ordering: .acquiring) }
                 s.pairs.append(pair)
@@ -180,6 +204,10 @@ final class CuttingProxy: Sendable {
             }
             let count = buffer.withUnsafeMutableBytes { recv(from, $0.baseAddress, $0.count, 0) }
             guard count > 0 else { return }
+            if toServer {
+                pair.fromClient.add(count, ordering: .releasing)
+                while pair.holds.load(ordering: .acquiring), !pair.isCut.load(ordering: .acquiring) { usleep(500) }
+            }
             var forward = count
             var cutsHere = false
             if let budget = pair.budget {

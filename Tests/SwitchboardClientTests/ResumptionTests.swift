@@ -414,6 +414,30 @@ final class Collected: Sendable {
         await second.stop()
     }
 
+    /// A connection of the client's own that was cut before its resuming HELLO was answered, whose HELLO
+    /// reaches the server late (after the next connection resumed), takes the session over: the client
+    /// resumes again rather than give its session up as `taken`, and its call gets its real answer.
+    @Test func lateResumingHelloOfTheClientsOwnIsNotATheft() async throws {
+        let server = try ResumptionServer()
+        let proxy = try CuttingProxy(to: server.port)
+        let client = try await resumableClient(port: proxy.port)
+        let log = SessionLog(client)
+        proxy.holdNew(true)
+        proxy.cutAll()
+        #expect(try await eventually { proxy.bytesFromClient(1) > 0 })  // connection 1's resuming HELLO, held
+        proxy.holdNew(false)
+        proxy.hangUpClient(1)
+        #expect(try await eventually { log.events == [.resumed] })  // on connection 2
+        let call = Task { try await MethodChannel(name: "count", client: client).invokeMethod("count", arguments: 5) }
+        #expect(try await eventually { server.handled.withLock { $0[5] } == 1 })
+        proxy.release(1)  // the late HELLO takes the session from connection 2
+        #expect(try await call.value.intValue == 5)
+        #expect(try await eventually { log.events == [.resumed, .resumed] }, "\(log.events)")
+        await client.close()
+        proxy.stop()
+        await server.stop()
+    }
+
     /// A stolen token (read off the wire) is refused to another user and to an anonymous connection,
     /// leaving the session as it was; presented with the owner's credentials it takes the session over,
     /// and the owner's client reports `taken`.
