@@ -92,6 +92,9 @@ final class ClientCore {
     private var session: LiveSession?
     /// The current connection's HELLO presented `session`'s token.
     private var resuming = false
+    /// Connections that ended after sending a resuming HELLO and before its answer: the server may still
+    /// read such a HELLO, later, and take the session from this client's newer connection.
+    private var unansweredResumes = 0
     /// What to tell the application once the new session after a failed resume is set up.
     private var restartReport: SessionRestart?
     private var ackTimer: Timer?
@@ -236,6 +239,7 @@ final class ClientCore {
         guard session != nil else { return }
         session = nil
         resuming = false
+        unansweredResumes = 0
         stopAckTimer()
         var failed: [String] = []
         for (id, entry) in pending where entry.streamEnd <= output.sent {
@@ -291,6 +295,8 @@ final class ClientCore {
     private func connectionEnded(_ reason: String, permanent: Bool = false, stopsLoop: Bool = true) {
         transport = nil
         outbound.removeAll()
+        if resuming { unansweredResumes += 1 }
+        resuming = false
         awaitingWelcome = false
         stopAckTimer()
         if let parked = session, !isClosing, !permanent, hasConnected, config.reconnect != nil {
@@ -568,10 +574,16 @@ final class ClientCore {
                 return writeControl(.hello, id: nextInternalID(), payload: helloPayload(newSession: true))
             }
             if code == "session_taken", frame.id == 0, session != nil {
-                // Only this client's connection could resume its session: someone else has its token.
-                fallBack("taken")
                 transport?.closeNow()
-                return connectionEnded("the session was taken over by another connection")
+                guard unansweredResumes > 0 else {
+                    // No connection of this client's could have taken it: someone else has its token.
+                    fallBack("taken")
+                    return connectionEnded("the session was taken over by another connection")
+                }
+                // Most likely one of this client's own earlier connections, whose HELLO the server read
+                // late: that connection is gone, so the session is parked again. Resume it once more.
+                unansweredResumes -= 1
+                return connectionEnded("the session moved to an earlier connection of this client")
             }
             let error = ClientError(code: code, message: body["message"]?.stringValue ?? "",
                                     details: body["details"] ?? .null)
