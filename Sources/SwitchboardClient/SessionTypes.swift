@@ -29,7 +29,9 @@ public struct SessionRestart: Equatable, Sendable {
     /// Why: the server's `cannot_resume` reason (`unknown`, `expired`, `evicted`, `overflowed`, `ended`,
     /// `position`, `restarted`, `other_node`), or the client's own: `unsupported` (the server granted no
     /// session), `position` (the server's position was outside what the client kept), `expired` (no
-    /// connection within the time to live), `taken` (another connection presented the token).
+    /// connection within the time to live), `taken` (a connection not of this client's presented the
+    /// token; after one of its own connections was cut before its resume was answered, the client first
+    /// resumes once more, as the server may have read that connection's HELLO late).
     public let reason: String
     /// Channels listened to: each may have missed events between the last one received and the
     /// answer to the new `listen`.
