@@ -68,9 +68,9 @@ final class ResumptionServer: Sendable {
 }
 
 /// A client that asks for a resumable session and reconnects at once (1 to 20 ms).
-func resumableClient(port: Int, token: String? = nil, bound: Int = 1 << 20) async throws -> Client {
+func resumableClient(port: Int, token: String? = nil, bound: Int = 1 << 20, timeout: Duration = .seconds(20)) async throws -> Client {
     var config = ClientConfiguration(port: port, token: token)
-    config.requestTimeout = .seconds(20)
+    config.requestTimeout = timeout
     config.session = SessionOptions(maxUnacknowledgedBytes: bound)
     config.reconnect = ReconnectPolicy(initialDelay: .milliseconds(1), maximumDelay: .milliseconds(20))
     return try await Client.connect(config)
@@ -433,6 +433,24 @@ final class Collected: Sendable {
         proxy.release(1)  // the late HELLO takes the session from connection 2
         #expect(try await call.value.intValue == 5)
         #expect(try await eventually { log.events == [.resumed, .resumed] }, "\(log.events)")
+        await client.close()
+        proxy.stop()
+        await server.stop()
+    }
+
+    /// A resuming connection whose HELLO is never answered (the network died right after the connect)
+    /// is given up after the request timeout, and the next connection resumes.
+    @Test func unansweredHelloIsGivenUpAndTheNextConnectionResumes() async throws {
+        let server = try ResumptionServer()
+        let proxy = try CuttingProxy(to: server.port)
+        let client = try await resumableClient(port: proxy.port, timeout: .milliseconds(300))
+        let log = SessionLog(client)
+        proxy.holdNew(true)
+        proxy.cutAll()
+        #expect(try await eventually { proxy.bytesFromClient(1) > 0 })  // connection 1's HELLO, held for good
+        proxy.holdNew(false)
+        #expect(try await eventually { log.events == [.resumed] })
+        #expect(try await MethodChannel(name: "count", client: client).invokeMethod("count", arguments: 3).intValue == 3)
         await client.close()
         proxy.stop()
         await server.stop()
