@@ -99,6 +99,8 @@ final class ClientCore {
     private var restartReport: SessionRestart?
     private var ackTimer: Timer?
     private var ackTimerArmed = false
+    /// Gives up a connection whose HELLO goes unanswered for the request timeout.
+    private var handshakeTimer: Timer?
     private(set) var state = ConnectionState.connecting
     private var pending: [UInt32: PendingRequest] = [:]
     /// Ids in `pending` that are PINGs (answered by PONG, never cancelled on the wire).
@@ -143,6 +145,7 @@ final class ClientCore {
         sweep = try? Timer(loop: loop)
         sweep?.start(after: 10, repeat: 10) { [unowned self] in expireRequests() }
         ackTimer = try? Timer(loop: loop)
+        handshakeTimer = try? Timer(loop: loop)
         connect()
     }
 
@@ -164,6 +167,13 @@ final class ClientCore {
                 inbound.clear()
                 transport.start { [unowned self] event in handle(event) }
                 awaitingWelcome = true
+                if let limit = config.requestTimeout {
+                    handshakeTimer?.start(after: UInt64(min(max(0, limit / .milliseconds(1)), 1e12))) { [unowned self] in
+                        guard awaitingWelcome, let transport = self.transport else { return }
+                        transport.closeNow()
+                        connectionEnded("no WELCOME within \(limit)")
+                    }
+                }
                 resuming = session != nil
                 if let session { session.told = session.received }
                 writeControl(.hello, id: nextInternalID(), payload: helloPayload())
@@ -188,6 +198,7 @@ final class ClientCore {
     private func welcomed(_ payload: [UInt8]?) {
         guard awaitingWelcome else { return }  // a later WELCOME is in the stream and means nothing new
         awaitingWelcome = false
+        handshakeTimer?.stop()
         let granted = payload.flatMap { try? JSONText.parse($0) }?["session"]
         if let parked = session, resuming {
             resuming = false
@@ -298,6 +309,7 @@ final class ClientCore {
         if resuming { unansweredResumes += 1 }
         resuming = false
         awaitingWelcome = false
+        handshakeTimer?.stop()
         stopAckTimer()
         if let parked = session, !isClosing, !permanent, hasConnected, config.reconnect != nil {
             park(parked)
