@@ -11,7 +11,7 @@ public struct ClientConfiguration: Sendable {
     public var token: String?
     /// Name sent in HELLO.
     public var clientName = "switchboard-swift"
-    /// Default time limit of a call; nil = none.
+    /// Default time limit of a call, and of a connection's handshake (HELLO to WELCOME); nil = none.
     public var requestTimeout: Duration? = .seconds(30)
     /// Reconnection after a lost connection; nil = stay disconnected.
     public var reconnect: ReconnectPolicy? = ReconnectPolicy()
