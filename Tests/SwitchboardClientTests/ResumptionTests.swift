@@ -247,6 +247,19 @@ final class Collected: Sendable {
         await server.stop()
     }
 
+    /// A client that closes ends its session (END): the server parks nothing for it.
+    @Test func closingEndsTheSession() async throws {
+        let server = try ResumptionServer()
+        let reader = try await connect(server.server)
+        let client = try await resumableClient(port: server.port)
+        #expect(try await MethodChannel(name: "count", client: client).invokeMethod("count", arguments: 1).intValue == 1)
+        await client.close()
+        #expect(try await eventually { try await stats(reader)["sessions"]?["ended"]?["end"] == 1 })
+        #expect(try await stats(reader)["sessions"]?["parked"] == 0)
+        await reader.close()
+        await server.stop()
+    }
+
     /// A holder cut while it works on a forwarded request answers after resuming, and the caller gets
     /// that answer; a request forwarded while it is away reaches it once it is back.
     @Test func holderCutMidRequestAnswersAfterResuming() async throws {
