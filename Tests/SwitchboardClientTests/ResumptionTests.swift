@@ -16,7 +16,8 @@ import SwitchboardTesting
 import SwitchboardWire
 
 /// A live server for the resumption tests: the demo channels, `numbers` (an event channel the test
-/// broadcasts on; its listens are counted), `count` (answers its argument, an integer or a list that
+/// broadcasts on; its listens are counted), `burst` (sends ``burst`` numbered events on each listen),
+/// `count` (answers its argument, an integer or a list that
 /// begins with one, and counts each call by it)
 /// and `never` (never answers).
 final class ResumptionServer: Sendable {
@@ -44,6 +45,11 @@ final class ResumptionServer: Sendable {
             sinks.withLock { $0.append(sink) }
             return nil
         }))
+        SwitchboardServer.EventChannel(name: "burst", queueLimit: 1 << 20, server: server)
+            .setStreamHandler(StreamHandlerClosures(onListen: { _, sink in
+                for n in 0..<Self.burst { sink.success(.int(n)) }
+                return nil
+            }))
         SwitchboardServer.MethodChannel(name: "count", server: server).setMethodCallHandler { call in
             let n = call.arguments.intValue ?? call.arguments.listValue?.first?.intValue ?? -1
             handled.withLock { $0[n, default: 0] += 1 }
@@ -55,6 +61,9 @@ final class ResumptionServer: Sendable {
     }
 
     var port: Int { server.port }
+
+    /// Events `burst` sends each listener at once.
+    static let burst = 5000
 
     /// Ends every stream of `numbers`.
     func endStreams() {
@@ -151,6 +160,21 @@ final class Collected: Sendable {
         listening.cancel()
         await client.close()
         proxy.stop()
+        await server.stop()
+    }
+
+    /// A consumer of `receiveBroadcastStream` that falls behind misses nothing: the stream asks for
+    /// events as it consumes them (DEMAND credit), so the server holds them back instead of the client
+    /// dropping the oldest.
+    @Test func slowConsumerOfTheAsyncStreamMissesNothing() async throws {
+        let server = try ResumptionServer()
+        let client = try await resumableClient(port: server.port)
+        var events = SwitchboardClient.EventChannel(name: "burst", client: client).receiveBroadcastStream().makeAsyncIterator()
+        try await client.ping()  // its PONG follows all the events the server sends before more credit
+        var received: [Int] = []
+        while received.last != ResumptionServer.burst - 1, let value = try await events.next() { received.append(value.intValue ?? -1) }
+        #expect(received == Array(0..<ResumptionServer.burst))
+        await client.close()
         await server.stop()
     }
 
