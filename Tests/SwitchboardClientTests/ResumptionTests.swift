@@ -573,7 +573,9 @@ final class Collected: Sendable {
         let (received, listening) = try await listenToNumbers(client, server, listens: 1)
         proxy.stallToServer(true)
         proxy.cutAll()
-        for n in 0..<5000 { server.numbers.broadcast(.int(n)) }
+        // The stream's credit (EventStream.window, 1,024) lets about 110 KB of these into the session.
+        let event = ChannelValue.string(String(repeating: "x", count: 100))
+        for _ in 0..<2000 { server.numbers.broadcast(event) }
         #expect(try await eventually { try await stats(reader)["sessions"]?["ended"]?["overflowed"] == 1 })
         #expect(try await stats(reader)["sessions"]?["bufferedBytes"]?.intValue ?? .max <= 32 * 1024)
         proxy.stallToServer(false)
