@@ -392,8 +392,6 @@ final class Collected: Sendable {
 
     /// protocol/resumption.md: a server started with `--session-ttl 0` answers as a server without
     /// sessions, with a WELCOME without `session`, which a resuming client reads as `unsupported`.
-    /// The server answers `cannot_resume` `restarted` instead (reported to the lead; the client falls
-    /// back either way).
     @Test func serverWithoutSessionsAnswersAResumeWithAPlainWelcome() async throws {
         let first = try ResumptionServer(), second = try ResumptionServer { $0.sessionTTLMs = 0 }
         let proxy = try CuttingProxy(to: first.port)
@@ -403,7 +401,7 @@ final class Collected: Sendable {
         proxy.retarget(to: second.port)
         proxy.cutAll()
         guard case .restarted(let restart)? = try await log.firstNotResumed() else { Issue.record("no restart"); return }
-        withKnownIssue("the server answers cannot_resume restarted") { #expect(restart.reason == "unsupported") }
+        #expect(restart.reason == "unsupported")
         await client.close()
         proxy.stop()
         await first.stop()
