@@ -419,7 +419,8 @@ final class ParkedTransport: Transport {
 
 /// The transport of a session's connection: the transport it runs over now, which a resume replaces
 /// by the resuming connection's (and parking by a ``ParkedTransport``). Its events reach the
-/// connection through the connection that started it, whose ``Connection/heir`` it is.
+/// connection through the connection that started it, whose ``Connection/heir`` it is. (`@safe`: its
+/// one unsafe part, ``holder``, is kept alive by hand as its comment says, and never leaves it.)
 @safe final class SessionTransport: Transport {
     /// The transport it runs over now, in an object of its own that ``queuedBytes`` (read for every
     /// event delivered) borrows: with no retain, as a `let` is read. Over plain TCP, passed through

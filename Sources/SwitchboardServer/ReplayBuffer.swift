@@ -18,8 +18,7 @@ struct ReplayBuffer {
     /// Small flushes are copied into chunks of up to this many bytes.
     static let chunkSize = 64 * 1024
     /// A flush of at least this many bytes is a chunk of its own, sharing the flushed array, unless
-    /// that array's capacity is over twice its count (what is kept never holds more than twice its
-    /// bytes in memory).
+    /// that array's capacity is over twice its count (no shared array holds more than twice what it keeps).
     static let sharedFlushSize = 4 * 1024
 
     /// The stream position after the last byte kept: the server's sent position.

@@ -92,7 +92,7 @@ final class Session {
             bytes.removeFirst(min(uncountedOutput, bytes.count))
             uncountedOutput = 0
         }
-        var kept = ReplayBuffer()  // as in `changeReplay(_:)`, which cannot take `bytes` on
+        var kept = ReplayBuffer()  // taken out as `changeReplay(_:)` does (its closure could not consume `bytes`)
         swap(&kept, &replay)
         defer { swap(&kept, &replay) }
         guard UInt64(bytes.count) <= Self.maxPosition - kept.end, kept.count + bytes.count <= limit else { return false }
