@@ -259,6 +259,7 @@ extension Connection {
         guard self.session != nil, session.keptBytes <= core.config.sessionBytes else {
             return endParked(.overflowed, closing: reason)
         }
+        session.trimKept()
         let old = sessionTransport?.replace(with: ParkedTransport(of: transport)) ?? transport
         dropInput()
         if reason == .frameTimeout {  // its ERROR is not in the stream
@@ -423,23 +424,46 @@ final class ParkedTransport: Transport {
 
 /// The transport of a session's connection: the transport it runs over now, which a resume replaces
 /// by the resuming connection's (and parking by a ``ParkedTransport``). Its events reach the
-/// connection through the connection that started it, whose ``Connection/heir`` it is.
-final class SessionTransport: Transport {
-    private(set) var inner: any Transport
+/// connection through the connection that started it, whose ``Connection/heir`` it is. (`@safe`: its
+/// one unsafe part, ``holder``, is kept alive by hand as its comment says, and never leaves it.)
+@safe final class SessionTransport: Transport {
+    /// The transport it runs over now, in an object of its own that ``queuedBytes`` (read for every
+    /// event delivered) borrows: with no retain, as a `let` is read. Over plain TCP, passed through
+    /// unchanged, that count is read from the TCP connection at once, with no call through the layer
+    /// above it: what the path without a session pays.
+    private final class Holder {
+        let transport: any Transport
+        let tcp: TCPConnection?
+        init(_ transport: any Transport) {
+            self.transport = transport
+            tcp = (transport as? HTTPUpgradeTransport)?.passThroughTCP ?? transport as? TCPConnection
+        }
+    }
+    /// Sound: retained by hand once when made (in `init` and `replace(with:)`) and released once, when
+    /// replaced or in `deinit`; borrowed only by `queuedBytes`, whose getters do not call out, so
+    /// nothing replaces it meanwhile (and only on the loop thread, as every access here).
+    @exclusivity(unchecked) private var holder: Unmanaged<Holder>
 
-    init(over inner: any Transport) { self.inner = inner }
+    init(over inner: any Transport) { unsafe holder = .passRetained(Holder(inner)) }
+
+    deinit { unsafe holder.release() }
+
+    /// The transport it runs over now.
+    var inner: any Transport { unsafe holder.takeUnretainedValue().transport }
 
     /// Goes on over `new`; returns the transport it ran over.
     @discardableResult
     func replace(with new: any Transport) -> any Transport {
-        var old = new
-        swap(&old, &inner)
+        let old = inner
+        let replaced = unsafe holder
+        unsafe holder = .passRetained(Holder(new))
+        unsafe replaced.release()
         return old
     }
 
     func start(_ handler: @escaping (TransportEvent) -> Void) {}  // started by the connection it came from
     func write(_ bytes: inout [UInt8]) { inner.write(&bytes) }
-    var queuedBytes: Int { inner.queuedBytes }
+    var queuedBytes: Int { unsafe holder._withUnsafeGuaranteedRef { $0.tcp?.queuedBytes ?? $0.transport.queuedBytes } }
     var isOpen: Bool { inner.isOpen }
     var remoteAddress: String { inner.remoteAddress }
     var isLoopbackPeer: Bool { inner.isLoopbackPeer }

@@ -34,6 +34,8 @@ final class Session {
     /// skipped when the next flush is kept.
     var uncountedOutput = 0
     /// What was sent and not acknowledged; its ``ReplayBuffer/end`` is the server's sent position.
+    /// Changed only through ``changeReplay(_:)``: no access to it spans a call, so none is checked at
+    /// run time (one per flush otherwise).
     private(set) var replay = ReplayBuffer()
     /// The connection that carries it, parked or not; nil once it ended.
     var connection: Connection?
@@ -85,35 +87,50 @@ final class Session {
 
     /// Keeps `bytes` (a flush), less the ``uncountedOutput`` at their front; false if what is kept
     /// would pass `limit`, or the stream ``maxPosition``.
-    func keepSent(_ bytes: [UInt8], limit: Int) -> Bool {
-        var bytes = bytes
+    func keepSent(_ bytes: consuming [UInt8], limit: Int) -> Bool {
         if uncountedOutput > 0 {
             bytes.removeFirst(min(uncountedOutput, bytes.count))
             uncountedOutput = 0
         }
-        guard UInt64(bytes.count) <= Self.maxPosition - sentPosition, replay.count + bytes.count <= limit else { return false }
-        replay.append(bytes)
+        var kept = ReplayBuffer()  // taken out as `changeReplay(_:)` does (its closure could not consume `bytes`)
+        swap(&kept, &replay)
+        defer { swap(&kept, &replay) }
+        guard UInt64(bytes.count) <= Self.maxPosition - kept.end, kept.count + bytes.count <= limit else { return false }
+        kept.append(bytes, limit: limit)
         return true
     }
+
+    /// Runs `change` on ``replay`` taken out of the session meanwhile.
+    private func changeReplay<Result>(_ change: (inout ReplayBuffer) -> Result) -> Result {
+        var kept = ReplayBuffer()
+        swap(&kept, &replay)
+        defer { swap(&kept, &replay) }
+        return change(&kept)
+    }
+
+    /// Lets go of memory reserved for what it has not kept yet (it was parked).
+    func trimKept() { changeReplay { $0.trimCapacity() } }
 
     /// The client's POSITION: forgets what it acknowledged. False if it names a position past the
     /// sent position; a position before the last one is ignored.
     func acknowledge(_ position: UInt64) -> Bool {
         guard position <= sentPosition else { return false }
-        if position > replay.start { replay.release(upTo: position) }
+        if position > replay.start { changeReplay { $0.release(upTo: position) } }
         return true
     }
 
     /// Forgets what it kept (the session ended).
-    func forgetKept() { replay.removeAll() }
+    func forgetKept() { changeReplay { $0.removeAll() } }
 
     /// The bytes kept from `position` on, or nil if `position` lies outside them; `position` then
     /// counts as the client's acknowledgement.
     func missed(from position: UInt64) -> [UInt8]? {
         guard position >= replay.start, position <= replay.end else { return nil }
-        let bytes = replay.bytes(from: position)
-        replay.release(upTo: position)
-        return bytes
+        return changeReplay { kept in
+            let bytes = kept.bytes(from: position)
+            kept.release(upTo: position)
+            return bytes
+        }
     }
 
     /// Bytes kept for the client.

@@ -125,6 +125,12 @@ public final class HTTPUpgradeTransport: Transport {
     }
 
     public var queuedBytes: Int { inner.queuedBytes + pendingCount }
+    /// The TCP connection below, while this transport passes bytes through to it unchanged: then all it
+    /// has queued is that connection's (``queuedBytes``), which a transport over this one may read there.
+    public var passThroughTCP: TCPConnection? {
+        guard case .passThrough = mode else { return nil }
+        return inner as? TCPConnection
+    }
     /// The transport below's: a connection whose WebSocket closed still lingers in TCP until the owner's
     /// close (bounded by its sweep of closing connections).
     public var isOpen: Bool { inner.isOpen }
