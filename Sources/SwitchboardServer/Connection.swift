@@ -176,6 +176,10 @@ final class Connection {
     var heir: Connection?
     /// Where this connection's socket goes, with its HELLO, when that HELLO resumes a session of another loop.
     var pendingMove: SessionMove?
+    /// Whether ``pendingMove`` is set, read for every transport event instead of it: the move is changed
+    /// in place, which makes every access to it checked for exclusivity at run time (measured: 115
+    /// instructions per rpc call at depth 1), and this flag is only ever read or assigned.
+    var isWaitingToMove = false
 
     init(id: UInt64, transport: any Transport, core: ServerCore) {
         self.id = id
@@ -213,7 +217,7 @@ final class Connection {
 
     func handle(_ event: TransportEvent) {
         if let heir { return heir.handle(event) }
-        if pendingMove != nil { return holdWhileMoving(event) }
+        if isWaitingToMove { return holdWhileMoving(event) }
         switch event {
         case .data(let bytes):
             guard !isClosing else { return }
@@ -682,6 +686,7 @@ final class Connection {
     /// without a close of its own (its place under the caps goes with it).
     func stopForMove(_ move: SessionMove) {
         pendingMove = move
+        isWaitingToMove = true
         isClosing = true
         isClosed = true
         transport.pauseReading()
@@ -690,6 +695,7 @@ final class Connection {
     /// It did not move after all: it goes on here.
     func stayAfterMove() {
         pendingMove = nil
+        isWaitingToMove = false
         isClosing = false
         isClosed = false
     }

@@ -192,6 +192,7 @@ extension Connection {
     /// HELLO's checks are made again there); its place under the caps goes along.
     private func finish(_ move: SessionMove) {
         pendingMove = nil
+        isWaitingToMove = false
         let host = admittedHost, toResume = admittedToResume
         admittedHost = nil
         let quota = core.quota
