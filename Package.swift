@@ -53,7 +53,7 @@ let package = Package(
         .target(name: "SwitchboardTransport", dependencies: ["CLibUV", "COpenSSL", "CWslay", "CHTTPParser"]),
         .target(
             name: "SwitchboardConsole",
-            exclude: ["js/test", "js/package.json", "js/README.md"],
+            exclude: ["js/test", "js/package.json", "js/README.md", "js/tcp.js"],
             resources: [.embedInCode("js/codec.js"), .embedInCode("js/client.js"), .embedInCode("console/index.html")],
             swiftSettings: safeSettings
         ),

@@ -32,6 +32,26 @@ settled, at most SETTLE_MAX s).
  10 metrics   SCRAPE_CONNS connections hold REG_CAP channels each (40,000 in all), then a client GETs
               /metrics back to back for SCRAPE_SECONDS: scrapes under SCRAPE_LIMIT_MS at p99 and
               SCRAPE_MAX_BYTES, however many channels are held.
+ 11 parked    (protocol/resumption.md; the server runs with --max-parked-sessions PARKED, --session-ttl
+              PARKED_TTL_MS, --cap-loopback --max-connections-per-address PARKED_CAP) PARKED connections
+              ask for a session and listen to the room; EVENTS_LIVE events of EVENT_SIZE bytes reach
+              them, never acknowledged; they drop (RST) and park; EVENTS_PARKED more are posted, which the
+              parked sessions keep. Then: RSS per parked session (the figure), the per-address cap counts
+              the parked (connections opened until refused: exactly PARKED_CAP - PARKED admitted), and,
+              while probing, PARKED_EXTRA more sessions park in batches: the parked count (sampled every
+              0.1 s) never passes PARKED, the oldest are evicted (ended.evicted), an evicted token is
+              answered cannot_resume `evicted`, and the newest first-wave session resumes from position
+              0 with its listen REPLY and every event replayed. The rest expire before the RSS settles.
+ 12 bad-tokens FLOOD_WORKERS clients present bad session tokens as fast as they can for FLOOD_SECONDS,
+              each on a new connection (the server runs with two users, scripts/attacks): random 32-byte
+              tokens (`restarted`: another process's mark), random text (`unknown`), a live session's
+              name with a forged secret (`unknown`), the live session's token from another user or
+              anonymously (`unknown`, counted `identity`), an ended session's (`ended`, `unknown` once the
+              flood's own ended sessions have pushed it out of the 1,000 remembered); one try in
+              FLOOD_FALLBACK_ONE_IN then asks for a new session on the same connection and ENDs it.
+              Every answer must be cannot_resume with that reason, the refusals counted in stats by
+              reason exactly, no session held after, the refusal logged at most once a second (lines
+              in the server's log), and the live session untouched (not taken, still answering).
 
 Thresholds (an attack FAILs when any is broken):
   * echo latency during the attack: p99 < 100 ms, and every probe call answered;
@@ -43,20 +63,23 @@ Thresholds (an attack FAILs when any is broken):
     attack's connections are gone and RSS has settled: the server must give back what an attack made it
     take, less some slack for allocator caches and the pages of the binary the attack touched;
   * the server is still up, and its connection count is back to 1 (the stats reader);
-  * 5-7: every slow starter was closed by its deadline within SLOW_HOLD_MAX s, and told why.
+  * 5-7: every slow starter was closed by its deadline within SLOW_HOLD_MAX s, and told why;
+  * 11: RSS peak - baseline <= PARKED x (the events each keeps + PARKED_BUDGET KiB) + 64 MiB; 12: 64 MiB.
 """
 import argparse
 import asyncio
+import base64
 import json
 import os
+import random
 import socket
 import struct
 import sys
 import time
 
 sys.dont_write_bytecode = True
-from sbwire import (ERROR, HELLO, MESSAGE, PING, PONG, REGISTER, ROOM, ROOM_POST, REPLY, connect, error_code, frame,
-                    get_stats, method_call, mib, percentile, rss_kib, total_dropped)
+from sbwire import (END, ERROR, HELLO, MESSAGE, PING, PONG, REGISTER, ROOM, ROOM_POST, REPLY, WELCOME, connect, error_code,
+                    frame, get_stats, hello_payload, json_of, method_call, mib, percentile, rss_kib, total_dropped)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE_CALLS, PROBE_INTERVAL = 300, 0.03
@@ -73,12 +96,19 @@ REG_CAP = 1000  # the server's default --max-registrations
 REG_CONNS, REG_TRIES, REG_NAME = 40, 1500, 200
 SCRAPE_CONNS, SCRAPE_SECONDS, SCRAPE_LIMIT_MS, SCRAPE_MAX_BYTES = 40, 10, 50.0, 1 << 20
 REG_BUDGET = 4  # KiB per channel held
+PARKED, PARKED_EXTRA, PARKED_BATCH = 1000, 200, 50  # scripts/attacks: --max-parked-sessions PARKED
+PARKED_CAP, PARKED_TTL_MS = PARKED + 100, 20_000  # scripts/attacks: --max-connections-per-address, --session-ttl
+EVENTS_LIVE, EVENTS_PARKED, EVENT_SIZE = 4, 4, 1024
+PARKED_BUDGET = 16  # KiB per parked session beyond the events it keeps
+FLOOD_WORKERS, FLOOD_SECONDS, FLOOD_FALLBACK_ONE_IN = 32, 15, 10
+USERS = {"alice": "attack-alice", "bob": "attack-bob"}  # scripts/attacks' access configuration: name -> HELLO token
 
 
 class Attack:
     def __init__(self, args):
         self.port, self.pid, self.limit = args.port, args.pid, args.outbound_limit
         self.tls_port, self.ca = args.tls_port, args.ca
+        self.server_log = args.server_log
         self.body_failures = []  # reasons an attack's body found to fail it (see run)
         self.loop = asyncio.get_running_loop()
         self.failed = []
@@ -393,6 +423,260 @@ class Attack:
                 f"{percentile(scrapes, 50):.1f} ms, p99 {percentile(scrapes, 99):.1f} ms, max {slowest:.1f} ms, up to {largest} B")
 
 
+    # ---- 11 and 12: resumable sessions
+    async def ask_session(self, conn, token=None, resume=None):
+        """HELLO asking for a new session (or resuming `resume`, a (token, position) pair) on `conn`;
+        returns the answer's (kind, JSON payload)."""
+        session = {} if resume is None else {"token": resume[0], "position": resume[1]}
+        fields = {"session": session} if token is None else {"token": token, "session": session}
+        kind, payload = await asyncio.wait_for(conn.call("", hello_payload(**fields), kind=HELLO), 10)
+        return kind, json_of(payload)
+
+    async def make_sessions(self, n, prefix, received=None):
+        """n connections, each with a new session and listening to the room; returns (connections,
+        tokens). `received[i]`, if given, counts the room events connection i gets."""
+        conns = []
+        for start in range(0, n, 100):
+            def counter(i):
+                def on_frame(conn, f):
+                    if f[0] == MESSAGE and f[2] == 0 and f[3] == ROOM and received is not None:
+                        received[i] += 1
+                return on_frame
+            conns += await asyncio.gather(*(connect(self.port, counter(i), f"{prefix}{i}")
+                                            for i in range(start, min(n, start + 100))))
+
+        async def one(conn):
+            kind, answer = await self.ask_session(conn)
+            listened, _ = await asyncio.wait_for(conn.call(ROOM, method_call("listen", None)), 10)
+            token = (answer.get("session") or {}).get("token")
+            if kind != WELCOME or not token or listened != REPLY:
+                raise RuntimeError(f"{conn.name}: no session ({kind}, {answer})")
+            return token
+        return conns, await asyncio.gather(*(one(c) for c in conns))
+
+    async def sessions(self):
+        return (await get_stats(self.port)).get("sessions") or {}
+
+    async def post_room(self, count):
+        poster = await connect(self.port, name="poster")
+        for n in range(count):
+            kind, _ = await asyncio.wait_for(poster.call(ROOM_POST, struct.pack(">Q", n) + bytes(EVENT_SIZE - 8)), 10)
+            if kind != REPLY:
+                raise RuntimeError(f"room.post answered {kind}")
+        poster.close()
+
+    async def wait_for(self, predicate, seconds, what):
+        t0 = time.monotonic()
+        while not await predicate():
+            if time.monotonic() - t0 > seconds:
+                raise RuntimeError(f"not within {seconds} s: {what}")
+            await asyncio.sleep(0.2)
+
+    async def parked_sessions(self, hold):
+        base = self.rss()
+        received = [0] * PARKED
+        conns, tokens = await self.make_sessions(PARKED, "parked", received)
+        await self.post_room(EVENTS_LIVE)
+
+        async def all_received():
+            return min(received) >= EVENTS_LIVE
+        await self.wait_for(all_received, 20, f"{EVENTS_LIVE} events at every session")
+        live_rss = self.rss()
+        for c in conns:
+            c.abort()
+
+        async def all_parked():
+            return (await self.sessions()).get("parked") == PARKED
+        await self.wait_for(all_parked, 20, f"{PARKED} sessions parked")
+        await self.post_room(EVENTS_PARKED)
+        await asyncio.sleep(1)
+        held = await self.sessions()
+        parked_rss = await self.settle()
+        per_session = (parked_rss - base) / PARKED
+        kept = held.get("bufferedBytes", 0) / PARKED / 1024
+
+        # The per-address cap counts the parked sessions: connections from this address until refused.
+        admitted, refused = 0, 0
+        socks = []
+        for _ in range(PARKED_CAP - PARKED + 20):
+            s = (await self.open_sockets(1, first=frame(PING, 1)))[0]
+            try:
+                answer = await asyncio.wait_for(self.loop.sock_recv(s, 64), 5)
+            except (asyncio.TimeoutError, OSError):
+                answer = b""
+            if answer:
+                admitted += 1
+                socks.append(s)
+            else:
+                refused += 1
+                s.close()
+        for s in socks:
+            s.close()
+
+        async def released():  # a stats connection may be refused until the server has seen the closes
+            try:
+                return (await get_stats(self.port)).get("connections") == 1
+            except ConnectionError:
+                return False
+        await self.wait_for(released, 10, "the connections that tested the cap are gone")
+        if admitted != PARKED_CAP - PARKED:
+            self.body_failures.append(f"{admitted} connections admitted beside {PARKED} parked sessions under a cap of "
+                                      f"{PARKED_CAP} per address (want {PARKED_CAP - PARKED})")
+
+        # More sessions park while the probes run: the oldest are evicted, never more than PARKED parked.
+        parked_max, stop_sampling = 0, asyncio.Event()
+
+        async def sample_parked():
+            nonlocal parked_max
+            while not stop_sampling.is_set():
+                parked_max = max(parked_max, (await self.sessions()).get("parked", 0))
+                await asyncio.sleep(0.1)
+        evicted0 = (held.get("ended") or {}).get("evicted", 0)
+        sampler = asyncio.create_task(sample_parked())
+
+        async def park_more():
+            for b in range(PARKED_EXTRA // PARKED_BATCH):
+                extra, _ = await self.make_sessions(PARKED_BATCH, f"extra{b}-")
+                for c in extra:
+                    c.abort()
+                await asyncio.sleep(0.2)
+        parking = asyncio.create_task(park_more())
+
+        async def parked_all():
+            return parking.done()
+        await hold(0, parked_all)
+        await parking
+        stop_sampling.set()
+        await sampler
+        after = await self.sessions()
+        evicted = (after.get("ended") or {}).get("evicted", 0) - evicted0
+        if parked_max > PARKED or after.get("parked") != PARKED:
+            self.body_failures.append(f"parked sessions: up to {parked_max}, {after.get('parked')} at the end (cap {PARKED})")
+        if evicted != PARKED_EXTRA:
+            self.body_failures.append(f"{evicted} sessions evicted, want {PARKED_EXTRA}")
+
+        # The oldest session was evicted and says so; the newest of the first wave resumes with everything.
+        conn = await connect(self.port, name="evicted")
+        kind, answer = await self.ask_session(conn, resume=(tokens[0], 0))
+        reason = ((answer.get("details") or {}).get("reason"))
+        if kind != ERROR or answer.get("code") != "cannot_resume" or reason != "evicted":
+            self.body_failures.append(f"an evicted session's token was answered {kind} {answer}")
+        conn.close()
+        replayed = []
+        conn = await connect(self.port, lambda c, f: replayed.append(f[0]), name="resumer")
+        kind, answer = await self.ask_session(conn, resume=(tokens[-1], 0))
+        await asyncio.sleep(1)
+        events = sum(1 for k in replayed if k == MESSAGE)
+        # The old connection's listen (id 2, after its HELLO) is answered again: this connection's HELLO had id 1.
+        answers = [(k, fid) for k, fid, _ in conn.unexpected]
+        if kind != WELCOME or not (answer.get("session") or {}).get("resumed") or events != EVENTS_LIVE + EVENTS_PARKED \
+                or answers != [(REPLY, 2)]:
+            self.body_failures.append(f"resuming a parked session from 0: {kind} {answer}, {events} events replayed "
+                                      f"(want {EVENTS_LIVE + EVENTS_PARKED}), answers {conn.unexpected[:2]}")
+        conn.send(frame(END))
+        conn.close()
+
+        async def none_parked():
+            return (await self.sessions()).get("parked") == 0
+        await self.wait_for(none_parked, PARKED_TTL_MS / 1000 + 20, "the parked sessions expire")
+        return (f"{PARKED} parked: RSS +{mib(live_rss - base):.1f} MiB live, +{mib(parked_rss - base):.1f} MiB parked = "
+                f"{per_session:.1f} KiB per parked session (keeping {kept:.1f} KiB of output each); "
+                f"{admitted} admitted and {refused} refused beside them under the cap of {PARKED_CAP}; "
+                f"{PARKED_EXTRA} more parked: at most {parked_max} parked, {evicted} evicted")
+
+    async def bad_tokens(self, hold):
+        alice, ended = await connect(self.port, name="alice"), await connect(self.port, name="ended")
+        (_, a), (_, e) = await self.ask_session(alice, USERS["alice"]), await self.ask_session(ended, USERS["alice"])
+        live_token, ended_token = a["session"]["token"], e["session"]["token"]
+        ended.send(frame(END))
+        ended.close()
+        b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        name = base64.urlsafe_b64decode(live_token + "=")[:16]
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=+/.! é"
+        # kind: (the HELLO's token, the session token, the reason told, the reason counted)
+        kinds = {
+            "random": lambda r: (None, b64(os.urandom(32)), "restarted", "restarted"),
+            "garbage": lambda r: (None, "".join(r.choice(alphabet) for _ in range(r.randrange(0, 300))), "unknown", "unknown"),
+            "forged": lambda r: (USERS["alice"], b64(name + os.urandom(16)), "unknown", "unknown"),
+            "other-user": lambda r: (USERS["bob"], live_token, "unknown", "identity"),
+            "anonymous": lambda r: (None, live_token, "unknown", "identity"),
+            "ended": lambda r: (USERS["alice"], ended_token, "ended", "ended"),
+        }
+        # The server remembers why the last --max-parked-sessions (1,000 here) sessions ended: the new
+        # sessions the flood makes and ends push the ended one out, after which it is `unknown`.
+        remembered = 1000 - FLOOD_WORKERS
+        await asyncio.sleep(0.5)
+        stats0 = await get_stats(self.port)
+        log0 = self.refusal_log_lines()
+        tries = {k: 0 for k in kinds}
+        counted = {}
+        wrong, fallbacks = [], 0
+        stop = asyncio.Event()
+
+        async def worker(index):
+            nonlocal fallbacks
+            r = random.Random(index)
+            while not stop.is_set():
+                kind_name = r.choice(list(kinds))
+                user, token, told, count_as = kinds[kind_name](r)
+                conn = await connect(self.port, name=f"flood{index}")
+                try:
+                    kind, answer = await self.ask_session(conn, user, resume=(token, 0))
+                    tries[kind_name] += 1
+                    reason = (answer.get("details") or {}).get("reason")
+                    if kind_name == "ended" and fallbacks >= remembered and reason == "unknown":
+                        told = count_as = "unknown"
+                    counted[count_as] = counted.get(count_as, 0) + 1
+                    if kind != ERROR or answer.get("code") != "cannot_resume" or reason != told:
+                        wrong.append(f"{kind_name}: {kind} {answer}")
+                    elif r.randrange(FLOOD_FALLBACK_ONE_IN) == 0:  # the connection's one further try: a new session
+                        kind, answer = await self.ask_session(conn, user)
+                        if kind != WELCOME or not (answer.get("session") or {}).get("token"):
+                            wrong.append(f"{kind_name}: a new session after cannot_resume was answered {kind} {answer}")
+                        conn.send(frame(END))
+                        fallbacks += 1
+                except (asyncio.TimeoutError, ConnectionError) as e:
+                    wrong.append(f"{kind_name}: {type(e).__name__} {e}")
+                finally:
+                    conn.close()
+        workers = [asyncio.create_task(worker(i)) for i in range(FLOOD_WORKERS)]
+        t0 = time.monotonic()
+        await hold(FLOOD_SECONDS)
+        stop.set()
+        await asyncio.gather(*workers)
+        seconds = time.monotonic() - t0
+        await asyncio.sleep(0.5)
+        stats1 = await get_stats(self.port)
+        log_lines = self.refusal_log_lines() - log0
+        refused = {k: v - ((stats0.get("sessions") or {}).get("refused") or {}).get(k, 0)
+                   for k, v in ((stats1.get("sessions") or {}).get("refused") or {}).items()}
+        refused = {k: v for k, v in refused.items() if v}
+        s0, s1 = stats0.get("sessions") or {}, stats1.get("sessions") or {}
+        kind, echoed = await asyncio.wait_for(alice.call("switchboard/echo", method_call("echo", "still here")), 10)
+        if wrong:
+            self.body_failures.append(f"{len(wrong)} wrong answer(s), e.g. {wrong[:3]}")
+        if refused != counted:
+            self.body_failures.append(f"stats count refusals {refused}, the clients saw {counted}")
+        for key in ("live", "parked", "bufferedBytes"):
+            if s1.get(key) != s0.get(key):
+                self.body_failures.append(f"sessions {key}: {s0.get(key)} before the flood, {s1.get(key)} after")
+        if alice.closed.done() or alice.errors or kind != REPLY:
+            self.body_failures.append(f"the live session was disturbed: closed={alice.closed.done()} errors={alice.errors} echo={kind}")
+        if self.server_log and not 1 <= log_lines <= seconds + 2:
+            self.body_failures.append(f"{log_lines} refusal lines logged in {seconds:.0f} s (want 1 … one a second)")
+        alice.send(frame(END))
+        alice.close()
+        total = sum(tries.values())
+        return (f"{total} bad tokens in {seconds:.0f} s ({total / seconds:.0f}/s: "
+                + ", ".join(f"{k} {v}" for k, v in tries.items()) + f"), {fallbacks} new sessions after the refusal; "
+                f"stats refused +{refused}; {log_lines if self.server_log else '?'} log lines")
+
+    def refusal_log_lines(self):
+        if not self.server_log:
+            return 0
+        with open(self.server_log, errors="replace") as f:
+            return sum(1 for line in f if "refusing to resume" in line)
+
     # ---- 5-7: slow starts, closed at their deadlines
     async def closes_by(self, reason):
         """Closes counted for `reason`, or the sum for a tuple of reasons."""
@@ -547,6 +831,8 @@ async def main_async(args):
         (8, "reconnect", a.reconnect_flood, 64 * 1024),
         (9, "reg-flood", a.registration_flood, REG_CONNS * REG_CAP * REG_BUDGET + 64 * 1024),
         (10, "metrics", a.metrics_scrape, SCRAPE_CONNS * REG_CAP * REG_BUDGET + 64 * 1024),
+        (11, "parked", a.parked_sessions, PARKED * ((EVENTS_LIVE + EVENTS_PARKED) * EVENT_SIZE // 1024 + PARKED_BUDGET) + 64 * 1024),
+        (12, "bad-tokens", a.bad_tokens, 64 * 1024),
     ]
     for number, name, body, budget in plan:
         if args.only and str(number) not in args.only.split(","):
@@ -570,6 +856,7 @@ def main():
     p.add_argument("--only", help="comma-separated attack numbers, e.g. 1,3")
     p.add_argument("--tls-port", type=int, help="the server's TLS port (attack 7)")
     p.add_argument("--ca", help="the CA that signed the server's TLS certificate (attack 7)")
+    p.add_argument("--server-log", help="the server's log (attack 12 counts its refusal lines)")
     args = p.parse_args()
     sys.exit(asyncio.run(main_async(args)))
 

@@ -12,9 +12,10 @@ import sys
 import time
 
 HELLO, WELCOME, MESSAGE, REPLY, PING, PONG, ERROR, GOAWAY, REGISTER, UNREGISTER, CANCEL, DEMAND = range(1, 13)
+POSITION, END = 13, 14  # protocol/resumption.md: only on a connection with a session
 NULL_PAYLOAD = 1
 TYPE_NAMES = {1: "HELLO", 2: "WELCOME", 3: "MESSAGE", 4: "REPLY", 5: "PING", 6: "PONG", 7: "ERROR",
-              8: "GOAWAY", 9: "REGISTER", 10: "UNREGISTER", 11: "CANCEL", 12: "DEMAND"}
+              8: "GOAWAY", 9: "REGISTER", 10: "UNREGISTER", 11: "CANCEL", 12: "DEMAND", 13: "POSITION", 14: "END"}
 HEADER = struct.Struct(">IBBHI")
 
 ECHO = "switchboard/echo"
@@ -164,6 +165,25 @@ def decode_envelope(b):
     return ("error", code, msg, details)
 
 
+def hello_payload(**fields):
+    """A HELLO's JSON payload: version 1 and `fields` (e.g. token=…, session={})."""
+    return json.dumps({"version": 1, **fields}).encode()
+
+
+def position_frame(position):
+    """POSITION (protocol/resumption.md): the sender's received position, a big-endian u64."""
+    return frame(POSITION, 0, "", struct.pack(">Q", position))
+
+
+def json_of(payload):
+    """A WELCOME's or an ERROR's JSON payload as a dict ({} when it is not one)."""
+    try:
+        value = json.loads(payload or b"{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def error_code(payload):
     try:
         return json.loads(payload or b"{}").get("code", "?")
@@ -202,8 +222,9 @@ class FrameParser:
 class FrameConnection(asyncio.Protocol):
     """A binary connection: on_frame is called for every frame; send() writes; requests() tracks answers.
 
-    Every request (MESSAGE/REGISTER with id != 0) is kept until exactly one REPLY or ERROR with its id
-    arrives; an answer for an id that is not pending is recorded in `unexpected` (a duplicate or a stray).
+    Every request (MESSAGE/REGISTER/HELLO with id != 0) is kept until exactly one REPLY, ERROR or WELCOME
+    with its id arrives; an answer for an id that is not pending is recorded in `unexpected` (a duplicate
+    or a stray).
     """
 
     def __init__(self, on_frame=None, name="conn"):
@@ -224,7 +245,7 @@ class FrameConnection(asyncio.Protocol):
     def data_received(self, data):
         for f in self.parser.feed(data):
             kind, flags, fid, ch, payload = f
-            if kind in (REPLY, ERROR) and fid != 0:
+            if kind in (REPLY, ERROR, WELCOME) and fid != 0:
                 entry = self.pending.pop(fid, None)
                 if entry is None:
                     self.unexpected.append((kind, fid, payload))

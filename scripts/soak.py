@@ -25,6 +25,21 @@ Pass/fail (exit 1 with the reasons listed):
     (both, so that neither small absolute noise nor allocator jitter on a small heap fails it). Runs
     with fewer than 6 samples skip this check (said in the output);
   * after every client is gone, stats show 1 connection (ours), 0 repliesPending, 0 registrations.
+
+With --cuts FRACTION (scripts/soak --cuts, which starts the server with --session-ttl CUT_TTL_MS) the workloads
+are resumable sessions of the Python client (clients/python, `resumable=True`), each through a cutting proxy
+of its own (switchboard.cutting_proxy), and every second each proxy is cut (a reset both ways, at whatever
+byte the streams are at) with probability FRACTION; one cut in CUT_RESTART_ONE_IN keeps its client away
+until CUT_HOLD_PAST_TTL s past the time to live, so that its session cannot be resumed (the client falls
+back: `restarted`, or `ended` if it gave up). CUT_RPC clients pipeline `echo` calls (window CUT_RPC_DEPTH,
+CUT_RPC_RATE a second each), a poster posts numbered events at CUT_POST_RATE a second, CUT_LISTENERS
+listen to the room. Pass/fail, exactly:
+  * every call and post is answered exactly once with the right answer, or fails with SessionLostError;
+    each client's SessionLostErrors are exactly the failed requests its `restarted`/`ended` events report;
+  * each listener gets each event at most once and in order; every gap in its events is either posts
+    that failed with SessionLostError (which may or may not have run) or follows a restart the client
+    reported, at most one gap per restart; and it gets every event to the last;
+  * the final stats, as above, and no session left parked once the clients have ended theirs.
 """
 import argparse
 import asyncio
@@ -36,6 +51,7 @@ import sys
 import time
 
 sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python", "src"))
 from sbwire import (CANCEL, ECHO, ERROR, MESSAGE, NULL_PAYLOAD, PING, REGISTER, REPLY, ROOM, ROOM_POST,
                     TYPE_NAMES, Int64, connect, error_code, frame, get_stats, method_call, mib,
                     rss_kib, success, total_dropped, FrameParser)
@@ -48,11 +64,17 @@ SLOW_READERS = [(256, 0.25), (512, 0.5), (256, 1.0)]  # (bytes per read, seconds
 RSS_PERIOD = 10.0
 DRAIN_TIMEOUT = 20.0
 ANSWER_TIMEOUT = 20.0
+CUT_RPC, CUT_RPC_DEPTH, CUT_RPC_RATE = 4, 8, 100
+CUT_LISTENERS, CUT_POST_RATE = 10, 50
+CUT_RESTART_ONE_IN, CUT_TTL_MS, CUT_HOLD_PAST_TTL = 10, 3000, 0.7  # scripts/soak --cuts: --session-ttl CUT_TTL_MS
+CUT_CONNECT_TIMEOUT = 2.0  # each try of a client to connect again
+switchboard = CuttingProxy = None  # clients/python, imported in the cut mode only
 
 
 class Soak:
-    def __init__(self, port, pid, seconds):
-        self.port, self.pid, self.seconds = port, pid, seconds
+    def __init__(self, port, pid, seconds, cuts=None):
+        self.port, self.pid, self.seconds, self.cuts = port, pid, seconds, cuts
+        self.cut_clients, self.cut_listeners, self.cut_posts_lost = [], [], set()
         self.loop = asyncio.get_running_loop()
         self.stop = False
         self.failures = []
@@ -60,7 +82,8 @@ class Soak:
             "rpc_sent", "rpc_answers", "held_sent", "held_answers", "held_cancels", "held_cancelled_answers",
             "holder_requests", "holder_cancels", "posts", "post_answers", "churn", "churn_calls",
             "churn_answers", "churn_abort_pending", "churn_abort_midframe", "churn_text",
-            "slow_joined", "slow_closed_slow_consumer", "slow_closed_reset", "slow_closed_other", "slow_events", "slow_gaps")}
+            "slow_joined", "slow_closed_slow_consumer", "slow_closed_reset", "slow_closed_other", "slow_events", "slow_gaps",
+            "cut_rpc_sent", "cut_rpc_answers", "cut_rpc_lost", "cut_posts", "cut_post_answers", "cuts", "cut_held")}
         self.conns = []  # connections whose requests must all be answered
         self.listeners = []
         self.rss = []  # (elapsed s, KiB)
@@ -345,6 +368,182 @@ class Soak:
                 self.fail(f"churn: {type(e).__name__}: {e}")
             await asyncio.sleep(CHURN_PAUSE)
 
+    # ---- cuts (--cuts): resumable sessions through cutting proxies, a fraction of them cut every second
+    async def cut_client(self, name):
+        """A resumable client (clients/python) of its own cutting proxy; its session events are recorded."""
+        proxy = await CuttingProxy("127.0.0.1", self.port, seed=len(self.cut_clients)).start()
+        entry = {"name": name, "proxy": proxy, "events": [], "client": None, "inflight": set()}
+
+        def on_session_event(event):
+            entry["events"].append(event)
+            if event.kind != "resumed":
+                entry.setdefault("restart_times", []).append(self.loop.time())
+        entry["client"] = await switchboard.connect(proxy.host, proxy.port, resumable=True, timeout=CUT_CONNECT_TIMEOUT,
+                                                    on_session_event=on_session_event)
+        if entry["client"].session is None:
+            raise RuntimeError(f"{name}: the server granted no session")
+        self.cut_clients.append(entry)
+        return entry
+
+    def lost_reported(self, entry):
+        """Requests of `entry` that its session events name as failed (SessionLostError)."""
+        return sum(len(e.failed) for e in entry["events"] if e.kind in ("restarted", "ended"))
+
+    async def cut_request(self, entry, channel, payload, on_answer):
+        """One request on a resumable client: on_answer(payload) for its answer, or counts it lost when it
+        fails with SessionLostError (the session was not resumed); anything else fails the soak."""
+        try:
+            frame_ = await entry["client"].request(MESSAGE, channel, payload)
+        except switchboard.SessionLostError:
+            entry["lost"] = entry.get("lost", 0) + 1
+            return False
+        except Exception as e:  # an answer lost to a cut, or an error answer: never right here
+            self.wrong("session request failed", f"{entry['name']}: {type(e).__name__}: {e}")
+            return None
+        on_answer(frame_.payload)
+        return True
+
+    async def cut_rpc_worker(self, idx):
+        entry = await self.cut_client(f"session-rpc{idx}")
+        rng = random.Random(100 + idx)
+        window = asyncio.Semaphore(CUT_RPC_DEPTH)
+        next_t, seq, inflight = self.loop.time(), 0, entry["inflight"]
+
+        async def one(args):
+            expected = success(args)
+
+            def check(payload):
+                self.c["cut_rpc_answers"] += 1
+                if payload != expected:
+                    self.wrong("session rpc wrong answer", f"{payload!r:.80} != {expected!r:.80}")
+            if await self.cut_request(entry, ECHO, method_call("echo", args), check) is False:
+                self.c["cut_rpc_lost"] += 1
+            window.release()
+        while not self.stop:
+            await window.acquire()
+            args = self.rpc_args(rng, idx, seq)
+            seq += 1
+            self.c["cut_rpc_sent"] += 1
+            task = asyncio.create_task(one(args))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+            next_t = await self.pace(next_t, 1.0 / CUT_RPC_RATE)
+        await asyncio.gather(*inflight)
+
+    async def cut_poster(self):
+        entry = await self.cut_client("session-poster")
+        window = asyncio.Semaphore(32)
+        next_t, inflight = self.loop.time(), entry["inflight"]
+        filler = bytes(range(256)) * (POST_SIZE // 256 + 1)
+
+        async def one(seq):
+            def check(payload):
+                self.c["cut_post_answers"] += 1
+                if payload is not None:
+                    self.wrong("session room.post wrong answer", f"{payload!r:.80}")
+            if await self.cut_request(entry, ROOM_POST, struct.pack(">Q", seq) + filler[:POST_SIZE - 8], check) is False:
+                self.cut_posts_lost.add(seq)  # may or may not have been posted: a listener may miss it
+            window.release()
+        while not self.stop:
+            await window.acquire()
+            self.c["cut_posts"] += 1
+            task = asyncio.create_task(one(self.c["cut_posts"]))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+            next_t = await self.pace(next_t, 1.0 / CUT_POST_RATE)
+        await asyncio.gather(*inflight)
+
+    async def cut_listener(self, idx, ready):
+        entry = await self.cut_client(f"session-listener{idx}")
+        state = {"entry": entry, "last": 0, "delivered": 0, "gaps": [], "disorder": 0}
+        self.cut_listeners.append(state)
+        stream = switchboard.EventChannel(ROOM, entry["client"]).receive_broadcast_stream()
+        await stream.listen()
+        ready()
+        try:
+            async for value in stream:
+                seq = struct.unpack_from(">Q", value)[0]
+                if seq <= state["last"]:
+                    state["disorder"] += 1
+                    self.fail(f"session-listener{idx}: event {seq} after {state['last']} (duplicate or out of order)")
+                elif seq > state["last"] + 1:
+                    state["gaps"].append((state["last"] + 1, seq, self.loop.time()))  # judged at the end
+                state["last"] = max(state["last"], seq)
+                state["last_at"] = self.loop.time()
+                state["delivered"] += 1
+        except Exception as e:  # the stream must go on across every cut
+            if not self.stop:
+                self.fail(f"session-listener{idx}: the stream ended: {type(e).__name__}: {e}")
+
+    async def cutter(self):
+        """Every second, cuts each proxy with probability `cuts`; one cut in CUT_RESTART_ONE_IN keeps the
+        client away past the server's time to live first, so that its session cannot be resumed."""
+        rng = random.Random(7)
+        while not self.stop:
+            await asyncio.sleep(1)
+            for entry in self.cut_clients:
+                proxy = entry["proxy"]
+                if entry.get("held") or rng.random() >= self.cuts:
+                    continue
+                if rng.randrange(CUT_RESTART_ONE_IN) == 0:
+                    entry["held"] = True
+                    proxy.hold()
+                    self.c["cut_held"] += 1
+
+                    def release(entry=entry):
+                        entry["proxy"].release()
+                        entry["held"] = False
+                    self.loop.call_later(CUT_TTL_MS / 1000 + CUT_HOLD_PAST_TTL, release)
+                self.c["cuts"] += proxy.cut()
+
+    def check_cuts(self):
+        """Exact accounting of the resumable clients; returns the figures."""
+        kinds = {}
+        for entry in self.cut_clients:
+            for e in entry["events"]:
+                key = e.kind if e.kind == "resumed" else f"{e.kind} ({e.reason})"
+                kinds[key] = kinds.get(key, 0) + 1
+            lost, reported = entry.get("lost", 0), self.lost_reported(entry)
+            if lost != reported:
+                self.fail(f"{entry['name']}: {lost} request(s) failed with session_lost, its session events report {reported}")
+            if entry["client"].is_open is False and not any(e.kind == "ended" for e in entry["events"]):
+                self.fail(f"{entry['name']}: the client closed without an ended report")
+        answered = self.c["cut_rpc_answers"] + self.c["cut_rpc_lost"] + self.c["cut_post_answers"] + len(self.cut_posts_lost)
+        if answered + self.bad.get("session request failed", 0) != self.c["cut_rpc_sent"] + self.c["cut_posts"]:
+            self.fail(f"{answered} request(s) answered or lost of {self.c['cut_rpc_sent'] + self.c['cut_posts']} sent")
+        posted = self.c["cut_posts"]
+        missing_reported = 0
+        for state in self.cut_listeners:
+            entry = state["entry"]
+            # Each gap (the tail too) that is not posts lost must follow a restart of this client, reported
+            # near it (from CUT_TTL_MS + 5 s before to 5 s after): one restart explains one gap.
+            gaps = list(state["gaps"]) + [(state["last"] + 1, posted + 1, state.get("last_at", 0) + CUT_TTL_MS / 1000 + 5)]
+            restarts = sorted(entry.get("restart_times", []))
+            for low, high, seen_at in gaps:
+                missing = sum(1 for s in range(low, high) if s not in self.cut_posts_lost)
+                if not missing:
+                    continue
+                match = next((t for t in restarts if seen_at - CUT_TTL_MS / 1000 - 5 <= t <= seen_at + 5), None)
+                if match is None:
+                    self.fail(f"{entry['name']}: {missing} event(s) from {low} to {high - 1} lost without a restart reported")
+                else:
+                    restarts.remove(match)
+                    missing_reported += missing
+        return kinds, missing_reported
+
+    async def cut_run(self):
+        """The tasks of the cut mode, once every listener listens."""
+        waiting = asyncio.Event()
+        ready_count = [0]
+
+        def ready():
+            ready_count[0] += 1
+            if ready_count[0] == CUT_LISTENERS:
+                waiting.set()
+        listeners = [asyncio.create_task(self.cut_listener(i, ready)) for i in range(CUT_LISTENERS)]
+        await asyncio.wait_for(waiting.wait(), 30)
+        return listeners, [self.cut_rpc_worker(i) for i in range(CUT_RPC)] + [self.cut_poster(), self.cutter()]
+
     # ---- RSS
     async def rss_sampler(self, start):
         while not self.stop:
@@ -358,17 +557,24 @@ class Soak:
         self.stop_event = asyncio.Event()
         self.rss_baseline = rss_kib(self.pid)
         stats0 = await get_stats(self.port)
-        holder = await self.holder()
-        await asyncio.gather(*(self.room_listener(i) for i in range(ROOM_LISTENERS)))
+        if self.cuts is not None:
+            holder = None
+            streams, work = await self.cut_run()
+            print(f"soak: {self.seconds / 60:.1f} min on port {self.port}, cutting {self.cuts:.0%} of the connections every "
+                  f"second: {CUT_RPC} rpc sessions, {CUT_LISTENERS} listening sessions + a posting session at "
+                  f"{CUT_POST_RATE}/s, each through a cutting proxy", flush=True)
+        else:
+            holder = await self.holder()
+            await asyncio.gather(*(self.room_listener(i) for i in range(ROOM_LISTENERS)))
+            print(f"soak: {self.seconds / 60:.1f} min on port {self.port}: {RPC_CONNS} rpc, {ROOM_LISTENERS} listeners "
+                  f"+ poster at {ROOM_RATE}/s, held channel with {HELD_CALLERS} callers, {CHURN_WORKERS} churn loops, "
+                  f"{len(SLOW_READERS)} slow readers", flush=True)
+            work = ([self.rpc_worker(i) for i in range(RPC_CONNS)] + [self.poster()]
+                    + [self.held_caller(i) for i in range(HELD_CALLERS)]
+                    + [self.churn_worker(i) for i in range(CHURN_WORKERS)]
+                    + [self.slow_reader(i, c, p) for i, (c, p) in enumerate(SLOW_READERS)])
         start = self.loop.time()
-        print(f"soak: {self.seconds / 60:.1f} min on port {self.port}: {RPC_CONNS} rpc, {ROOM_LISTENERS} listeners "
-              f"+ poster at {ROOM_RATE}/s, held channel with {HELD_CALLERS} callers, {CHURN_WORKERS} churn loops, "
-              f"{len(SLOW_READERS)} slow readers", flush=True)
-        tasks = [asyncio.create_task(t) for t in (
-            [self.rpc_worker(i) for i in range(RPC_CONNS)] + [self.poster()]
-            + [self.held_caller(i) for i in range(HELD_CALLERS)]
-            + [self.churn_worker(i) for i in range(CHURN_WORKERS)]
-            + [self.slow_reader(i, c, p) for i, (c, p) in enumerate(SLOW_READERS)])]
+        tasks = [asyncio.create_task(t) for t in work]
         sampler = asyncio.create_task(self.rss_sampler(start))
         last_report = start
         while self.loop.time() - start < self.seconds:
@@ -376,7 +582,11 @@ class Soak:
             for t in tasks:
                 if t.done() and t.exception():
                     raise t.exception()
-            if self.loop.time() - last_report >= 30:
+            if self.loop.time() - last_report >= 30 and self.cuts is not None:
+                last_report = self.loop.time()
+                print(f"  {last_report - start:5.0f} s: session rpc {self.c['cut_rpc_answers']} (+{self.c['cut_rpc_lost']} lost), "
+                      f"posts {self.c['cut_posts']}, cuts {self.c['cuts']}, RSS {mib(self.rss[-1][1]):.1f} MiB", flush=True)
+            elif self.loop.time() - last_report >= 30:
                 last_report = self.loop.time()
                 print(f"  {last_report - start:5.0f} s: rpc {self.c['rpc_answers']}, posts {self.c['posts']}, "
                       f"held {self.c['held_answers']}, churn {self.c['churn']}, "
@@ -389,9 +599,20 @@ class Soak:
         await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT)
         while self.loop.time() < drain_end and any(c.pending for c in self.conns):
             await asyncio.sleep(0.1)
+        for entry in self.cut_clients:
+            waiting = sum(1 for t in entry["inflight"] if not t.done())
+            if waiting:
+                self.fail(f"{entry['name']}: {waiting} request(s) unanswered {DRAIN_TIMEOUT:.0f} s after the end (session "
+                          f"events: {[(e.kind, e.reason) for e in entry['events']][-3:]})")
         for t in tasks:
             if not t.done():
                 t.cancel()
+        if self.cuts is not None:  # the session listeners catch up (a held client comes back first)
+            deadline = self.loop.time() + CUT_TTL_MS / 1000 + 20
+            while self.loop.time() < deadline and any(s["last"] < self.c["cut_posts"] for s in self.cut_listeners):
+                await asyncio.sleep(0.2)
+            stats = await get_stats(self.port)
+            return stats0, stats, holder
         # Listeners catch up with the last post (stop once nothing moves for 5 s).
         posted, idle_since = self.c["posts"], self.loop.time()
         progress = -1
@@ -470,34 +691,65 @@ class Soak:
 
 
 async def main_async(args):
-    soak = Soak(args.port, args.pid, args.minutes * 60)
+    global switchboard, CuttingProxy
+    if args.cuts is not None:
+        import switchboard
+        from switchboard.cutting_proxy import CuttingProxy
+    soak = Soak(args.port, args.pid, args.minutes * 60, args.cuts)
     try:
         stats0, stats, holder = await asyncio.wait_for(soak.run(), soak.seconds + 240)  # never hangs
     except Exception as e:  # a workload could not start, or the server stopped answering: report and fail
         print(f"soak: FAIL: {type(e).__name__}: {e}")
         return 1
-    figures = soak.check(stats0, stats)
+    if soak.cuts is None:
+        figures = soak.check(stats0, stats)
+    else:
+        kinds, missing_reported = soak.check_cuts()
     # Everyone leaves; the server must forget them all.
     for c in soak.conns:
         c.close()
-    holder.close()
+    if holder:
+        holder.close()
+    soak.stop = True
+    for entry in soak.cut_clients:  # a resumable client ends its session (END) as it closes
+        await entry["client"].close()
+    await asyncio.sleep(0.5)  # the ENDs pass the proxies
+    for entry in soak.cut_clients:
+        await entry["proxy"].close()
     end_stats = None
     for _ in range(50):
         await asyncio.sleep(0.2)
         end_stats = await get_stats(args.port)
         if end_stats.get("connections") == 1 and end_stats.get("repliesPending") == 0 \
-                and end_stats.get("registrations") == 0:
+                and end_stats.get("registrations") == 0 and (end_stats.get("sessions") or {}).get("parked", 0) == 0:
             break
     else:
         soak.fail(f"after all clients left: connections={end_stats.get('connections')} (want 1), "
                   f"repliesPending={end_stats.get('repliesPending')} (want 0), "
-                  f"registrations={end_stats.get('registrations')} (want 0)")
+                  f"registrations={end_stats.get('registrations')} (want 0), "
+                  f"sessions={end_stats.get('sessions')} (want none parked)")
     await asyncio.sleep(3)
     soak.rss_after = rss_kib(args.pid)
     phases, verdict = soak.check_rss()
 
     c = soak.c
-    rows = [
+    sessions0, sessions = stats0.get("sessions") or {}, end_stats.get("sessions") or {}
+    delta = lambda key: {k: v - (sessions0.get(key) or {}).get(k, 0) for k, v in (sessions.get(key) or {}).items()
+                         if v != (sessions0.get(key) or {}).get(k, 0)}
+    rows = [] if soak.cuts is None else [
+        ("session rpc calls sent / answered / lost", f"{c['cut_rpc_sent']} / {c['cut_rpc_answers']} / {c['cut_rpc_lost']} "
+         "(lost: SessionLostError, each reported by a restart)"),
+        ("session posts sent / answered / lost", f"{c['cut_posts']} / {c['cut_post_answers']} / {len(soak.cut_posts_lost)}"),
+        ("session listeners", f"{len(soak.cut_listeners)}: events delivered {sum(s['delivered'] for s in soak.cut_listeners)} "
+         f"of {c['cut_posts']} x {len(soak.cut_listeners)}; duplicates or out of order "
+         f"{sum(s['disorder'] for s in soak.cut_listeners)}; missed after a reported restart {missing_reported}"),
+        ("cuts", f"{c['cuts']} connections cut ({c['cut_held']} kept away past the time to live)"),
+        ("client session events", ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"),
+        ("server sessions (delta)", f"made {sessions.get('made', 0) - sessions0.get('made', 0)}, resumed "
+         f"{sessions.get('resumed', 0) - sessions0.get('resumed', 0)}, taken {sessions.get('taken', 0) - sessions0.get('taken', 0)}, "
+         f"ended {delta('ended')}, refused {delta('refused')}"),
+    ]
+    rows += [] if soak.cuts is not None else [
         ("rpc calls sent / answered", f"{c['rpc_sent']} / {c['rpc_answers']}"),
         ("held-channel calls sent / answered", f"{c['held_sent']} / {c['held_answers']} "
          f"({c['held_cancels']} cancelled, {c['held_cancelled_answers']} answered 'cancelled'; holder saw "
@@ -516,6 +768,8 @@ async def main_async(args):
         ("connections churned", f"{c['churn']} ({c['churn_calls']} with a call, {c['churn_text']} text, "
          f"{c['churn_abort_pending']} aborted with a call pending, {c['churn_abort_midframe']} mid-frame)"),
         ("lost / duplicate answers", f"{figures['lost']} / {figures['unexpected']}"),
+    ]
+    rows += [
         ("server totals", f"connectionsTotal {end_stats.get('connectionsTotal')}, framesIn {end_stats.get('framesIn')}, "
          f"framesOut {end_stats.get('framesOut')}, closes {end_stats.get('closes')}"),
         ("RSS baseline (idle)", f"{mib(soak.rss_baseline):.1f} MiB"),
@@ -542,6 +796,7 @@ def main():
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--pid", type=int, required=True, help="the server's pid (for RSS)")
     p.add_argument("--minutes", type=float, default=10)
+    p.add_argument("--cuts", type=float, help="the cut mode: the fraction of the resumable connections cut every second")
     args = p.parse_args()
     sys.exit(asyncio.run(main_async(args)))
 

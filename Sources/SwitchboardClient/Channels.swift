@@ -133,36 +133,68 @@ public struct EventChannel: Sendable {
     /// cancelled or the iterator is dropped. An error event ends the iteration by throwing its
     /// ``ChannelError`` (as `await for` does in Dart); end of stream ends it normally. After a reconnect
     /// the stream is listened to again (also when the server ended it because it was shutting down).
+    /// The stream is paced: see ``EventStream``.
     public func receiveBroadcastStream(arguments: ChannelValue = .null) -> EventStream {
         EventStream(channel: self, arguments: arguments)
     }
 }
 
-/// The events of one `listen`, as an `AsyncSequence` backed by an `AsyncThrowingStream`.
+/// The events of one `listen`, as an `AsyncSequence` backed by an `AsyncThrowingStream`. The stream is
+/// paced (DEMAND credit): the client asks for ``window`` events ahead of its consumer and for more as
+/// they are consumed, so a consumer that falls behind makes the server hold events back (under the
+/// channel's overflow policy, counted) instead of this client dropping any.
 public struct EventStream: AsyncSequence, Sendable {
     public typealias Element = ChannelValue
     let channel: EventChannel
     let arguments: ChannelValue
 
+    /// Events asked for ahead of the consumer: at most this many wait in the client.
+    public static let window: UInt32 = 1024
+
     /// Starts listening.
-    public func makeAsyncIterator() -> AsyncThrowingStream<ChannelValue, any Error>.Iterator {
-        let (stream, continuation) = AsyncThrowingStream<ChannelValue, any Error>.makeStream(bufferingPolicy: .bufferingNewest(1024))
+    public func makeAsyncIterator() -> Iterator {
+        let (stream, continuation) = AsyncThrowingStream<ChannelValue, any Error>.makeStream(bufferingPolicy: .unbounded)
         let core = channel.client.core
-        let name = channel.name, codec = channel.codec, arguments = self.arguments
+        let listener = StreamListener(channel: channel.name, codec: channel.codec, arguments: arguments, credit: Self.window,
+            onEvent: { event in
+                switch event {
+                case .success(let value): continuation.yield(value)
+                case .failure(let error): continuation.finish(throwing: error)
+                }
+            },
+            onEnd: { error in continuation.finish(throwing: error) })
+        let bound = LoopBound(listener, loop: core.loop)
         let queued = core.loop.execute {
-            let listener = StreamListener(channel: name, codec: codec, arguments: arguments, credit: nil,
-                onEvent: { event in
-                    switch event {
-                    case .success(let value): continuation.yield(value)
-                    case .failure(let error): continuation.finish(throwing: error)
-                    }
-                },
-                onEnd: { error in continuation.finish(throwing: error) })
-            let bound = LoopBound(listener, loop: core.loop)
             continuation.onTermination = { _ in core.loop.execute { core.value.stopListening(bound.value) } }
-            core.value.listen(listener)
+            core.value.listen(bound.value)
         }
         if !queued { continuation.finish(throwing: ClientError.closed) }
-        return stream.makeAsyncIterator()
+        return Iterator(events: stream.makeAsyncIterator()) { credit in
+            core.loop.execute { core.value.addCredit(credit, to: bound.value) }
+        }
+    }
+
+    /// Iterates the events, asking for more (a quarter of ``EventStream/window`` at a time) as they
+    /// are consumed.
+    public struct Iterator: AsyncIteratorProtocol {
+        var events: AsyncThrowingStream<ChannelValue, any Error>.Iterator
+        let grant: @Sendable (UInt32) -> Void
+        var consumed: UInt32 = 0
+
+        init(events: AsyncThrowingStream<ChannelValue, any Error>.Iterator, grant: @escaping @Sendable (UInt32) -> Void) {
+            self.events = events
+            self.grant = grant
+        }
+
+        /// The next event; nil at the end of the stream.
+        public mutating func next() async throws -> ChannelValue? {
+            guard let event = try await events.next() else { return nil }
+            consumed += 1
+            if consumed == EventStream.window / 4 {
+                consumed = 0
+                grant(EventStream.window / 4)
+            }
+            return event
+        }
     }
 }

@@ -1,3 +1,8 @@
+#if canImport(Combine)
+import Combine
+#else
+import OpenCombine
+#endif
 import Synchronization
 import SwitchboardCodec
 import SwitchboardTransport
@@ -22,11 +27,13 @@ public final class Client: Sendable {
 
     private final class StatusBox: Sendable {
         let status = Mutex(Status())
+        let sessionSubject = SessionSubject()
     }
 
     private struct Status {
         var state = ConnectionState.connecting
         var watchers: [UInt64: AsyncStream<ConnectionState>.Continuation] = [:]
+        var sessionWatchers: [UInt64: AsyncStream<SessionEvent>.Continuation] = [:]
         var nextWatcher: UInt64 = 0
         var isStopped = false
         var stopWaiters: [CheckedContinuation<Void, Never>] = []
@@ -42,6 +49,10 @@ public final class Client: Sendable {
                 return Array(s.watchers.values)
             }
             for watcher in watchers { watcher.yield(state) }
+        } publishSession: { event in
+            let watchers = box.status.withLock { Array($0.sessionWatchers.values) }
+            for watcher in watchers { watcher.yield(event) }
+            box.sessionSubject.send(event)
         }, loop: loop.handle)
     }
 
@@ -80,6 +91,28 @@ public final class Client: Sendable {
         }
     }
 
+    /// What happens to the session (``ClientConfiguration/session``) from now on, until the client is
+    /// closed: ``SessionEvent/resumed`` after each resumed connection, ``SessionEvent/restarted(_:)``
+    /// when a session could not be resumed, ``SessionEvent/ended(reason:streams:)`` when the server
+    /// ended it.
+    public func sessionEvents() -> AsyncStream<SessionEvent> {
+        AsyncStream { continuation in
+            let id = box.status.withLock { s in
+                s.nextWatcher += 1
+                s.sessionWatchers[s.nextWatcher] = continuation
+                if s.isStopped { continuation.finish() }
+                return s.nextWatcher
+            }
+            continuation.onTermination = { [weak self] _ in
+                _ = self?.box.status.withLock { $0.sessionWatchers.removeValue(forKey: id) }
+            }
+        }
+    }
+
+    /// ``sessionEvents()`` as a Combine publisher (OpenCombine on Linux); it finishes when the client
+    /// has closed.
+    public var sessionEventPublisher: AnyPublisher<SessionEvent, Never> { box.sessionSubject.eraseToAnyPublisher() }
+
     /// Closes the connection for good and waits for the client's thread to finish. Calls in flight fail
     /// with ``ClientError/closed``; streams end.
     public func close() async {
@@ -101,12 +134,14 @@ public final class Client: Sendable {
     }
 
     private func markStopped() {
-        let (waiters, watchers) = box.status.withLock { s in
+        let (waiters, watchers, sessionWatchers) = box.status.withLock { s in
             s.isStopped = true
-            defer { s.stopWaiters = []; s.watchers = [:] }
-            return (s.stopWaiters, Array(s.watchers.values))
+            defer { s.stopWaiters = []; s.watchers = [:]; s.sessionWatchers = [:] }
+            return (s.stopWaiters, Array(s.watchers.values), Array(s.sessionWatchers.values))
         }
         for watcher in watchers { watcher.finish() }
+        for watcher in sessionWatchers { watcher.finish() }
+        box.sessionSubject.send(completion: .finished)
         for waiter in waiters { waiter.resume() }
     }
 
@@ -207,4 +242,16 @@ private final class CallState: Sendable {
             return true
         }
     }
+}
+
+/// The subject behind ``Client/sessionEventPublisher``.
+private final class SessionSubject: @unchecked Sendable {
+    // @unchecked: the subject's only stored property is a PassthroughSubject, which serializes its own
+    // state under a lock in both Combine and OpenCombine; events are sent from the client's loop thread
+    // alone (and its completion once, after that loop has finished), and subscribing is thread-safe.
+    private let subject = PassthroughSubject<SessionEvent, Never>()
+
+    func send(_ event: SessionEvent) { subject.send(event) }
+    func send(completion: Subscribers.Completion<Never>) { subject.send(completion: completion) }
+    func eraseToAnyPublisher() -> AnyPublisher<SessionEvent, Never> { subject.eraseToAnyPublisher() }
 }

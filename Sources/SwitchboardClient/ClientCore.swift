@@ -39,17 +39,70 @@ final class StreamListener {
 /// (nil = null reply; a thrown error is answered with a null reply too).
 typealias IncomingHandler = @Sendable ([UInt8]?) async throws -> [UInt8]?
 
+/// A request of this client's that waits for its answer.
+struct PendingRequest {
+    let reply: ReplyHandler
+    let deadline: UInt64?
+    let channel: String
+    /// The position just past its frame in the client's stream: written once the stream has sent it.
+    var streamEnd: UInt64
+}
+
+/// A session the server granted (protocol/resumption.md): its token and the WELCOME's values, and how
+/// much of the server's stream the client has received.
+final class LiveSession {
+    let token: String
+    let ttlMs: UInt64
+    let ackBytes: UInt64
+    let ackMs: UInt64
+    /// The client's received position: whole frames of the server's stream, handled.
+    var received: UInt64 = 0
+    /// The received position last told to the server (POSITION, or a resuming HELLO).
+    var told: UInt64 = 0
+    /// When the connection was lost (nanoseconds), while the session is parked.
+    var lostAt: UInt64?
+    /// A reconnect was tried after the time to live ran out: the next failure gives up.
+    var triedPastTTL = false
+
+    init?(_ granted: ChannelValue?) {
+        guard let granted, let token = granted["token"]?.stringValue else { return nil }
+        self.token = token
+        ttlMs = UInt64(min(max(0, granted["ttlMs"]?.intValue ?? 0), 1 << 40))  // a day is 2^27 ms: no overflow in ns
+        ackBytes = UInt64(max(1, granted["ackBytes"]?.intValue ?? 65536))
+        ackMs = UInt64(max(1, granted["ackMs"]?.intValue ?? 1000))
+    }
+}
+
 /// The loop-owned state of a ``Client``: one connection at a time, its requests, streams and handlers.
 final class ClientCore {
     let config: ClientConfiguration
     let loop: EventLoop
     private let publishState: (ConnectionState) -> Void
+    private let publishSession: (SessionEvent) -> Void
     private var transport: (any Transport)?
     private var inbound = InboundBuffer()
     private var decoder = FrameDecoder(maxFrame: 1 << 30)
+    /// Frames outside the client's stream (HELLO, POSITION, END), written before it.
     private var outbound: [UInt8] = []
+    /// The client's stream: every other frame.
+    private var output: OutboundStream
+    /// HELLO sent, its answer not read: the stream waits.
+    private var awaitingWelcome = false
+    /// The session, if the server granted one (kept while parked).
+    private var session: LiveSession?
+    /// The current connection's HELLO presented `session`'s token.
+    private var resuming = false
+    /// Connections that ended after sending a resuming HELLO and before its answer: the server may still
+    /// read such a HELLO, later, and take the session from this client's newer connection.
+    private var unansweredResumes = 0
+    /// What to tell the application once the new session after a failed resume is set up.
+    private var restartReport: SessionRestart?
+    private var ackTimer: Timer?
+    private var ackTimerArmed = false
+    /// Gives up a connection whose HELLO goes unanswered for the request timeout.
+    private var handshakeTimer: Timer?
     private(set) var state = ConnectionState.connecting
-    private var pending: [UInt32: (reply: ReplyHandler, deadline: UInt64?)] = [:]
+    private var pending: [UInt32: PendingRequest] = [:]
     /// Ids in `pending` that are PINGs (answered by PONG, never cancelled on the wire).
     private var pings: Set<UInt32> = []
     private var streams: [String: StreamListener] = [:]
@@ -69,10 +122,13 @@ final class ClientCore {
     private var sweep: Timer?
     private var reconnectTimer: Timer?
 
-    init(config: ClientConfiguration, loop: EventLoop, publishState: @escaping (ConnectionState) -> Void) {
+    init(config: ClientConfiguration, loop: EventLoop, publishState: @escaping (ConnectionState) -> Void,
+         publishSession: @escaping (SessionEvent) -> Void) {
         self.config = config
         self.loop = loop
         self.publishState = publishState
+        self.publishSession = publishSession
+        output = OutboundStream(bound: config.session?.maxUnacknowledgedBytes ?? .max)
     }
 
     private func setState(_ new: ConnectionState) {
@@ -88,6 +144,8 @@ final class ClientCore {
         beforeSleep = try? BeforeSleep(loop: loop) { [unowned self] in flush() }
         sweep = try? Timer(loop: loop)
         sweep?.start(after: 10, repeat: 10) { [unowned self] in expireRequests() }
+        ackTimer = try? Timer(loop: loop)
+        handshakeTimer = try? Timer(loop: loop)
         connect()
     }
 
@@ -108,11 +166,64 @@ final class ClientCore {
                 serverIsGoingAway = false
                 inbound.clear()
                 transport.start { [unowned self] event in handle(event) }
-                var hello: [ChannelValue.MapEntry] = [.init("version", 1), .init("client", .string(config.clientName))]
-                if let token = config.token { hello.append(.init("token", .string(token))) }
-                write(.hello, id: nextInternalID(), payload: try? JSONText.serialize(.map(hello)))
+                awaitingWelcome = true
+                if let limit = config.requestTimeout {
+                    handshakeTimer?.start(after: UInt64(min(max(0, limit / .milliseconds(1)), 1e12))) { [unowned self] in
+                        guard awaitingWelcome, let transport = self.transport else { return }
+                        transport.closeNow()
+                        connectionEnded("no WELCOME within \(limit)")
+                    }
+                }
+                resuming = session != nil
+                if let session { session.told = session.received }
+                writeControl(.hello, id: nextInternalID(), payload: helloPayload())
             }
         }
+    }
+
+    /// The HELLO: with the session's token and received position when resuming, asking for a new
+    /// session when the configuration wants one.
+    private func helloPayload(newSession: Bool = false) -> [UInt8]? {
+        var hello: [ChannelValue.MapEntry] = [.init("version", 1), .init("client", .string(config.clientName))]
+        if let token = config.token { hello.append(.init("token", .string(token))) }
+        if let session, !newSession {
+            hello.append(.init("session", .stringMap(["token": .string(session.token), "position": .int64(Int64(session.received))])))
+        } else if config.session != nil {
+            hello.append(.init("session", .map([])))
+        }
+        return try? JSONText.serialize(.map(hello))
+    }
+
+    /// WELCOME: the session resumed, or a new connection (with a new session or none) is ready.
+    private func welcomed(_ payload: [UInt8]?) {
+        guard awaitingWelcome else { return }  // a later WELCOME is in the stream and means nothing new
+        awaitingWelcome = false
+        handshakeTimer?.stop()
+        let granted = payload.flatMap { try? JSONText.parse($0) }?["session"]
+        if let parked = session, resuming {
+            resuming = false
+            guard granted?["token"]?.stringValue == parked.token, case .bool(true)? = granted?["resumed"] else {
+                fallBack("unsupported")
+                return adopt(granted)
+            }
+            guard let position = granted?["position"]?.intValue, position >= 0, output.resume(from: UInt64(position)) else {
+                fallBack("position")
+                transport?.closeNow()
+                return connectionEnded("the server resumed from a position the client does not have")
+            }
+            parked.lostAt = nil
+            parked.triedPastTTL = false
+            attempt = 0
+            setState(.connected)
+            return publishSession(.resumed)
+        }
+        adopt(granted)
+    }
+
+    /// Starts the connection's new session (when granted) and sets the connection up.
+    private func adopt(_ granted: ChannelValue?) {
+        session = config.session == nil ? nil : LiveSession(granted)
+        didConnect()
     }
 
     private func didConnect() {
@@ -126,6 +237,51 @@ final class ClientCore {
             write(.register, id: nextInternalID(), channel: channel, payload: declaration)
         }
         for listener in streams.values { sendListen(listener) }
+        if let report = restartReport {
+            restartReport = nil
+            publishSession(.restarted(report))
+        }
+    }
+
+    /// The session cannot go on (protocol/resumption.md, "What the client does then"): requests written
+    /// on it fail with `session_lost`, those never written go on the next session, requests forwarded
+    /// to this client are forgotten, and the application is told once the next session is set up.
+    private func fallBack(_ reason: String) {
+        guard session != nil else { return }
+        session = nil
+        resuming = false
+        unansweredResumes = 0
+        stopAckTimer()
+        var failed: [String] = []
+        for (id, entry) in pending where entry.streamEnd <= output.sent {
+            pending.removeValue(forKey: id)
+            pings.remove(id)
+            if id < 0x8000_0000 { failed.append(entry.channel) }
+            entry.reply(.failure(ClientError.sessionLost))
+        }
+        for task in incoming.values { task.cancel() }
+        incoming = [:]
+        carryUnsentRequests()
+        restartReport = SessionRestart(reason: reason, streams: streams.keys.sorted(), channels: registrations.keys.sorted(),
+                                       failedRequests: failed)
+    }
+
+    /// Starts a fresh stream holding only the application's requests (and posts) never written, once
+    /// the requests written are answered or failed. Everything else in it is made again for the next
+    /// connection (listens, registrations) or belonged to the old one: the client's own requests among
+    /// it fail as with a lost connection (a listen is made again; a REGISTER's caller is told).
+    private func carryUnsentRequests() {
+        let unsent = output.unsentFrames()
+        output = OutboundStream(bound: output.bound)
+        for frame in unsent {
+            let isRequest = (frame.kind == .message || frame.kind == .ping) && frame.id < 0x8000_0000 && pending[frame.id] != nil
+            guard isRequest || (frame.kind == .message && frame.id == 0) else { continue }
+            let end = output.append(frame.kind, id: frame.id, channel: frame.channel, payload: frame.payload)
+            if frame.id != 0 { pending[frame.id]?.streamEnd = end }
+        }
+        let dropped = pending.filter { $0.key >= 0x8000_0000 }
+        for id in dropped.keys { pending.removeValue(forKey: id) }
+        for entry in dropped.values { entry.reply(.failure(ClientError.connectionLost)) }
     }
 
     // MARK: Holding channels (broker routing)
@@ -137,11 +293,11 @@ final class ClientCore {
             return reply(remove ? .success(nil) : .failure(isClosing ? ClientError.closed : ClientError.connectionLost))
         }
         let id = nextInternalID()
-        pending[id] = ({ [unowned self] result in
+        let end = write(remove ? .unregister : .register, id: id, channel: channel, payload: remove ? nil : declaration)
+        pending[id] = PendingRequest(reply: { [unowned self] result in
             if case .failure = result, !remove { registrations.removeValue(forKey: channel) }
             reply(result)
-        }, nil)
-        write(remove ? .unregister : .register, id: id, channel: channel, payload: remove ? nil : declaration)
+        }, deadline: nil, channel: channel, streamEnd: end)
     }
 
     /// The connection is gone (or never came): fail what waits on it, then reconnect if allowed. When
@@ -150,12 +306,28 @@ final class ClientCore {
     private func connectionEnded(_ reason: String, permanent: Bool = false, stopsLoop: Bool = true) {
         transport = nil
         outbound.removeAll()
-        let failed = pending
-        pending = [:]
-        pings = []
-        for (_, entry) in failed { entry.reply(.failure(isClosing ? ClientError.closed : ClientError.connectionLost)) }
-        for task in incoming.values { task.cancel() }
-        incoming = [:]
+        if resuming { unansweredResumes += 1 }
+        resuming = false
+        awaitingWelcome = false
+        handshakeTimer?.stop()
+        stopAckTimer()
+        if let parked = session, !isClosing, !permanent, hasConnected, config.reconnect != nil {
+            park(parked)
+        } else {
+            session = nil
+            // Without a session, what was written is lost with the connection; requests never written
+            // wait for the next one when the client reconnects.
+            let keepsUnsent = !isClosing && !permanent && hasConnected && config.reconnect != nil
+            let failed = pending.filter { !keepsUnsent || $0.value.streamEnd <= output.sent }
+            for id in failed.keys {
+                pending.removeValue(forKey: id)
+                pings.remove(id)
+            }
+            for (_, entry) in failed { entry.reply(.failure(isClosing ? ClientError.closed : ClientError.connectionLost)) }
+            for task in incoming.values { task.cancel() }
+            incoming = [:]
+            carryUnsentRequests()
+        }
         if isClosing {
             for listener in streams.values { listener.end(nil) }
             streams = [:]
@@ -178,6 +350,20 @@ final class ClientCore {
             }
         }
         setState(.disconnected(reason: reason))
+        reconnect()
+    }
+
+    /// The session's connection is lost: keep everything, and give up once no connection came within
+    /// the time to live and one more try.
+    private func park(_ parked: LiveSession) {
+        let now = EventLoop.nanoseconds()
+        let lostAt = parked.lostAt ?? now
+        parked.lostAt = lostAt
+        guard now - lostAt > parked.ttlMs * 1_000_000 else { return }
+        if parked.triedPastTTL { fallBack("expired") } else { parked.triedPastTTL = true }
+    }
+
+    private func reconnect() {
         guard let policy = config.reconnect else { return }
         let delay = policy.delay(attempt: attempt)
         attempt += 1
@@ -193,6 +379,8 @@ final class ClientCore {
         isClosing = true
         reconnectTimer?.stop()
         guard let transport else { return connectionEnded("closed") }
+        if session != nil, !awaitingWelcome { writeControl(.end, payload: nil) }  // ends the session on purpose
+        session = nil
         // The last writes (a CANCEL, say) leave before the loop stops: the transport reports `.closed`
         // once the server has closed its side too, or the linger timer gives up after a second.
         flush()
@@ -215,23 +403,27 @@ final class ClientCore {
 
     /// Sends a MESSAGE with `id` (from the client's id space, below 0x80000000) and calls `reply` once.
     func request(id: UInt32, channel: String, payload: [UInt8]?, timeout: Duration?, reply: @escaping ReplyHandler) {
-        guard state == .connected else {
+        guard canSend else {
             return reply(.failure(isClosing ? ClientError.closed : ClientError.connectionLost))
         }
         let deadline = timeout.map { EventLoop.nanoseconds() + UInt64($0 / .nanoseconds(1)) }
-        pending[id] = (reply, deadline)
-        write(.message, id: id, channel: channel, payload: payload)
+        let end = write(.message, id: id, channel: channel, payload: payload)
+        pending[id] = PendingRequest(reply: reply, deadline: deadline, channel: channel, streamEnd: end)
     }
 
     /// Sends a PING with `id`; its PONG completes `reply`.
     func ping(id: UInt32, timeout: Duration?, reply: @escaping ReplyHandler) {
-        guard state == .connected else {
+        guard canSend else {
             return reply(.failure(isClosing ? ClientError.closed : ClientError.connectionLost))
         }
-        pending[id] = (reply, timeout.map { EventLoop.nanoseconds() + UInt64($0 / .nanoseconds(1)) })
+        let end = write(.ping, id: id, payload: nil)
+        pending[id] = PendingRequest(reply: reply, deadline: timeout.map { EventLoop.nanoseconds() + UInt64($0 / .nanoseconds(1)) },
+                                     channel: "", streamEnd: end)
         pings.insert(id)
-        write(.ping, id: id, payload: nil)
     }
+
+    /// Connected, or with a session that keeps what is sent until its connection is back.
+    private var canSend: Bool { state == .connected || session != nil }
 
     /// The caller gave up: CANCEL the request (a ping needs none) and fail it now.
     func cancel(id: UInt32, with error: any Error = CancellationError()) {
@@ -247,7 +439,7 @@ final class ClientCore {
 
     /// Sends a MESSAGE nobody answers (id 0).
     func post(channel: String, payload: [UInt8]?) {
-        guard state == .connected else { return }
+        guard canSend else { return }
         write(.message, id: 0, channel: channel, payload: payload)
     }
 
@@ -256,7 +448,7 @@ final class ClientCore {
     func listen(_ listener: StreamListener) {
         streams[listener.channel]?.end(nil)  // one stream per channel and connection, as on the server
         streams[listener.channel] = listener
-        if state == .connected { sendListen(listener) }
+        if canSend { sendListen(listener) }
     }
 
     private func sendListen(_ listener: StreamListener) {
@@ -272,7 +464,8 @@ final class ClientCore {
                 do {
                     if case .failure(let refusal) = try listener.codec.decodeEnvelope(bytes) { endStream(listener, refusal) }
                 } catch { endStream(listener, ClientError.badReply("\(error)")) }
-            case .failure(let error as ClientError) where error == .connectionLost: break  // listened again on reconnect
+            case .failure(let error as ClientError) where error == .connectionLost || error == .sessionLost:
+                break  // listened again on reconnect
             case .failure(let error): endStream(listener, error)
             }
         }
@@ -288,7 +481,7 @@ final class ClientCore {
         guard streams[listener.channel] === listener else { return }
         streams.removeValue(forKey: listener.channel)
         listener.end(nil)
-        guard state == .connected,
+        guard canSend,
               let payload = try? listener.codec.encodeMethodCall(MethodCall(method: "cancel", arguments: listener.arguments))
         else { return }
         request(id: nextInternalID(), channel: listener.channel, payload: payload, timeout: config.requestTimeout) { _ in }
@@ -298,7 +491,7 @@ final class ClientCore {
     func addCredit(_ n: UInt32, to listener: StreamListener) {
         guard streams[listener.channel] === listener else { return }
         listener.credit = n == .max ? nil : (listener.credit ?? 0) &+ n
-        if state == .connected { sendDemand(n, channel: listener.channel) }
+        if canSend { sendDemand(n, channel: listener.channel) }
     }
 
     private func sendDemand(_ n: UInt32, channel: String) {
@@ -314,13 +507,18 @@ final class ClientCore {
         case .data(let bytes):
             inbound.append(bytes)
             while true {
-                let decoded: FrameDecoder.Decoded?
-                do { decoded = try decoder.next(from: &inbound) } catch {
+                let peeked: FrameDecoder.Peeked?
+                do { peeked = try decoder.peek(inbound) } catch {
                     transport?.closeNow()
                     return connectionEnded("the server sent a malformed frame")
                 }
-                guard let decoded, transport != nil else { return }
-                if case .frame(let frame) = decoded { handleFrame(frame) }
+                guard let peeked, transport != nil else { return }
+                let frame: Frame? = if case .frame(let view, _) = peeked { view.frame } else { nil }
+                inbound.consume(peeked.length)
+                let counted = awaitingWelcome ? nil : session
+                let inStream = counted != nil && (frame.map(Self.isInStream) ?? true)
+                if let frame { handleFrame(frame) }
+                if inStream, let counted, counted === session { didReceive(UInt64(peeked.length), counted) }
             }
         case .closed(let error):
             transport?.closeNow()
@@ -332,13 +530,74 @@ final class ClientCore {
         }
     }
 
+    /// The ERROR codes after which the server closes the connection: not in the session's stream.
+    private static let closingErrorCodes: Set<String> = [
+        "malformed_frame", "frame_too_large", "unauthorized", "bad_hello", "unsupported_version", "slow_consumer", "timeout",
+        "session_taken",
+    ]
+
+    /// Whether a frame from the server is in its stream (protocol/resumption.md, "Streams and positions").
+    private static func isInStream(_ frame: Frame) -> Bool {
+        switch frame.kind {
+        case .hello, .welcome, .position, .end: return false
+        case .error:
+            let code = frame.payload.flatMap { try? JSONText.parse($0) }?["code"]?.stringValue ?? ""
+            return code != "cannot_resume" && !closingErrorCodes.contains(code)
+        default: return true
+        }
+    }
+
+    /// A frame of the server's stream was handled: count it, and acknowledge per the WELCOME's values.
+    private func didReceive(_ bytes: UInt64, _ session: LiveSession) {
+        session.received += bytes
+        if session.received - session.told >= session.ackBytes { return sendPosition(session) }
+        guard !ackTimerArmed, let ackTimer else { return }
+        ackTimerArmed = true
+        ackTimer.start(after: session.ackMs) { [unowned self] in
+            ackTimerArmed = false
+            if let session = self.session, transport != nil, !awaitingWelcome, session.received > session.told { sendPosition(session) }
+        }
+    }
+
+    private func sendPosition(_ session: LiveSession) {
+        stopAckTimer()
+        session.told = session.received
+        var payload: [UInt8] = []
+        Frame.appendBigEndian(UInt32(truncatingIfNeeded: session.received >> 32), to: &payload)
+        Frame.appendBigEndian(UInt32(truncatingIfNeeded: session.received), to: &payload)
+        writeControl(.position, payload: payload)
+    }
+
+    private func stopAckTimer() {
+        ackTimerArmed = false
+        ackTimer?.stop()
+    }
+
     private func handleFrame(_ frame: Frame) {
         switch frame.kind {
-        case .welcome: didConnect()
+        case .welcome: welcomed(frame.payload)
         case .reply: pending.removeValue(forKey: frame.id)?.reply(.success(frame.payload))
         case .error:
             let body = frame.payload.flatMap { try? JSONText.parse($0) } ?? .null
-            let error = ClientError(code: body["code"]?.stringValue ?? "error", message: body["message"]?.stringValue ?? "",
+            let code = body["code"]?.stringValue ?? "error"
+            if code == "cannot_resume", resuming {
+                // The connection stays, as if no HELLO had come: ask it for a new session.
+                fallBack(body["details"]?["reason"]?.stringValue ?? "unknown")
+                return writeControl(.hello, id: nextInternalID(), payload: helloPayload(newSession: true))
+            }
+            if code == "session_taken", frame.id == 0, session != nil {
+                transport?.closeNow()
+                guard unansweredResumes > 0 else {
+                    // No connection of this client's could have taken it: someone else has its token.
+                    fallBack("taken")
+                    return connectionEnded("the session was taken over by another connection")
+                }
+                // Most likely one of this client's own earlier connections, whose HELLO the server read
+                // late: that connection is gone, so the session is parked again. Resume it once more.
+                unansweredResumes -= 1
+                return connectionEnded("the session moved to an earlier connection of this client")
+            }
+            let error = ClientError(code: code, message: body["message"]?.stringValue ?? "",
                                     details: body["details"] ?? .null)
             if let entry = pending.removeValue(forKey: frame.id) {
                 entry.reply(.failure(error))
@@ -362,13 +621,26 @@ final class ClientCore {
         case .pong:
             if pings.remove(frame.id) != nil { pending.removeValue(forKey: frame.id)?.reply(.success(nil)) }
         case .goAway: serverIsGoingAway = true
+        case .position:
+            guard session != nil, let payload = frame.payload, payload.count == 8 else { return }
+            output.acknowledge(payload.reduce(0) { $0 << 8 | UInt64($1) })
+        case .end:
+            guard session != nil else { return }
+            session = nil
+            stopAckTimer()
+            output.acknowledgeWritten()
+            let reason = frame.payload.flatMap { try? JSONText.parse($0) }?["reason"]?.stringValue ?? "ended"
+            publishSession(.ended(reason: reason, streams: streams.keys.sorted()))
         case .hello, .register, .unregister, .demand: break
         }
     }
 
     /// The server calls one of this client's channels: run its handler, send exactly one REPLY.
     private func answerIncoming(_ frame: Frame) {
-        guard let handler = handlers[frame.channel] else { return write(.reply, id: frame.id, payload: nil) }
+        guard let handler = handlers[frame.channel] else {
+            write(.reply, id: frame.id, payload: nil)
+            return
+        }
         let id = frame.id, payload = frame.payload, handle = loop.handle
         let core = LoopBound(self, loop: handle)
         incoming[id] = Task {
@@ -386,15 +658,30 @@ final class ClientCore {
 
     // MARK: Output
 
-    private func write(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) {
+    /// Adds a frame to the client's stream (kept while a session's connection is away, else dropped
+    /// without a connection) and returns the position just past it.
+    @discardableResult
+    private func write(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) -> UInt64 {
+        guard transport != nil || session != nil else { return output.end }
+        return output.append(kind, id: id, channel: channel, payload: payload)
+    }
+
+    /// Writes a frame outside the stream (HELLO, POSITION, END).
+    private func writeControl(_ kind: Frame.Kind, id: UInt32 = 0, payload: [UInt8]?) {
         guard transport != nil else { return }
-        Frame.write(kind, id: id, channel: channel, payload: payload, to: &outbound)
+        Frame.write(kind, id: id, channel: "", payload: payload, to: &outbound)
     }
 
     private func flush() {
-        guard let transport, !outbound.isEmpty else { return }
+        guard let transport else { return }
         var bytes: [UInt8] = []
         swap(&bytes, &outbound)  // a failed write reports back synchronously and clears `outbound`
+        while !awaitingWelcome, let next = output.nextWrite() {
+            bytes.append(contentsOf: next)
+            guard session == nil else { break }  // a session's bound holds the rest back
+            output.acknowledgeWritten()
+        }
+        guard !bytes.isEmpty else { return }
         transport.write(&bytes)
     }
 }

@@ -11,7 +11,7 @@ public struct ClientConfiguration: Sendable {
     public var token: String?
     /// Name sent in HELLO.
     public var clientName = "switchboard-swift"
-    /// Default time limit of a call; nil = none.
+    /// Default time limit of a call, and of a connection's handshake (HELLO to WELCOME); nil = none.
     public var requestTimeout: Duration? = .seconds(30)
     /// Reconnection after a lost connection; nil = stay disconnected.
     public var reconnect: ReconnectPolicy? = ReconnectPolicy()
@@ -22,6 +22,11 @@ public struct ClientConfiguration: Sendable {
     public var serverName: String?
     /// Speak through a WebSocket (the server's HTTP upgrade on the same port), as a browser must.
     public var webSocket = false
+    /// Ask for a resumable session (protocol/resumption.md): across a lost connection, streams see no
+    /// gap, calls in flight get their real answers and held channels keep their callers, while
+    /// `reconnect` brings the connection back within the session's time to live. nil = plain wire-v1.
+    /// ``Client/sessionEvents()`` tells what happened after each loss.
+    public var session: SessionOptions?
 
     /// The defaults: 127.0.0.1:7420, 30 s calls, reconnecting.
     public init(host: String = "127.0.0.1", port: Int = 7420, token: String? = nil) {
@@ -83,6 +88,9 @@ public enum ClientError: Error, Equatable, Sendable {
     case closed
     /// The answer could not be decoded.
     case badReply(String)
+    /// The request was written on a session that could not be resumed and got no answer: the server
+    /// may have run it (``SessionEvent/restarted(_:)`` lists it).
+    case sessionLost
 }
 
 /// A method call answered "not implemented" (a null reply): Flutter's `MissingPluginException`.
@@ -127,6 +135,7 @@ extension ClientError: CustomStringConvertible {
         case .server(let code, let message), .refused(let code, let message, _): "\(code): \(message)"
         case .closed: "the client is closed"
         case .badReply(let reason): "bad reply: \(reason)"
+        case .sessionLost: "the session was lost before the answer came"
         }
     }
 }

@@ -38,13 +38,13 @@ extension ClusterLink {
             for chunk in stride(from: 0, to: ids.count, by: 2048) {
                 let line = Array((caller + ids[chunk..<min(chunk + 2048, ids.count)].map { " \($0.id)\($0.codec)" }.joined() + "\n").utf8)
                 if beacon.count + line.count > 64 << 10 {
-                    try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
+                    try? bus.publish("switchboard.beacon", headers: beaconHeaders, payload: beacon)
                     beacon = first
                 }
                 beacon += line
             }
         }
-        try? bus.publish("switchboard.beacon", headers: [], payload: beacon)
+        try? bus.publish("switchboard.beacon", headers: beaconHeaders, payload: beacon)
 
         let now = loop.now
         let late = now - lastTick > 2 * Self.beaconIntervalMs
@@ -106,6 +106,10 @@ extension ClusterLink {
         channelMarkBytes += cost
     }
 
+    /// Whether a node whose server's process has `mark` is alive: its beacons come (a sibling loop of
+    /// this one's server is such a node too).
+    package func hears(process mark: String) -> Bool { peers.values.contains { $0.process == mark } }
+
     /// Another node's beacon: it is alive, and so are the calls it names for this node.
     func beacon(_ message: BusMessage) {
         let lines = String(decoding: message.payload, as: UTF8.self).split(separator: "\n")
@@ -116,7 +120,8 @@ extension ClusterLink {
               (0...Int(UInt32.max)).contains(heldCount) else { return }
         let now = loop.now
         let node = String(fields[0])
-        peers[node] = Peer(lastSeen: now, name: fields.count > 2 ? String(fields[2]) : "", held: heldCount)
+        let process = message.header("Sb-Process").flatMap { Self.isInstance($0) ? $0 : nil }  // the same hex digits, at most 16
+        peers[node] = Peer(lastSeen: now, name: fields.count > 2 ? String(fields[2]) : "", held: heldCount, process: process)
         var listeners: [String: Int]?  // set by the listener section, which only a beacon's first part has
         for line in lines.dropFirst() {
             let words = line.split(separator: " ")

@@ -132,6 +132,9 @@ package final class ClusterLink {
     var siblingsMark: BusMessage.Header?
     /// The headers of a broadcast: the mark, if any.
     var siblingHeaders: [BusMessage.Header] = []
+    /// The headers of this node's beacons: the mark of its server's process, which a session token
+    /// names, so that the other nodes can tell a token of a live node from one of a process that is gone.
+    package var beaconHeaders: [BusMessage.Header] = []
 
     /// How a call to another node ended.
     package enum CallOutcome {
@@ -247,6 +250,8 @@ package final class ClusterLink {
         var lastSeen: UInt64
         var name = ""
         var held = 0
+        /// The mark of its server's process, as its beacons tell it (``beaconHeaders``).
+        var process: String?
     }
     var peers: [String: Peer] = [:]
     /// A node whose beacons stopped (it was seen, by beacon or answer, then nothing for ``leaseMs``).

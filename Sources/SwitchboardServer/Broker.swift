@@ -316,6 +316,9 @@ extension ServerCore {
         stats.forwardedRequests += 1
         let holder = registration.holder
         if then == nil, request.isDetached {  // a MESSAGE with id 0: nothing to relay
+            guard holder.sessionHasRoom(forFrameOf: Frame.headerSize + registration.name.utf8.count + (payload?.count ?? 0)) else {
+                return holder.countDroppedForSession("message")
+            }
             holder.writeFrame(.message, id: 0, channel: registration.name, payload: payload)
             return
         }
@@ -329,7 +332,7 @@ extension ServerCore {
 
     /// Puts the holder's answer into the requester's terms.
     func relay(_ result: Result<[UInt8]?, InvokeError>, of registration: Registration?, to request: PendingRequest) {
-        guard case .success(let payload) = result else { return request.answer(.error(.handlerGone)) }
+        guard case .success(let payload) = result else { return request.answer(.error(result == .failure(.noRoom) ? .handlerBusy : .handlerGone)) }
         guard request.isText else { return request.answer(.messageBytes(payload)) }
         guard let registration, let codec = registration.codec else {
             return request.answer(.error(.badRequest("the channel declared no codec")))
@@ -419,7 +422,9 @@ extension ServerCore {
         let waiting = all.filter { !$0.request.isAnswered }  // a listen cancelled meanwhile starts no stream
         var refusal: ChannelError?
         switch result {
-        case .failure: refusal = ChannelError(code: WireError.handlerGone.code, message: WireError.handlerGone.message)
+        case .failure(let error):
+            let wire: WireError = error == .noRoom ? .handlerBusy : .handlerGone
+            refusal = ChannelError(code: wire.code, message: wire.message)
         case .success(nil): refusal = ChannelError(code: "error", message: "the holder does not implement listen")
         case .success(let payload?):
             if case .failure(let error)? = try? events.codec.decodeEnvelope(payload) { refusal = error }

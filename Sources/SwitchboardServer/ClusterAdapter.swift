@@ -10,11 +10,13 @@ import SwitchboardWire
 extension ClusterLink {
     /// A node of the cluster `settings` describe: the whole server, or (`loop`) one of its loops, whose
     /// broadcasts carry `process`, the server's mark: its sibling loops had them in-process (``SiblingLoops``).
+    /// Its beacons carry the mark too, which session tokens name (``SessionToken/process``).
     convenience init(settings: ClusterSettings, loop index: Int?, process: String, eventLoop loop: EventLoop, logger: Logger) throws(UVError) {
         var options = NATSBus.Options(servers: settings.servers, name: "switchboard \(settings.node)" + (index.map { " loop \($0)" } ?? ""))
         options.connectTimeoutMs = settings.connectTimeoutMs
         options.pingIntervalMs = settings.pingIntervalMs
         try self.init(options: options, node: settings.node, process: index == nil ? nil : process, eventLoop: loop, logger: logger)
+        if !process.isEmpty { beaconHeaders = [.init("Sb-Process", process)] }
     }
 }
 

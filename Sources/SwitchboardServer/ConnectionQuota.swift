@@ -17,6 +17,9 @@ final class ConnectionQuota: Sendable {
         var total = 0
         /// Connections by host, for the hosts the per-address cap applies to.
         var byHost: [String: Int] = [:]
+        /// Parked sessions by host (counted in ``byHost`` too): a host may go past its cap by as many, to
+        /// resume them (protocol/resumption.md, "Limits").
+        var parkedByHost: [String: Int] = [:]
     }
 
     private let state = Mutex(State())
@@ -34,17 +37,29 @@ final class ConnectionQuota: Sendable {
         capsLoopback = config.capsLoopback
     }
 
-    /// Counts a connection from `host`; the refusal instead, when a cap is reached.
-    func admit(_ host: String) -> Refusal? {
+    /// Counts a connection from `host`, telling whether it came past the address's cap by the margin its
+    /// parked sessions give (it may then only resume one); the refusal instead, when a cap is reached.
+    func admit(_ host: String) -> (refusal: Refusal?, toResume: Bool) {
         let capped = capsLoopback || !isLoopbackAddress(host)
         return state.withLock { state in
-            guard state.total < maxConnections else { return .overConnectionLimit }
+            guard state.total < maxConnections else { return (.overConnectionLimit, false) }
+            var toResume = false
             if capped {
-                guard state.byHost[host, default: 0] < maxPerAddress else { return .overAddressLimit }
-                state.byHost[host, default: 0] += 1
+                let count = state.byHost[host, default: 0]
+                guard count < maxPerAddress + state.parkedByHost[host, default: 0] else { return (.overAddressLimit, false) }
+                toResume = count >= maxPerAddress
+                state.byHost[host] = count + 1
             }
             state.total += 1
-            return nil
+            return (nil, toResume)
+        }
+    }
+
+    /// A session of a connection from `host` is parked (`true`), or no longer (`false`).
+    func setParked(_ isParked: Bool, host: String) {
+        state.withLock { state in
+            let count = state.parkedByHost[host, default: 0] + (isParked ? 1 : -1)
+            state.parkedByHost[host] = count > 0 ? count : nil
         }
     }
 

@@ -115,7 +115,8 @@ final class EventStream {
     private var queueHead = 0
     /// Events in `queue` past `queueHead`, kept apart so that the fast path never touches the queue.
     private var queuedCount = 0
-    /// True until the listen reply has gone out: events wait, so the reply always comes first.
+    /// True until the listen reply has gone out: events wait, so the reply always comes first. Also
+    /// while the connection's session is parked, for a keep-latest channel (``holdWhileParked()``).
     private var isStarting = true
     private(set) var isActive = true
     var readyCallback: (() -> Void)? {
@@ -206,7 +207,16 @@ final class EventStream {
         case .keepLatest:
             while queuedCount > 0 { dropHead(reason) }
         }
-        if fits() { append(event, size: size) } else { connection.core.countDrop(reason) }
+        if fits() { append(event, size: size) } else { dropped(reason) }
+    }
+
+    /// Counts a drop; one the stream had credit for, dropped for want of room (not a stream stopped by a
+    /// cancel or shutdown), ends its connection's session, if any (protocol/resumption.md: keep-latest
+    /// promises no more than the latest event).
+    private func dropped(_ reason: String) {
+        connection.core.countDrop(reason)
+        let lacksRoom = reason == "outboundLimit" || reason == "queueFull"
+        if lacksRoom, entry.overflow != .keepLatest, connection.session != nil { connection.endSession(.overflowed) }
     }
 
     private func append(_ event: OutboundEvent, size: Int) {
@@ -221,7 +231,7 @@ final class EventStream {
         queueHead += 1
         queuedCount -= 1
         connection.waitingEventBytes -= size
-        if !event.isEnd { connection.core.countDrop(reason) }
+        if !event.isEnd { dropped(reason) }
         compact()
     }
 
@@ -256,9 +266,15 @@ final class EventStream {
         pump()
     }
 
+    /// A keep-latest stream of a parked session keeps only its latest event until the session resumes
+    /// (``activate()``), as for a listener that lags (protocol/resumption.md).
+    func holdWhileParked() {
+        if entry.overflow == .keepLatest { isStarting = true }
+    }
+
     /// Sends what waits, as far as credit and the outbound limit allow; tells a waiting producer when ready.
     func pump() {
-        while isActive, queuedCount > 0 {
+        while isActive, !isStarting, queuedCount > 0 {
             let event = queue[queueHead].event
             guard event.isEnd || (hasCredit && !connection.isOverOutboundLimit) else { break }
             write(takeHead())

@@ -33,7 +33,9 @@ final class LoopGroup: Sendable {
     /// there: at most ``siblingEventLimit``; one more is dropped and counted.
     let siblingEventsWaiting: [WaitingCount]
     /// This server's mark on a cluster's bus, the same for all its loops (random, as a node's instance is).
-    let process = String(UInt64.random(in: 1..<(1 << 60)), radix: 16)
+    var process: String { String(processMark, radix: 16) }
+    /// The same mark as a number, as a session token names its process (``SessionToken``).
+    let processMark = UInt64.random(in: 1..<(1 << 60))
     static let siblingEventLimit = 65_536
 
     /// A count that loops share.

@@ -108,6 +108,15 @@ extension ServerCore {
         total("switchboard_demands_ignored_total", stats.demandsIgnored)
         for (reason, value) in tallies.eventsDropped { total("switchboard_events_dropped_total", value, ["reason": reason]) }
         for (reason, value) in tallies.closes { total("switchboard_closes_total", value, ["reason": reason]) }
+        snapshot.gauges["switchboard_sessions_live"] = sessions.live.count - sessions.parked.count
+        snapshot.gauges["switchboard_sessions_parked"] = sessions.parked.count
+        snapshot.gauges["switchboard_session_buffered_bytes"] = sessions.bufferedBytes
+        total("switchboard_sessions_made_total", sessions.made)
+        total("switchboard_sessions_resumed_total", sessions.resumed)
+        total("switchboard_sessions_taken_total", sessions.taken)
+        for (reason, value) in sessions.endedCounts { total("switchboard_sessions_ended_total", value, ["reason": reason]) }
+        for (reason, value) in sessions.refusedCounts { total("switchboard_resumes_refused_total", value, ["reason": reason]) }
+        for (kind, value) in sessions.droppedCounts { total("switchboard_session_frames_dropped_total", value, ["kind": kind]) }
         for (plugin, codes) in tallies.pluginRejections {
             for (code, value) in codes { total("switchboard_plugin_rejections_total", value, ["plugin": plugin, "code": code]) }
         }
@@ -258,6 +267,7 @@ extension ServerCore {
             "closes": .map(tallies.closes.sorted { $0.key < $1.key }.map { .init(.string($0.key), .int($0.value)) }),
             "plugins": pluginStats,
             "requests": .int(totals.requests), "events": .int(totals.events),
+            "sessions": sessions.statsValue,
         ])
     }
 }

@@ -23,6 +23,15 @@ enum MetricsHelp {
         "switchboard_plugin_failures_total": "Plugin stages that failed, by plugin.",
         "switchboard_channel_requests_total": "Requests per channel (channels past the label limit summed as other).",
         "switchboard_channel_events_total": "Events per event channel (channels past the label limit summed as other).",
+        "switchboard_sessions_live": "Resumable sessions with a connection (protocol/resumption.md).",
+        "switchboard_sessions_parked": "Resumable sessions whose connection was lost, kept for their time to live.",
+        "switchboard_session_buffered_bytes": "Bytes kept for sessions: sent and not acknowledged, and made while parked.",
+        "switchboard_sessions_made_total": "Resumable sessions granted.",
+        "switchboard_sessions_resumed_total": "Sessions resumed by a resuming HELLO.",
+        "switchboard_sessions_taken_total": "Sessions taken from a connection that still carried them.",
+        "switchboard_sessions_ended_total": "Sessions ended, by reason.",
+        "switchboard_resumes_refused_total": "Resuming HELLOs answered cannot_resume, by reason.",
+        "switchboard_session_frames_dropped_total": "Frames others sent for a session that had no room for them, by kind.",
     ]
 
     /// The help of a family: the table's, or for the cluster's counters (named after their keys in

@@ -99,6 +99,7 @@ extension Connection {
     /// write) until that list is flushed.
     func flush() {
         guard !isClosed else { return }
+        if let session { keepSent(by: session) }
         if !outbound.bytes.isEmpty {
             core.stats.framesOut += outbound.unflushedFrames
             core.stats.bytesOut += outbound.bytes.count
@@ -111,6 +112,20 @@ extension Connection {
             if outbound.bytes.isEmpty, !isClosed { swap(&bytes, &outbound.bytes) }
         }
         afterWrite()
+    }
+
+    /// Keeps what this flush hands over in the session's stream (protocol/resumption.md), then adds the
+    /// POSITION that is due, which is not in it. What the client leaves unacknowledged past the
+    /// `--session-bytes` ends the session (END `overflowed`).
+    private func keepSent(by session: Session) {
+        if !outbound.bytes.isEmpty, !session.keepSent(outbound.bytes, limit: core.config.sessionBytes) {
+            return endSession(.overflowed)
+        }
+        guard session.isPositionDue else { return }
+        var bytes = takeOutbound()  // no access to the buffer spans a call: its accesses stay unchecked
+        Self.appendPosition(of: session, to: &bytes)
+        restoreOutbound(bytes)
+        outbound.unflushedFrames += 1
     }
 
     /// Writes a REPLY with a success envelope, encoded in place in the outbound buffer.

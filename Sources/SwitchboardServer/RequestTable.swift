@@ -266,6 +266,10 @@ extension Connection {
             request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
         }
+        if session != nil, !sessionHasRoom(forFrameOf: Frame.headerSize + channel.utf8.count + (payload?.count ?? 0)) {
+            request.complete(.failure(.noRoom), core: core)  // a caller must not end the holder's session
+            return nil
+        }
         // One hash per request, and the request moved into the table: an id still in use (only after
         // 2^32 requests) gets its request back, and ours tries the next id.
         var id = requests.lastOutgoingID
@@ -341,6 +345,7 @@ extension Connection {
     /// Tells this client that the server no longer wants the answer to its request `id`.
     func sendCancel(_ id: UInt32) {
         guard withOutgoing({ $0.removeValue(forKey: id) }) != nil else { return }
+        guard sessionHasRoom(forFrameOf: Frame.headerSize) else { return countDroppedForSession("cancel") }  // its answer is ignored
         writeFrame(.cancel, id: id, payload: nil)
     }
 

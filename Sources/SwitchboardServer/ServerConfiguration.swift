@@ -64,6 +64,13 @@ public struct ServerConfiguration: Sendable {
     /// Whether ``maxConnectionsPerAddress`` applies to loopback addresses too. Off by default: behind a
     /// reverse proxy on the same host every client comes from loopback.
     public var capsLoopback = false
+    /// How long a resumable session stays parked once its connection is lost (protocol/resumption.md);
+    /// 0 = no session is granted.
+    public var sessionTTLMs: UInt64 = 60_000
+    /// Bytes a session may keep for its client: what was sent and not acknowledged, and what was made while parked.
+    public var sessionBytes = 1 << 20
+    /// Sessions parked at once, each loop parking its share (and ended sessions whose reason is remembered).
+    public var maxParkedSessions = 1000
 
     /// The defaults of wire-v1.
     public init() {}
@@ -82,7 +89,9 @@ public struct ServerConfiguration: Sendable {
                 webSocketOrigins: [String]? = nil, metrics: MetricsSettings = .prometheus(), cluster: ClusterSettings? = nil,
                 loops: Int = Self.defaults.loops, firstFrameTimeoutMs: UInt64 = Self.defaults.firstFrameTimeoutMs,
                 frameTimeoutMs: UInt64 = Self.defaults.frameTimeoutMs, maxConnections: Int = Self.defaults.maxConnections,
-                maxConnectionsPerAddress: Int = Self.defaults.maxConnectionsPerAddress, capsLoopback: Bool = Self.defaults.capsLoopback) {
+                maxConnectionsPerAddress: Int = Self.defaults.maxConnectionsPerAddress, capsLoopback: Bool = Self.defaults.capsLoopback,
+                sessionTTLMs: UInt64 = Self.defaults.sessionTTLMs, sessionBytes: Int = Self.defaults.sessionBytes,
+                maxParkedSessions: Int = Self.defaults.maxParkedSessions) {
         self.host = host
         self.port = port
         self.maxFrame = maxFrame
@@ -105,6 +114,9 @@ public struct ServerConfiguration: Sendable {
         self.maxConnections = maxConnections
         self.maxConnectionsPerAddress = maxConnectionsPerAddress
         self.capsLoopback = capsLoopback
+        self.sessionTTLMs = sessionTTLMs
+        self.sessionBytes = sessionBytes
+        self.maxParkedSessions = maxParkedSessions
     }
 }
 
@@ -150,6 +162,9 @@ public enum InvokeError: Error, Equatable, Sendable {
     case notImplemented
     /// The client disconnected (or was never connected) before answering.
     case disconnected
+    /// The client's session (protocol/resumption.md) has no room to keep the request: the client is away
+    /// or has not acknowledged what it was sent. The request was not sent.
+    case noRoom
     /// The reply's bytes could not be decoded, or the message could not be encoded.
     case codec(CodecError)
     /// Text-mode clients cannot be called by the server.

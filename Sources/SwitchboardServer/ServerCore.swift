@@ -118,12 +118,15 @@ final class ServerCore {
     private(set) var cluster: ClusterLink?
     /// The caps on connections, shared by the server's loops.
     let quota: ConnectionQuota
+    /// The resumable sessions made on this loop (protocol/resumption.md).
+    let sessions: SessionTable
     /// The last refusal logged (see ``lastAcceptErrorLog``).
     private var lastRefusalLog: UInt64 = 0
 
     init(config: ServerConfiguration, logger: Logger, index: Int = 0, loops: Int = 1, quota: ConnectionQuota) throws(UVError) {
         self.config = config
         self.quota = quota
+        sessions = SessionTable(limit: config.maxParkedSessions / max(1, loops), ttlMs: config.sessionTTLMs)  // each loop its share
         self.logger = logger
         self.index = index
         loopCount = loops
@@ -187,17 +190,18 @@ final class ServerCore {
     /// closed at once (it has no mode yet to be told in), counted and logged.
     private func accepted(_ transport: TCPConnection, tls: TLSSettings?) {
         let host = hostOfAddress(transport.remoteAddress)
-        if let refusal = quota.admit(host) { return refuse(transport, refusal, host: host) }
+        let (refusal, toResume) = quota.admit(host)
+        if let refusal { return refuse(transport, refusal, host: host) }
         let target = nextLoop
         nextLoop = (nextLoop + 1) % loopCount
-        guard target != index, let sibling = group?.cores[target] else { return serve(transport, tls: tls, host: host) }
+        guard target != index, let sibling = group?.cores[target] else { return serve(transport, tls: tls, host: host, toResume: toResume) }
         let socket: DetachedSocket
         do { socket = try transport.detach() } catch {
             quota.release(host)
             return acceptFailed(error)
         }
         let quota = quota
-        if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls, host: host) }) {
+        if !sibling.loop.execute({ sibling.value.adopt(socket, tls: tls, host: host, toResume: toResume) }) {
             quota.release(host)
             socket.close()
         }
@@ -213,8 +217,8 @@ final class ServerCore {
             "remote": "\(host)", "maxConnections": "\(quota.maxConnections)", "maxConnectionsPerAddress": "\(quota.maxPerAddress)"])
     }
 
-    /// Serves a connection loop 0 accepted for this loop.
-    private func adopt(_ socket: DetachedSocket, tls: TLSSettings?, host: String) {
+    /// Serves a connection loop 0 accepted for this loop (`toResume`: past its address's cap, to resume).
+    private func adopt(_ socket: DetachedSocket, tls: TLSSettings?, host: String, toResume: Bool) {
         guard phase == .running || phase == .draining else {
             quota.release(host)
             return socket.close()
@@ -224,22 +228,39 @@ final class ServerCore {
             quota.release(host)
             return acceptFailed(error)
         }
-        serve(transport, tls: tls, host: host)
+        serve(transport, tls: tls, host: host, toResume: toResume)
+    }
+
+    /// Serves a connection whose resuming HELLO another loop read, for a session of this loop: `input`
+    /// (the HELLO and what followed it) is read first, as the connection's own.
+    func adoptResuming(_ connection: DetachedConnection, host: String?, toResume: Bool, input: [UInt8]) {
+        guard phase == .running || phase == .draining else {
+            if let host { quota.release(host) }
+            return connection.close()
+        }
+        let transport: HTTPUpgradeTransport
+        // Past its first bytes, the connection answers no HTTP request: no endpoint is needed.
+        let options = HTTPUpgradeTransport.Options(maxFrame: Int(config.maxFrame), allowedOrigins: config.webSocketOrigins)
+        do { transport = try HTTPUpgradeTransport(adopting: connection, loop: eventLoop, options: options) } catch {
+            if let host { quota.release(host) }
+            return acceptFailed(error)
+        }
+        accept(transport, admittedHost: host, toResume: toResume)?.handle(.data(input))
     }
 
     /// Serves an accepted TCP connection, under TLS when it came to the TLS port.
-    private func serve(_ transport: TCPConnection, tls: TLSSettings?, host: String) {
-        if let tls { return acceptTLS(transport, tls, host: host) }
-        accept(web(transport), admittedHost: host)
+    private func serve(_ transport: TCPConnection, tls: TLSSettings?, host: String, toResume: Bool) {
+        if let tls { return acceptTLS(transport, tls, host: host, toResume: toResume) }
+        accept(web(transport), admittedHost: host, toResume: toResume)
     }
 
     /// The TLS port, once bound.
     var tlsPort: Int? { tlsListener?.port }
 
-    private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings, host: String) {
+    private func acceptTLS(_ transport: any Transport, _ tls: TLSSettings, host: String, toResume: Bool) {
         do {
             accept(web(try TLSTransport(over: transport, context: tls.context, loop: eventLoop, handshakeTimeoutMs: tls.handshakeTimeoutMs)),
-                   admittedHost: host)
+                   admittedHost: host, toResume: toResume)
         } catch {
             logger.warning("cannot start TLS: \(error)")
             quota.release(host)
@@ -299,18 +320,59 @@ final class ServerCore {
         }
     }
 
-    /// Serves a new connection over `transport` (counted under `admittedHost` by the caps, if given).
-    func accept(_ transport: any Transport, admittedHost: String? = nil) {
+    /// Serves a new connection over `transport` (counted under `admittedHost` by the caps, if given;
+    /// `toResume`: past that address's cap, to resume one of its parked sessions).
+    @discardableResult
+    func accept(_ transport: any Transport, admittedHost: String? = nil, toResume: Bool = false) -> Connection? {
         guard phase == .running || phase == .draining else {
             if let admittedHost { quota.release(admittedHost) }
-            return transport.closeNow()
+            transport.closeNow()
+            return nil
         }
         connectionsMade += 1
         let connection = Connection(id: (connectionsMade - 1) * UInt64(loopCount) + UInt64(index) + 1, transport: transport, core: self)
         connection.admittedHost = admittedHost
+        connection.admittedToResume = toResume
         connections[connection.id] = connection
         stats.connectionsTotal += 1
         transport.start { event in connection.handle(event) }
+        return connection
+    }
+
+    /// Forgets a connection without counting a close: its HELLO resumed a session, whose connection
+    /// now has its transport.
+    func connectionHandedOver(_ connection: Connection) {
+        connections.removeValue(forKey: connection.id)
+    }
+
+    /// A connection whose HELLO made a session goes on as `successor` (of the same id).
+    func connectionReplaced(by successor: Connection) { connections[successor.id] = successor }
+
+    /// A parked session's connection leaves the table (it counts under the caps until its session ends
+    /// or resumes); a resumed one comes back.
+    func connectionParked(_ connection: Connection) {
+        connections.removeValue(forKey: connection.id)
+        if let host = connection.admittedHost { quota.setParked(true, host: host) }
+    }
+    func connectionResumed(_ connection: Connection) {
+        connections[connection.id] = connection
+        if let host = connection.admittedHost { quota.setParked(false, host: host) }
+    }
+    /// A connection whose resuming HELLO did not move it to another loop after all is back.
+    func connectionReturned(_ connection: Connection) { connections[connection.id] = connection }
+
+    /// A parked session ended: its connection, which had left the table, is counted closed, and its
+    /// place under the caps is given back.
+    func parkedSessionEnded(_ connection: Connection) {
+        tallies.closes[CloseReason.sessionEnded.rawValue, default: 0] += 1
+        if let host = connection.admittedHost { quota.setParked(false, host: host) }
+        releaseAdmission(of: connection)
+    }
+
+
+    /// Ends every parked session (a shutdown's drain begins).
+    func endParkedSessions() {
+        for session in sessions.parked { session.connection?.endParked(.closed) }
     }
 
     func connectionClosed(_ connection: Connection, reason: CloseReason) {
@@ -324,7 +386,7 @@ final class ServerCore {
 
     /// Gives a gone connection's place under the caps back: once its socket is closed, not when its
     /// close begins, so that connections lingering in a graceful close (at most a second) count too.
-    private func releaseAdmission(of connection: Connection) {
+    func releaseAdmission(of connection: Connection) {
         guard let host = connection.admittedHost else { return }
         connection.admittedHost = nil
         quota.release(host)
@@ -390,8 +452,10 @@ final class ServerCore {
             releasedSinceTrim = 0
             lastTrim = now
         }
+        for session in sessions.expired(at: now) { session.connection?.endParked(.expired) }
         for connection in Array(connections.values) {
             connection.dropStaleRoute()
+            if let session = connection.session, session.positionIsDueByTime(at: now) { connection.markDirty() }
             if let since = connection.peerFinishedAt, now - since >= config.drainTimeoutMs {
                 connection.abandonOpenRequests()
                 continue
@@ -435,6 +499,7 @@ final class ServerCore {
     func beginShutdown() {
         guard phase == .running else { return }
         phase = .draining
+        endParkedSessions()
         logger.notice("shutting down: draining \(stats.repliesPending) in-flight requests")
         // The ports stay open while draining, so that a health check can see it (`/healthz` answers 503);
         // requests on connections made meanwhile get `going_away`.
@@ -478,6 +543,7 @@ final class ServerCore {
     func finishShutdown() {
         guard phase == .draining || phase == .running else { return }
         phase = .closing
+        endParkedSessions()
         cluster?.stopServing()  // calls from other nodes get going_away; the bus stays up to send it
         siblings?.stopServing()
         listener?.cancel()
@@ -516,6 +582,7 @@ final class ServerCore {
     /// that handlers which capture the server (and so this core) no longer keep it alive, and neither
     /// do connections, streams or timers.
     func releaseAll() {
+        endParkedSessions()
         for connection in Array(connections.values) + closingConnections { connection.close(.shutdown) }
         connections = [:]
         closingConnections = []

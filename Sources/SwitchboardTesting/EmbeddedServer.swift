@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Logging
 import SwitchboardDemo
 import SwitchboardPluginAPI
 import SwitchboardServer
@@ -27,10 +28,10 @@ public final class EmbeddedServer {
     private var isFinished = false
 
     /// Makes a server (with the demo and introspection channels unless `demoChannels` is false, and
-    /// `plugins` loaded in order) driven by ``run(turns:)``.
+    /// `plugins` loaded in order) driven by ``run(turns:)``, logging to `logger`.
     public init(configuration: ServerConfiguration = ServerConfiguration(), demoChannels: Bool = true,
-                plugins: [any Plugin] = []) throws {
-        server = try Server(configuration: configuration)
+                plugins: [any Plugin] = [], logger: Logger = Logger(label: "switchboard")) throws {
+        server = try Server(configuration: configuration, logger: logger)
         if demoChannels {
             server.installDemoChannels()
             server.installIntrospectionChannels()

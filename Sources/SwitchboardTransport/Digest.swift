@@ -13,9 +13,15 @@ public enum Digest {
     /// digests are compared whole, without an early exit (for tokens; a length or a prefix that
     /// matches is not revealed either).
     public static func constantTimeEquals(_ given: String, _ secret: String) -> Bool {
-        let a = digest(Array(given.utf8), EVP_sha256(), size: 32), b = digest(Array(secret.utf8), EVP_sha256(), size: 32)
+        constantTimeEquals(digest(Array(given.utf8), EVP_sha256(), size: 32), digest(Array(secret.utf8), EVP_sha256(), size: 32))
+    }
+
+    /// Whether `given` equals `secret`, two byte strings of a length that is no secret (a session
+    /// token's secret half), in a time that tells nothing of where they differ: no early exit.
+    public static func constantTimeEquals(_ given: [UInt8], _ secret: [UInt8]) -> Bool {
+        guard given.count == secret.count else { return false }
         var difference: UInt8 = 0
-        for index in 0..<32 { difference |= a[index] ^ b[index] }
+        for index in secret.indices { difference |= given[index] ^ secret[index] }
         return difference == 0
     }
 

@@ -39,6 +39,62 @@ public final class HTTPUpgradeTransport: Transport {
 
     private let inner: any Transport
     private let options: Options
+
+    /// Whether ``detach()`` can take this connection to another loop now: its bytes have shown they are
+    /// not an HTTP request (a WebSocket's are messages now), it runs over TCP or TLS over TCP, and
+    /// nothing waits to be written (which could not go along).
+    public var canDetach: Bool {
+        switch mode {
+        case .passThrough, .webSocket: break
+        case .sniffing, .http, .answered: return false
+        }
+        guard !isFinished, pendingCount == 0, framed.isEmpty else { return false }
+        if let tls = inner as? TLSTransport { return tls.canDetach }
+        return inner is TCPConnection && inner.queuedBytes == 0
+    }
+
+    /// Takes the connection off this loop, with the state of its layers (TLS, WebSocket), for
+    /// ``init(adopting:loop:options:)`` on another. Nil when it cannot (``canDetach``). This transport is
+    /// closed either way, and never touches what it gave away again.
+    public func detach() throws(UVError) -> DetachedConnection? {
+        guard canDetach else {
+            closeNow()
+            return nil
+        }
+        isFinished = true
+        handler = nil
+        var webSocket: DetachedConnection.WebSocket?
+        if case .webSocket(let session) = mode {
+            webSocket = .init(session: session, cutter: cutter, messageBytes: messageBytes, isMessageTooLarge: isMessageTooLarge,
+                              isAddressedToThisMachine: isAddressedToThisMachine)
+            mode = .answered  // this layer lets go of the session
+        }
+        if let tls = inner as? TLSTransport {
+            guard let detached = try tls.detach() else { return nil }
+            return DetachedConnection(socket: detached.socket, tls: detached.tls, webSocket: webSocket)
+        }
+        guard let tcp = inner as? TCPConnection else { return nil }
+        return DetachedConnection(socket: try tcp.detach(), tls: nil, webSocket: webSocket)
+    }
+
+    /// Goes on, on `loop`, with a connection that ``detach()`` took off another loop.
+    public convenience init(adopting connection: DetachedConnection, loop: EventLoop, options: Options) throws(UVError) {
+        let tcp: TCPConnection
+        do { tcp = try TCPConnection.adopt(connection.socket, loop: loop) } catch {  // the socket is closed
+            connection.tls?.close()
+            throw error
+        }
+        self.init(over: connection.tls.map { TLSTransport(adopting: $0, over: tcp, loop: loop) } ?? tcp, options: options)
+        guard let webSocket = connection.webSocket else {
+            mode = .passThrough
+            return
+        }
+        cutter = webSocket.cutter
+        messageBytes = webSocket.messageBytes
+        isMessageTooLarge = webSocket.isMessageTooLarge
+        isAddressedToThisMachine = webSocket.isAddressedToThisMachine
+        listen(to: webSocket.session)
+    }
     private var handler: ((TransportEvent) -> Void)?
     private var mode = Mode.sniffing
     /// Reading stopped by the owner (backpressure), and by this layer (pongs piling up).
@@ -69,6 +125,12 @@ public final class HTTPUpgradeTransport: Transport {
     }
 
     public var queuedBytes: Int { inner.queuedBytes + pendingCount }
+    /// The TCP connection below, while this transport passes bytes through to it unchanged: then all it
+    /// has queued is that connection's (``queuedBytes``), which a transport over this one may read there.
+    public var passThroughTCP: TCPConnection? {
+        guard case .passThrough = mode else { return nil }
+        return inner as? TCPConnection
+    }
     /// The transport below's: a connection whose WebSocket closed still lingers in TCP until the owner's
     /// close (bounded by its sweep of closing connections).
     public var isOpen: Bool { inner.isOpen }
@@ -138,6 +200,14 @@ public final class HTTPUpgradeTransport: Transport {
         inner.closeAfterWrites()
     }
 
+    public func closeNow(_ intent: CloseIntent) {
+        if case .webSocket(let session) = mode, session.closeCodeSent == 0 {
+            session.queueClose(intent.webSocketCode, reason: intent.webSocketReason)
+            flush(session)
+        }
+        closeNow()
+    }
+
     public func closeNow() {
         isFinished = true
         handler = nil
@@ -204,13 +274,7 @@ public final class HTTPUpgradeTransport: Transport {
         }
         isAddressedToThisMachine = head.isAddressedToThisMachine
         let session = WebSocketSession(maxMessage: options.maxFrame + 4)
-        session.onData = { [unowned self] opcode, bytes in collect(opcode, bytes) }
-        session.onMessageEnd = { [unowned self] opcode in
-            messageBytes = 0
-            if opcode == .text, !isMessageTooLarge { received.append(10) }
-        }
-        session.onFrame = { [unowned self] in handler?(.data([])) }  // traffic, for the heartbeat
-        mode = .webSocket(session)
+        listen(to: session)
         var response = Array(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Accept: \(Digest.webSocketAccept(key: key))\r\n\r\n").utf8)
         inner.write(&response)
@@ -221,6 +285,17 @@ public final class HTTPUpgradeTransport: Transport {
             return fail(.webSocketRefused, "origin \(origin) is not allowed")
         }
         if !rest.isEmpty { receive(rest, session) }
+    }
+
+    /// Reads the peer's messages through `session` from now on.
+    private func listen(to session: WebSocketSession) {
+        session.onData = { [unowned self] opcode, bytes in collect(opcode, bytes) }
+        session.onMessageEnd = { [unowned self] opcode in
+            messageBytes = 0
+            if opcode == .text, !isMessageTooLarge { received.append(10) }
+        }
+        session.onFrame = { [unowned self] in handler?(.data([])) }  // traffic, for the heartbeat
+        mode = .webSocket(session)
     }
 
     /// Reads `bytes`, then hands the owner every message they completed as one event (as one read
@@ -373,6 +448,37 @@ public final class HTTPUpgradeTransport: Transport {
         }
         while p < pattern.count, pattern[p] == UInt8(ascii: "*") { p += 1 }
         return p == pattern.count
+    }
+}
+
+/// A connection's socket and the state of its layers between two loops
+/// (``HTTPUpgradeTransport/detach()``), which whoever holds it adopts on a loop
+/// (``HTTPUpgradeTransport/init(adopting:loop:options:)``) or closes (``close()``), once.
+///
+/// `@unchecked Sendable` for its WebSocket session, a class that is not: the layer that detached it let
+/// go of it (and the session calls back into nothing but the handlers the adopting layer sets), so the
+/// loop that adopts it is the only thread that uses it from then on; the hop to that loop (a job through
+/// its mutex-guarded queue) orders this loop's last use before that loop's first. ``DetachedTLS`` and
+/// ``DetachedSocket`` prove their own.
+public struct DetachedConnection: @unchecked Sendable {
+    let socket: DetachedSocket
+    let tls: DetachedTLS?
+    let webSocket: WebSocket?
+
+    /// A WebSocket's state: its wslay session (with any frame it is in the middle of), how this side
+    /// frames what it writes, and the message being received.
+    struct WebSocket {
+        let session: WebSocketSession
+        let cutter: MessageCutter
+        let messageBytes: Int
+        let isMessageTooLarge: Bool
+        let isAddressedToThisMachine: Bool
+    }
+
+    /// Closes the socket and frees the state (no loop took it).
+    public func close() {
+        socket.close()
+        tls?.close()
     }
 }
 

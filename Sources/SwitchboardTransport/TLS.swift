@@ -113,6 +113,8 @@ public final class TLSTransport: Transport {
     /// The owner began a graceful close: an end before the handshake finished is its doing.
     private var isClosingByOwner = false
     private var timer: Timer?
+    /// The SSL went to another loop (``detach()``): this transport no longer frees it.
+    private var isDetached = false
     /// The subject of the certificate the peer presented and this side verified (mutual TLS), as
     /// RFC 2253 text such as `CN=alice,O=Example`.
     public private(set) var peerSubject: String?
@@ -152,10 +154,57 @@ public final class TLSTransport: Transport {
         }
     }
 
+    /// Goes on, over `inner` on `loop`, with a connection that ``detach()`` took off another loop.
+    public init(adopting state: DetachedTLS, over inner: any Transport, loop: EventLoop) {
+        ssl = state.ssl
+        self.inner = inner
+        self.loop = loop
+        handshakeTimeoutMs = 0
+        isEstablished = true
+        input = state.input
+        peerSubject = state.peerSubject
+        protocolVersion = state.protocolVersion
+        BIO_set_data(SSL_get_rbio(ssl), Unmanaged.passUnretained(self).toOpaque())
+    }
+
     deinit {
         timer?.cancel()
+        guard !isDetached else { return }
         BIO_set_data(SSL_get_rbio(ssl), nil)  // nothing OpenSSL does while freeing may reach this going object
         SSL_free(ssl)
+    }
+
+    /// Whether ``detach()`` can take this connection to another loop now: established, over TCP, and
+    /// with nothing waiting to be written (which could not go along).
+    public var canDetach: Bool {
+        isEstablished && !isBroken && !isFinished && pendingPlaintext.isEmpty && ciphertext.isEmpty
+            && inner is TCPConnection && inner.queuedBytes == 0
+    }
+
+    /// Takes the connection off this loop, for ``init(adopting:over:loop:)`` on another: its TLS state
+    /// (with the ciphertext OpenSSL has not read) and its socket. Nil when it cannot (``canDetach``).
+    /// This transport is closed either way, and never touches the SSL again.
+    public func detach() throws(UVError) -> (tls: DetachedTLS, socket: DetachedSocket)? {
+        guard canDetach, let tcp = inner as? TCPConnection else {
+            closeNow()
+            return nil
+        }
+        isFinished = true
+        isBroken = true
+        timer?.cancel()
+        timer = nil
+        handler = nil
+        isDetached = true
+        BIO_set_data(SSL_get_rbio(ssl), nil)
+        let state = DetachedTLS(ssl: ssl, input: Array(input[inputIndex...]), peerSubject: peerSubject, protocolVersion: protocolVersion)
+        input = []
+        inputIndex = 0
+        let socket: DetachedSocket
+        do { socket = try tcp.detach() } catch {
+            state.close()
+            throw error
+        }
+        return (state, socket)
     }
 
     public var queuedBytes: Int { inner.queuedBytes + pendingPlaintext.count }
@@ -171,9 +220,13 @@ public final class TLSTransport: Transport {
         self.handler = handler
         if let timer = try? Timer(loop: loop) {
             self.timer = timer
-            timer.start(after: handshakeTimeoutMs) { [weak self] in
-                guard let self, !self.isEstablished else { return }
-                self.fail(.tlsHandshakeTimeout, "no TLS handshake within \(self.handshakeTimeoutMs) ms")
+            if isEstablished {  // adopted: what came with it is read on the next turn, before anything newer
+                timer.start(after: 0) { [weak self] in self?.decrypt() }
+            } else {
+                timer.start(after: handshakeTimeoutMs) { [weak self] in
+                    guard let self, !self.isEstablished else { return }
+                    self.fail(.tlsHandshakeTimeout, "no TLS handshake within \(self.handshakeTimeoutMs) ms")
+                }
             }
         }
         inner.start { [weak self] event in self?.handleInner(event) }
@@ -372,6 +425,24 @@ public final class TLSTransport: Transport {
         self.handler = nil
         handler?(event)
     }
+}
+
+/// A TLS connection's state between two loops (``TLSTransport/detach()``), which whoever holds it
+/// adopts on a loop (``TLSTransport/init(adopting:over:loop:)``) or frees (``close()``), once.
+///
+/// `@unchecked Sendable`: it holds the only reference to its SSL (the transport that detached it let go
+/// of it, and its BIO points at no transport), so the loop that adopts it is the only thread that uses
+/// it from then on. OpenSSL allows an SSL on any thread, one at a time; the hop to the other loop (a
+/// job through its mutex-guarded queue) orders this loop's last use before that loop's first.
+public struct DetachedTLS: @unchecked Sendable {
+    fileprivate let ssl: OpaquePointer
+    /// Ciphertext that arrived and OpenSSL has not read yet.
+    fileprivate let input: [UInt8]
+    fileprivate let peerSubject: String?
+    fileprivate let protocolVersion: String?
+
+    /// Frees the state (no loop took it).
+    public func close() { SSL_free(ssl) }
 }
 
 extension Int32 {

@@ -72,6 +72,8 @@ public protocol Transport: AnyObject {
     func closeAfterWrites(_ intent: CloseIntent)
     /// Closes at once; queued bytes are dropped.
     func closeNow()
+    /// The same, first telling the peer why, for transports that can (a WebSocket's close frame).
+    func closeNow(_ intent: CloseIntent)
     /// Whether the layers here hold the start of something the peer has not finished: part of an HTTP
     /// request head, of a WebSocket frame or of a TLS record (the owner times it: wire.md, "Limits").
     var holdsPartialInput: Bool { get }
@@ -83,6 +85,7 @@ extension Transport {
     public var isLoopbackPeer: Bool { isLoopbackAddress(remoteAddress) }
     public var scheme: String { "tcp" }
     public func closeAfterWrites(_ intent: CloseIntent) { closeAfterWrites() }
+    public func closeNow(_ intent: CloseIntent) { closeNow() }
     public var holdsPartialInput: Bool { false }
 }
 

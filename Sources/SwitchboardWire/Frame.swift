@@ -5,6 +5,9 @@ public struct Frame: Equatable, Sendable {
     /// The frame type byte.
     public enum Kind: UInt8, Sendable, CaseIterable {
         case hello = 1, welcome, message, reply, ping, pong, error, goAway, register, unregister, cancel, demand
+        /// A resumable session's acknowledgement, and its end (protocol/resumption.md): only on a
+        /// connection with a session; anywhere else `bad_frame`, as wire-v1 answers an unknown type.
+        case position, end
 
         /// Whether the type requires a channel name (true), forbids one (false), or takes either (nil).
         public var channelRule: Bool? {
@@ -133,6 +136,9 @@ public enum WireError: Error, Equatable, Sendable {
     case timeout(String)
     case cancelled
     case handlerGone
+    /// The channel's holder is away (its session parked) or slow to acknowledge, and what its session may
+    /// keep has no room for the request: the request was not forwarded (protocol/resumption.md).
+    case handlerBusy
     case channelTaken
     case notRegistered
     /// A REGISTER past the connection's cap on the channels it holds.
@@ -165,6 +171,7 @@ public enum WireError: Error, Equatable, Sendable {
         case .timeout: "timeout"
         case .cancelled: "cancelled"
         case .handlerGone: "handler_gone"
+        case .handlerBusy: "handler_busy"
         case .channelTaken: "channel_taken"
         case .notRegistered: "not_registered"
         case .tooManyRegistrations: "too_many_registrations"
@@ -189,6 +196,7 @@ public enum WireError: Error, Equatable, Sendable {
         case .slowConsumer: "the connection did not read its output in time"
         case .cancelled: "the request was cancelled"
         case .handlerGone: "the channel's handler went away"
+        case .handlerBusy: "the channel's handler cannot take the request now: its session has no room for it"
         case .channelTaken: "the channel already has a handler"
         case .notRegistered: "this connection does not hold the channel"
         case .tooManyRegistrations: "this connection holds as many channels as it may"

@@ -112,6 +112,12 @@ struct Serve: ParsableCommand {
     var maxConnectionsPerAddress = 256
     @Flag(help: "Apply --max-connections-per-address to loopback too (off: a reverse proxy on this host would hit it).")
     var capLoopback = false
+    @Option(help: "Milliseconds a resumable session stays parked once its connection is lost (0 = grant no sessions; protocol/resumption.md).")
+    var sessionTtl: UInt64 = 60_000
+    @Option(help: "Bytes a session may keep for its client: sent and not acknowledged, and made while parked.")
+    var sessionBytes = 1 << 20
+    @Option(help: "Sessions parked at once, each loop parking its share (and ended sessions whose reason is remembered).")
+    var maxParkedSessions = 1000
 
     /// The servers `--cluster` lists; nil if one is not a NATS address.
     private var clusterServers: [NATSBus.Server]? {
@@ -137,6 +143,8 @@ struct Serve: ParsableCommand {
         }
         guard maxRegistrations >= 0 else { throw ValidationError("--max-registrations must be 0 or more") }
         guard maxOpenRequests > 0 else { throw ValidationError("--max-open-requests must be positive") }
+        guard sessionBytes > 0, maxParkedSessions > 0 else { throw ValidationError("--session-bytes and --max-parked-sessions must be positive") }
+        guard sessionTtl < 1 << 53 else { throw ValidationError("--session-ttl must be below 2^53 ms (exact in any JSON reader)") }
         if let loops { guard (1...256).contains(loops) else { throw ValidationError("--loops must be 1 … 256") } }
     }
 
@@ -162,6 +170,9 @@ struct Serve: ParsableCommand {
         config.maxConnections = maxConnections
         config.maxConnectionsPerAddress = maxConnectionsPerAddress
         config.capsLoopback = capLoopback
+        config.sessionTTLMs = sessionTtl
+        config.sessionBytes = sessionBytes
+        config.maxParkedSessions = maxParkedSessions
         config.httpEndpoints = http == .on
         config.webSocketOrigins = wsOrigin.isEmpty ? nil : wsOrigin
         config.metrics = .prometheus(channelLimit: metricsChannels)

@@ -127,6 +127,19 @@ import SwitchboardTesting
         #expect(help.contains("--port-file"))
         #expect(help.contains("listening on HOST:PORT"))
     }
+
+    /// A time to live a JSON reader cannot hold exactly is refused at start, not trapped on at the first session.
+    @Test func sessionTTLPastJSONIntegersIsRefused() async throws {
+        let server = try ProgramRun(Self.binary, ["serve", "--port", "0", "--session-ttl", "18446744073709551615"])
+        #expect(try await server.remainder(of: .standardError).contains("--session-ttl"))
+        #expect(try await server.exitCode() != 0)
+    }
+
+    @Test func serveHelpDocumentsTheSessionSettings() async throws {
+        let cli = try ProgramRun(Self.binary, ["serve", "--help"])
+        let help = try await cli.remainder()
+        for option in ["--session-ttl", "--session-bytes", "--max-parked-sessions"] { #expect(help.contains(option), "\(option)") }
+    }
 }
 
 /// The whole text of the file at `path`.

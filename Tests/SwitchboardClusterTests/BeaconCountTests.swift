@@ -16,8 +16,10 @@ extension ClusterInputTests {
         var heard = ""
         func beaconLine() -> Substring? {  // the first line of a beacon's payload: "<instance> <held> <name>"
             let lines = heard.split(separator: "\r\n", omittingEmptySubsequences: false)
-            guard let msg = lines.firstIndex(where: { $0.hasPrefix("MSG switchboard.beacon 1 ") }), msg + 2 < lines.count else { return nil }
-            return lines[msg + 1]
+            // HMSG: the header block (its process mark, Sb-Process) ends with an empty line before the payload.
+            guard let msg = lines.firstIndex(where: { $0.hasPrefix("HMSG switchboard.beacon 1 ") }),
+                  let end = lines[msg...].firstIndex(of: ""), end + 2 < lines.count else { return nil }
+            return lines[end + 1]
         }
         while beaconLine() == nil {
             let more = fake.read()

@@ -23,6 +23,8 @@ import SwitchboardWire
         ("0000000a 03 00 0002 0000000c c328",            "bad_channel",     12, false),  // channel not UTF-8
         ("0000000c 0c 00 0001 0000000d 61 000000",       "bad_frame",       13, false),  // DEMAND of 3 bytes
         ("0000000d 0c 00 0001 0000000e 61 00000000",     "bad_frame",       14, false),  // DEMAND of 0
+        ("00000010 0d 00 0000 0000000f 0000000000000000", "bad_frame",      15, false),  // POSITION without a session
+        ("00000008 0e 00 0000 00000010",                 "bad_frame",       16, false),  // END without a session
     ] as [(String, String, UInt32, Bool)])
     func hostileFrame(hex: String, code: String, id: UInt32, closes: Bool) async throws {
         try await withServer({ $0.maxFrame = 64 * 1024 }) { _, port in

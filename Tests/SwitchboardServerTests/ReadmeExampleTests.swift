@@ -29,7 +29,8 @@ import SwitchboardWire
     @Test func everySwiftBlockIsBuiltByATest() throws {
         let sources = try ["Examples/ServerExample/main.swift", "Examples/ClientExample/main.swift",
                            "Examples/BrokerExample/main.swift", "Tests/SwitchboardServerTests/ReadmeExampleTests.swift",
-                           "Tests/SwitchboardServerCombineTests/CombineBridgeTests.swift"].map {
+                           "Tests/SwitchboardServerCombineTests/CombineBridgeTests.swift",
+                           "Tests/SwitchboardClientTests/ResumptionTests.swift"].map {
             Self.lines(try String(contentsOfFile: Self.root + $0, encoding: .utf8))
         }
         var count = 0

@@ -11,7 +11,8 @@ import SwitchboardTransport
             drainTimeoutMs: 6, eventQueueLimit: 7, maxRegistrationsPerConnection: 8, maxOpenRequests: 9,
             tls: TLSSettings(context: try TLSContext.client(), port: 10), httpEndpoints: false, webSocketOrigins: ["*"],
             metrics: .prometheus(channelLimit: 11), cluster: ClusterSettings(servers: [], node: "n"), loops: 12,
-            firstFrameTimeoutMs: 13, frameTimeoutMs: 14, maxConnections: 15, maxConnectionsPerAddress: 16, capsLoopback: true)
+            firstFrameTimeoutMs: 13, frameTimeoutMs: 14, maxConnections: 15, maxConnectionsPerAddress: 16, capsLoopback: true,
+            sessionTTLMs: 17, sessionBytes: 18, maxParkedSessions: 19)
         let defaults = Mirror(reflecting: ServerConfiguration()).children.map { "\($0.value)" }
         for (index, setting) in Mirror(reflecting: given).children.enumerated() {
             #expect("\(setting.value)" != defaults[index], "\(setting.label ?? "?") cannot be given by name")

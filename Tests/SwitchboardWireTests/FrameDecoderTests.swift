@@ -133,7 +133,7 @@ import SwitchboardCodec
     @Test("a frame that breaks a non-fatal rule is rejected with its id and the code wire-v1 names, and the next frame decodes",
           arguments: [
               (header(length: 8, type: 0, id: 3), "bad_frame"),  // unknown type
-              (header(length: 8, type: 13, id: 3), "bad_frame"),
+              (header(length: 8, type: 15, id: 3), "bad_frame"),  // the first type after POSITION and END (13, 14)
               (header(length: 8, type: 5, flags: 2, id: 3), "bad_frame"),  // a reserved flag bit
               (header(length: 9, type: 4, flags: 1, id: 3) + [0], "bad_frame"),  // NULL_PAYLOAD with a payload
               (header(length: 9, type: 4, chanlen: 1, id: 3) + [0x61], "bad_frame"),  // a channel on REPLY

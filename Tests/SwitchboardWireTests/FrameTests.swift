@@ -67,7 +67,7 @@ import SwitchboardWire
 
     @Test("each kind's type byte and channel rule are wire-v1's table")
     func kindTable() {
-        #expect(Frame.Kind.allCases.map(\.rawValue) == Array(1...12))
+        #expect(Frame.Kind.allCases.map(\.rawValue) == Array(1...14))  // 13, 14: POSITION, END (protocol/resumption.md)
         #expect(Frame.Kind.allCases.filter { $0.channelRule == true } == [.message, .register, .unregister, .demand])
         #expect(Frame.Kind.allCases.filter { $0.channelRule == nil } == [.error])
         #expect(Frame.Kind.allCases.filter(\.isServerOnly) == [.welcome, .error, .goAway])

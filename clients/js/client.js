@@ -11,6 +11,8 @@ export {
 export const FrameType = Object.freeze({
   HELLO: 0x01, WELCOME: 0x02, MESSAGE: 0x03, REPLY: 0x04, PING: 0x05, PONG: 0x06, ERROR: 0x07, GOAWAY: 0x08,
   REGISTER: 0x09, UNREGISTER: 0x0a, CANCEL: 0x0b, DEMAND: 0x0c,
+  /** The session extension (protocol/resumption.md): acknowledgements, and the end of a session. */
+  POSITION: 0x0d, END: 0x0e,
 });
 const NULL_PAYLOAD = 0x01;
 const HEADER_SIZE = 12;
@@ -62,22 +64,38 @@ const LISTEN = Symbol('listen');
 const DELIVER = Symbol('deliver');
 /** A request option: called as its answer frame is read, before the promise's callbacks run. */
 const ANSWERED = Symbol('answered');
+/** A request option: the client makes this request again itself on a new session (a stream's listen, a REGISTER). */
+const REDONE = Symbol('redone');
 const DISCONNECTED = Symbol('disconnected');
+/** Whether frames may be written now or held for the session's next connection. */
+const WRITABLE = Symbol('writable');
 
 const DEFAULT_RECONNECT = { initialDelayMs: 100, maxDelayMs: 5000 };
+/** What a session keeps of its own stream, sent and not yet acknowledged, before it holds new frames back. */
+const DEFAULT_MAX_UNACKNOWLEDGED = 1024 * 1024;
+/** ERROR codes after which the server closes: such an ERROR is not in the session's stream (resumption.md). */
+const CLOSING_ERRORS = new Set([
+  'malformed_frame', 'frame_too_large', 'unauthorized', 'bad_hello', 'unsupported_version', 'slow_consumer', 'timeout',
+  'session_taken',
+]);
+/** Frame types that are requests: each gets one answer (REPLY or ERROR) with its id. */
+const REQUEST_TYPES = new Set([FrameType.MESSAGE, FrameType.REGISTER, FrameType.UNREGISTER]);
 
 /**
- * One connection to a Switchboard server, reconnecting if asked to. Events (`on`): `state` with
+ * One connection to a Switchboard server, reconnecting if asked to, and resuming its session across lost
+ * connections if asked to (protocol/resumption.md). Events (`on`): `state` with
  * 'connected' | 'reconnecting' | 'closed'; `goaway` with the server's reason; `error` with a
- * PlatformException for a server ERROR frame that answers no request.
+ * PlatformException for a server ERROR frame that answers no request (and for a channel that could not
+ * be registered again); with `session`: `resumed`, `restarted` and `ended` (see the README).
  *
  * Requests fail with PlatformException codes of their own besides the server's: `disconnected` (the
  * connection dropped while the request was in flight, or it was made while reconnecting), `closed`
  * (the client was closed), `connection_failed` (connect could not reach the server),
- * `frame_too_large` (refused locally: larger than the server's maxFrame).
+ * `frame_too_large` (refused locally: larger than the server's maxFrame), `session_lost` (written on a
+ * session that could not be resumed: the server may have run it).
  */
 export class SwitchboardClient {
-  /** The WELCOME payload: `{version, server, maxFrame, heartbeatMs}`. */
+  /** The WELCOME payload: `{version, server, maxFrame, heartbeatMs, session?}`. */
   welcome = null;
   /** 'connecting' | 'connected' | 'reconnecting' | 'closed'. */
   state = 'connecting';
@@ -96,13 +114,31 @@ export class SwitchboardClient {
   #lastId = 0;
   #handlers = new Map();
   #sleep = null;
+  /** Channels this client holds: name → `{handler, payload}` (the REGISTER payload). */
+  #registrations = new Map();
+  /** Bumped when a session is lost: answers to requests forwarded on the old one are not sent. */
+  #epoch = 0;
+  /** Whether to ask for a session, and the bound on what it keeps unacknowledged. */
+  #sessionOptions;
+  /** The session this client has (see #makeSession), or null. */
+  #session = null;
+  /** Frames of the session's stream not yet written: the connection is away or the kept bytes are at the bound. */
+  #held = [];
+  /** After a session was lost: `{reason, streams, channels, failed}`, reported once a new connection is up. */
+  #restart = null;
+  /** The id of the HELLO awaiting its answer on the current connection, and whether it resumes. */
+  #hello = null;
+  /** The server took the session away (session_taken) on the current connection. */
+  #taken = false;
 
   /**
    * Connects (HELLO, then WELCOME) and resolves with the client; rejects with a PlatformException
    * (`connection_failed`, or the server's refusal such as `unauthorized`).
    * Options: `name` (sent in HELLO), `token`, `reconnect` (true or `{initialDelayMs, maxDelayMs}`;
-   * off by default), `WebSocket` (an implementation; default: the global one). Without a WebSocket
-   * (Node 20 without --experimental-websocket) it rejects with a TypeError that says so.
+   * off by default), `session` (true or `{maxUnacknowledgedBytes}`: ask for a resumable session, which
+   * implies `reconnect`), `WebSocket` (an implementation; default: the global one; `TcpSocket` of
+   * tcp.js speaks plain TCP in Node). Without a WebSocket (Node 20 without --experimental-websocket) it
+   * rejects with a TypeError that says so.
    */
   static async connect(url, options = {}) {
     const client = new SwitchboardClient(url, options);
@@ -116,7 +152,7 @@ export class SwitchboardClient {
   }
 
   /** Throws a TypeError naming the fix when there is no WebSocket to use (Node 20 without its flag). */
-  constructor(url, { name = 'switchboard-js', token, reconnect = false, WebSocket = globalThis.WebSocket } = {}) {
+  constructor(url, { name = 'switchboard-js', token, reconnect = false, session = false, WebSocket = globalThis.WebSocket } = {}) {
     if (typeof WebSocket !== 'function') {
       throw new TypeError('this JavaScript runtime has no WebSocket: run Node 20 with --experimental-websocket, '
         + 'or use Node 22 or later (WebSocket is on by default), or pass an implementation as options.WebSocket');
@@ -124,8 +160,28 @@ export class SwitchboardClient {
     this.#url = url;
     this.#name = name;
     this.#token = token;
+    if (session && reconnect === false) reconnect = true;
     this.#reconnect = reconnect === true ? DEFAULT_RECONNECT : reconnect ? { ...DEFAULT_RECONNECT, ...reconnect } : null;
     this.#WebSocket = WebSocket;
+    const maxUnacknowledgedBytes = session?.maxUnacknowledgedBytes ?? DEFAULT_MAX_UNACKNOWLEDGED;
+    if (!(Number.isSafeInteger(maxUnacknowledgedBytes) && maxUnacknowledgedBytes > 0)) {
+      throw new RangeError('maxUnacknowledgedBytes must be a positive integer');
+    }
+    this.#sessionOptions = session ? { maxUnacknowledgedBytes } : null;
+  }
+
+  /**
+   * The session in use, or null: `{token, ttlMs, ackBytes, ackMs}`, the positions `received` and `sent`
+   * (bytes of each stream), `unacknowledged` (bytes written and kept until the server acknowledges them)
+   * and `held` (frames not written yet). The token is a bearer secret: whoever has it, with this
+   * client's identity, can take the session over.
+   */
+  get session() {
+    const s = this.#session;
+    return s && {
+      token: s.token, ttlMs: s.ttlMs, ackBytes: s.ackBytes, ackMs: s.ackMs, received: s.received, sent: s.sent,
+      unacknowledged: s.keptBytes, held: this.#held.length,
+    };
   }
 
   /** Calls `handler` for each `event`; returns a function that stops it. */
@@ -155,18 +211,28 @@ export class SwitchboardClient {
     this.#emit('state', state);
   }
 
+  /** Connected, or reconnecting with a session (or after losing one): frames wait for the next connection. */
+  get [WRITABLE]() {
+    return this.state === 'connected' || (this.state === 'reconnecting' && (this.#session !== null || this.#restart !== null));
+  }
+
   /**
    * Sends a MESSAGE and resolves with its REPLY payload (a Uint8Array, or null for a null reply).
    * An ERROR answer rejects with its PlatformException; `signal` aborting or `timeoutMs` passing sends
-   * CANCEL and rejects with the signal's reason (an AbortError) or a TimeoutError.
+   * CANCEL and rejects with the signal's reason (an AbortError) or a TimeoutError. With a session, a
+   * request made while reconnecting waits for the connection.
    */
-  request(channel, payload, { signal, timeoutMs, [ANSWERED]: answered } = {}) {
+  request(channel, payload, options = {}) {
+    return this.#request({ type: FrameType.MESSAGE, channel, payload }, options);
+  }
+
+  #request(frame, { signal, timeoutMs, [ANSWERED]: answered, [REDONE]: redone = false } = {}) {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) return reject(signal.reason);
-      if (this.state !== 'connected') return reject(this.#unavailable());
+      if (!this[WRITABLE]) return reject(this.#unavailable());
       const id = this.#nextId();
-      const frame = encodeFrame({ type: FrameType.MESSAGE, id, channel, payload });
-      const tooLarge = this.#checkSize(frame);
+      const bytes = encodeFrame({ ...frame, id });
+      const tooLarge = this.#checkSize(bytes);
       if (tooLarge) return reject(tooLarge);
       let timer;
       const abort = () => this.#abandon(id, signal.reason);
@@ -175,29 +241,54 @@ export class SwitchboardClient {
         signal?.removeEventListener('abort', abort);
         finish(value);
       };
-      this.#pending.set(id, { resolve: settle(resolve), reject: settle(reject), answered });
+      this.#pending.set(id, { resolve: settle(resolve), reject: settle(reject), answered, redone, channel: frame.channel, type: frame.type });
       signal?.addEventListener('abort', abort, { once: true });
       if (timeoutMs != null) {
         timer = setTimeout(() => this.#abandon(id, new DOMException(`no answer within ${timeoutMs} ms`, 'TimeoutError')), timeoutMs);
       }
-      this.#ws.send(frame);
+      this.#write(bytes);
     });
   }
 
   /** Grants `n` more events of credit on an event channel (DEMAND; 0xFFFFFFFF = unbounded). */
   demand(channel, n) {
-    if (this.state !== 'connected') return;
+    if (!this[WRITABLE]) return;
     const payload = new Uint8Array(4);
     new DataView(payload.buffer).setUint32(0, n);
     this.#send({ type: FrameType.DEMAND, channel, payload });
   }
 
-  /** Closes the connection for good: requests in flight reject (`closed`), streams end. */
+  /**
+   * Holds `channel` (REGISTER, wire-v1 section 6): each request for it from another client calls
+   * `handler(payload)`, whose result (bytes or null; a promise of them) is the REPLY. `kind` and
+   * `codec` (`{kind: 'method'|'message', codec: 'standard'|'json'|'string'|'binary'}`) let text clients
+   * call it too. Resolves once the server has granted it; rejects with its ERROR (`channel_taken`).
+   * After a reconnect, or a session that could not be resumed, the channel is registered again.
+   */
+  register(channel, handler, { kind, codec } = {}) {
+    const payload = kind && codec ? utf8Encode(JSON.stringify({ kind, codec })) : null;
+    const registration = { handler, payload, granted: false };
+    const granted = new Promise((resolve, reject) => { registration.settle = { resolve, reject }; });
+    this.#registrations.set(channel, registration);
+    this.#sendRegister(channel, registration);
+    return granted;
+  }
+
+  /** Gives `channel` back (UNREGISTER); resolves once the server has answered. */
+  async unregister(channel) {
+    if (!this.#registrations.delete(channel)) return;
+    await this.#request({ type: FrameType.UNREGISTER, channel }).catch(() => {});
+  }
+
+  /** Closes the connection for good: requests in flight reject (`closed`), streams end; a session is ended (END). */
   async close() {
     if (this.state === 'closed') return;
+    const ws = this.#ws;
+    if (this.#session && this.state === 'connected') ws?.send(encodeFrame({ type: FrameType.END }));
+    this.#forgetSession();
+    this.#restart = null;
     this.#setState('closed');
     this.#sleep?.wake();
-    const ws = this.#ws;
     this.#connectionEnded(new PlatformException('closed', 'the client was closed'));
     for (const stream of [...this[STREAMS].values()]) stream[DISCONNECTED](null);
     if (!ws || ws.readyState >= 2) return;
@@ -239,12 +330,182 @@ export class SwitchboardClient {
 
   #send(frame) {
     const bytes = encodeFrame(frame);
-    if (!this.#checkSize(bytes)) this.#ws?.send(bytes);
+    if (!this.#checkSize(bytes)) this.#write(bytes);
+  }
+
+  /** Writes a frame of the client's stream: at once without a session, else in order through what is held. */
+  #write(bytes) {
+    if (!this.#session && !this.#restart) return this.#ws?.send(bytes);
+    this.#held.push(bytes);
+    this.#flush();
+  }
+
+  // MARK: Sessions
+
+  /** A session granted by a WELCOME's `session`; positions count bytes of whole frames (resumption.md). */
+  #makeSession({ token, ttlMs, ackBytes, ackMs }) {
+    return {
+      token, ttlMs, ackBytes, ackMs,
+      /** Bytes of the server's stream received and handled, and the last position acknowledged. */
+      received: 0, acknowledged: 0, ackTimer: null,
+      /** Bytes of the client's stream written, and the frames written and not acknowledged, oldest first. */
+      sent: 0, kept: [], keptBytes: 0,
+      /** When the connection was lost, and whether the one try after the time to live was made. */
+      lostAt: 0, lastTry: false,
+    };
+  }
+
+  /** Writes held frames while the connection is up and what is kept stays within the bound (one frame at least). */
+  #flush() {
+    const s = this.#session;
+    if (this.state !== 'connected' || !this.#ws) return;
+    if (!s) {
+      // The session ended (END) or none was granted after one was lost: a plain wire-v1 connection.
+      for (const bytes of this.#held.splice(0)) this.#ws.send(bytes);
+      return;
+    }
+    while (this.#held.length > 0) {
+      const bytes = this.#held[0];
+      if (s.kept.length > 0 && s.keptBytes + bytes.length > this.#sessionOptions.maxUnacknowledgedBytes) return;
+      this.#held.shift();
+      s.kept.push({ start: s.sent, bytes });
+      s.keptBytes += bytes.length;
+      s.sent += bytes.length;
+      this.#ws.send(bytes);
+    }
+  }
+
+  /** The server has received the client's stream up to `position`: forget what lies before it. */
+  #release(position) {
+    const s = this.#session;
+    while (s.kept.length > 0 && s.kept[0].start + s.kept[0].bytes.length <= position) {
+      s.keptBytes -= s.kept.shift().bytes.length;
+    }
+  }
+
+  /** `n` more bytes of the server's stream were handled: acknowledge per ackBytes/ackMs. */
+  #received(n) {
+    const s = this.#session;
+    s.received += n;
+    if (s.received - s.acknowledged >= s.ackBytes) return this.#acknowledge();
+    s.ackTimer ??= setTimeout(() => this.#acknowledge(), s.ackMs);
+  }
+
+  /** Sends POSITION with the received position, if it says anything new (a POSITION is not in the stream). */
+  #acknowledge() {
+    const s = this.#session;
+    if (!s) return;
+    clearTimeout(s.ackTimer);
+    s.ackTimer = null;
+    if (s.received <= s.acknowledged || this.state !== 'connected' || !this.#ws) return;
+    s.acknowledged = s.received;
+    const payload = new Uint8Array(8);
+    new DataView(payload.buffer).setBigUint64(0, BigInt(s.received));
+    this.#ws.send(encodeFrame({ type: FrameType.POSITION, payload }));
+  }
+
+  #forgetSession() {
+    clearTimeout(this.#session?.ackTimer);
+    this.#session = null;
+  }
+
+  /**
+   * The session cannot go on (resumption.md, "What the client does then"): requests written on it fail
+   * with `session_lost`, requests forwarded to this client are forgotten, and what is reported once the
+   * next connection is up is noted. Requests not yet written wait for the new session.
+   */
+  #loseSession(reason) {
+    this.#forgetSession();
+    this.#epoch++;
+    const unwritten = new Set();
+    for (const bytes of this.#held) {
+      const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+      if (REQUEST_TYPES.has(view.getUint8(4))) unwritten.add(view.getUint32(8));
+    }
+    const failed = [];
+    const lost = new PlatformException('session_lost', `the session could not be resumed (${reason}): the server may have handled this request`);
+    for (const [id, entry] of [...this.#pending]) {
+      if (id === this.#hello?.id) continue;
+      if (unwritten.has(id) && !entry.redone && !entry.abandoned) continue;
+      this.#pending.delete(id);
+      unwritten.delete(id);
+      if (entry.redone || entry.abandoned) continue;  // listens and REGISTERs are made again; the caller gave up
+      if (entry.type === FrameType.MESSAGE) failed.push({ id, channel: entry.channel });  // not an UNREGISTER
+      entry.reject(lost);
+    }
+    // Only requests still waiting go on: DEMAND, CANCEL and answers belong to the old session.
+    this.#held = this.#held.filter((bytes) => unwritten.has(new DataView(bytes.buffer, bytes.byteOffset).getUint32(8))
+      && REQUEST_TYPES.has(bytes[4]));
+    this.#restart ??= { reason, streams: [...this[STREAMS].keys()], channels: [...this.#registrations.keys()], failed };
+  }
+
+  /** The WELCOME of this connection's HELLO: sets up the session it grants, resumes, or falls back. */
+  #welcomed(welcome, resuming) {
+    this.welcome = welcome;
+    const granted = welcome.session && typeof welcome.session.token === 'string' ? welcome.session : null;
+    if (resuming && !granted) {
+      this.#loseSession('unsupported');
+    } else if (resuming && granted.resumed === true) {
+      if (!this.#resumeAt(granted.position)) {
+        this.#loseSession('position');
+        throw new PlatformException('session_lost', 'the server resumed from a position this client did not keep');
+      }
+    } else {
+      if (resuming) this.#loseSession('unknown');  // a new session in answer to a resume: the old one is gone
+      this.#session = granted && this.#sessionOptions ? this.#makeSession(granted) : null;
+    }
+    this.#setState('connected');
+    this.goingAway = false;
+    if (resuming && this.#session) {
+      this.#flush();
+      return this.#emit('resumed', { token: this.#session.token });
+    }
+    for (const [channel, registration] of this.#registrations) this.#sendRegister(channel, registration);
+    for (const stream of this[STREAMS].values()) stream[LISTEN]();
+    this.#flush();
+    const restart = this.#restart;
+    this.#restart = null;
+    if (restart) this.#emit('restarted', restart);
+  }
+
+  /** The server resumed from `position` of the client's stream: write again what it missed. */
+  #resumeAt(position) {
+    const s = this.#session;
+    const oldest = s.kept.length > 0 ? s.kept[0].start : s.sent;
+    if (!Number.isSafeInteger(position) || position < oldest || position > s.sent) return false;
+    if (position < s.sent && !s.kept.some(({ start }) => start === position)) return false;
+    this.#release(position);
+    s.acknowledged = s.received;  // the HELLO's position counts as a POSITION
+    for (const { bytes } of s.kept) this.#ws.send(bytes);
+    return true;
+  }
+
+  /**
+   * Sends REGISTER for `registration`, the first time or on a new connection or session. A lost
+   * connection registers it again on the next one (a REGISTER lost with a session is dropped, not
+   * failed, and sent again by #welcomed); a refusal gives it up, and is told as an `error` event
+   * when the channel had been granted before.
+   */
+  #sendRegister(channel, registration) {
+    this.#request({ type: FrameType.REGISTER, channel, payload: registration.payload }, { [REDONE]: true }).then(() => {
+      registration.granted = true;
+      registration.settle.resolve();
+    }, (error) => {
+      if (this.#registrations.get(channel) !== registration) return registration.settle.reject(error);
+      if (error.code === 'disconnected' && this.willReconnect) return;
+      this.#registrations.delete(channel);
+      if (registration.granted) this.#emit('error', error);
+      registration.settle.reject(error);
+    });
   }
 
   // MARK: Connecting
 
-  /** Opens a WebSocket, sends HELLO and resolves once WELCOME arrives. */
+  /**
+   * Opens a WebSocket, sends HELLO (asking to resume the session when there is one) and resolves once
+   * a WELCOME has set the connection up; a `cannot_resume` is followed on the same connection by a
+   * HELLO for a new session.
+   */
   #open() {
     return new Promise((resolve, reject) => {
       let ws;
@@ -255,33 +516,51 @@ export class SwitchboardClient {
       }
       ws.binaryType = 'arraybuffer';
       this.#ws = ws;
-      this.goingAway = false;
-      const helloId = this.#nextId();
-      this.#pending.set(helloId, {
-        resolve: (payload) => {
-          this.welcome = JSON.parse(utf8Decode(payload ?? new Uint8Array()) || '{}');
-          this.#didConnect();
-          resolve();
-        },
-        // A refusal (an ERROR such as unauthorized) is permanent; a lost connection may be retried.
-        reject: (error) => reject(error.code === 'disconnected'
-          ? new PlatformException('connection_failed', `cannot connect to ${this.#url}`)
-          : Object.assign(error, { permanent: true })),
-      });
-      ws.addEventListener('open', () => {
-        const hello = JSON.stringify({ version: 1, client: this.#name, token: this.#token });
-        ws.send(encodeFrame({ type: FrameType.HELLO, id: helloId, payload: utf8Encode(hello) }));
-      });
+      this.#taken = false;
+      const hello = (resuming) => {
+        const id = this.#nextId();
+        this.#hello = { id, resuming };
+        const s = this.#session;
+        const session = resuming ? { token: s.token, position: s.received } : this.#sessionOptions ? {} : undefined;
+        this.#pending.set(id, {
+          resolve: (payload) => {
+            this.#hello = null;
+            try {
+              this.#welcomed(JSON.parse(utf8Decode(payload ?? new Uint8Array()) || '{}'), resuming);
+            } catch (error) {
+              ws.close(4002);
+              this.#closed(ws);
+              return reject(error);
+            }
+            resolve();
+          },
+          reject: (error) => {
+            this.#hello = null;
+            if (resuming && error.code === 'cannot_resume' && ws === this.#ws) {
+              const reason = error.details instanceof Map ? String(error.details.get('reason') ?? 'unknown') : 'unknown';
+              this.#loseSession(reason);
+              return hello(false);
+            }
+            // A refusal (an ERROR such as unauthorized) is permanent; a lost connection may be retried.
+            reject(error.code === 'disconnected'
+              ? new PlatformException('connection_failed', `cannot connect to ${this.#url}`)
+              : Object.assign(error, { permanent: true }));
+          },
+        });
+        const body = JSON.stringify({ version: 1, client: this.#name, token: this.#token, session });
+        ws.send(encodeFrame({ type: FrameType.HELLO, id, payload: utf8Encode(body) }));
+      };
+      ws.addEventListener('open', () => hello(this.#session !== null));
       ws.addEventListener('message', (event) => this.#receive(ws, event.data));
       // Node 20's WebSocket reports a failed connection with 'error' alone; browsers follow with 'close'.
-      ws.addEventListener('error', () => this.#closed(ws));
-      ws.addEventListener('close', () => this.#closed(ws));
+      // (Once connected, the promise is settled and the rejection below does nothing.)
+      const lost = () => {
+        this.#closed(ws);
+        reject(new PlatformException('connection_failed', `cannot connect to ${this.#url}`));
+      };
+      ws.addEventListener('error', lost);
+      ws.addEventListener('close', lost);
     });
-  }
-
-  #didConnect() {
-    this.#setState('connected');
-    for (const stream of this[STREAMS].values()) stream[LISTEN]();
   }
 
   /** The WebSocket `ws` is gone (or never opened). */
@@ -290,6 +569,19 @@ export class SwitchboardClient {
     this.#ws = null;
     if (ws.readyState < 2) ws.close();
     const wasConnected = this.state === 'connected';
+    if (this.#taken) this.#loseSession('taken');
+    if ((this.#session || this.#restart) && this.state !== 'closed') {
+      // The session is parked on the server: keep everything and resume on the next connection.
+      const hello = this.#hello && this.#pending.get(this.#hello.id);
+      if (hello) {
+        this.#pending.delete(this.#hello.id);
+        hello.reject(new PlatformException('disconnected', 'the connection to the server was lost'));
+      }
+      if (!wasConnected) return;
+      if (this.#session) Object.assign(this.#session, { lostAt: Date.now(), lastTry: false });
+      this.#setState('reconnecting');
+      return void this.#reconnectLoop();
+    }
     if (wasConnected && this.#reconnect) this.#setState('reconnecting');
     this.#connectionEnded(new PlatformException('disconnected', 'the connection to the server was lost'));
     if (!wasConnected) return;  // a failed attempt: whoever started it decides what follows
@@ -301,12 +593,17 @@ export class SwitchboardClient {
   /** Forgets the socket and fails every request waiting on it. */
   #connectionEnded(error) {
     this.#ws = null;
+    this.#held = [];
+    this.#epoch++;
     const pending = [...this.#pending.values()];
     this.#pending.clear();
     for (const entry of pending) entry.reject(error);
   }
 
-  /** Retries with exponential backoff and jitter until connected, refused for good, or closed. */
+  /**
+   * Retries with exponential backoff and jitter until connected, refused for good, or closed. A session
+   * is tried for its time to live after the loss and once more; then it is lost (`expired`).
+   */
   async #reconnectLoop() {
     const { initialDelayMs, maxDelayMs } = this.#reconnect;
     for (let attempt = 0; this.state === 'reconnecting'; attempt++) {
@@ -317,11 +614,19 @@ export class SwitchboardClient {
       });
       this.#sleep = null;
       if (this.state !== 'reconnecting') return;
+      const s = this.#session;
+      if (s && Date.now() - s.lostAt > s.ttlMs) {
+        if (s.lastTry) this.#loseSession('expired');
+        s.lastTry = true;
+      }
       try {
         return await this.#open();
       } catch (error) {
         if (error.permanent) {
+          this.#forgetSession();
+          this.#restart = null;
           this.#setState('closed');
+          this.#connectionEnded(error);
           for (const stream of [...this[STREAMS].values()]) stream[DISCONNECTED](error);
           return;
         }
@@ -343,6 +648,28 @@ export class SwitchboardClient {
       ws.close(4002);
       return this.#closed(ws);
     }
+    const session = this.#session;
+    const inStream = session !== null && this.state === 'connected' && this.#inStream(frame);
+    this.#handle(ws, frame);
+    // Counted once handled, as whole frames; not if the session ended or was lost meanwhile.
+    if (inStream && this.#session === session && this.#ws === ws) this.#received(data.byteLength);
+  }
+
+  /** Whether a frame the server sent is in its session stream (resumption.md, "Streams and positions"). */
+  #inStream(frame) {
+    switch (frame.type) {
+      case FrameType.WELCOME:
+      case FrameType.POSITION:
+      case FrameType.END:
+        return false;
+      case FrameType.ERROR:
+        return frame.id !== this.#hello?.id && !CLOSING_ERRORS.has(errorOfFrame(frame.payload).code);
+      default:
+        return true;
+    }
+  }
+
+  #handle(ws, frame) {
     switch (frame.type) {
       case FrameType.WELCOME:
       case FrameType.REPLY: {
@@ -352,22 +679,58 @@ export class SwitchboardClient {
       }
       case FrameType.ERROR: {
         const error = errorOfFrame(frame.payload);
+        if (error.code === 'session_taken' && frame.id === 0 && this.#session) {
+          this.#taken = true;
+          return undefined;
+        }
         const entry = this.#answer(frame.id);
         entry?.answered?.();
         return entry ? entry.reject(error) : this.#emit('error', error);
       }
       case FrameType.MESSAGE:
         if (frame.id === 0) return this[STREAMS].get(frame.channel)?.[DELIVER](frame.payload);
-        // This client serves no channels: answer "no handler", as every MESSAGE with an id needs an answer.
-        return this.#send({ type: FrameType.REPLY, id: frame.id });
+        return this.#serve(frame);
       case FrameType.PING:
-        return ws.send(encodeFrame({ type: FrameType.PONG, id: frame.id, payload: frame.payload }));
+        return this.#send({ type: FrameType.PONG, id: frame.id, payload: frame.payload });
       case FrameType.GOAWAY:
         this.goingAway = true;
         return this.#emit('goaway', safeJSON(frame.payload)?.reason ?? '');
+      case FrameType.POSITION:
+        if (this.#session && frame.payload?.length === 8) {
+          const position = new DataView(frame.payload.buffer, frame.payload.byteOffset, 8).getBigUint64(0);
+          this.#release(Number(position));
+          this.#flush();
+        }
+        return undefined;
+      case FrameType.END:
+        return this.#ended(safeJSON(frame.payload)?.reason ?? 'ended');
       default:
-        return undefined;  // PONG, CANCEL (nothing of ours to cancel), and types a server does not send
+        return undefined;  // PONG, CANCEL (the handler's answer may still come), and types a server does not send
     }
+  }
+
+  /** A request forwarded to a channel this client holds: its handler's result is the REPLY (none held: a null REPLY). */
+  #serve({ id, channel, payload }) {
+    const handler = this.#registrations.get(channel)?.handler;
+    const epoch = this.#epoch;
+    const reply = (answer) => {
+      if (epoch === this.#epoch && this[WRITABLE]) this.#send({ type: FrameType.REPLY, id, payload: answer ?? null });
+    };
+    if (!handler) return reply(null);
+    Promise.resolve().then(() => handler(payload)).then(reply, (error) => {
+      reply(null);
+      queueMicrotask(() => { throw error; });
+    });
+  }
+
+  /** The server ended the session (END): the connection goes on as plain wire-v1; streams may have missed events. */
+  #ended(reason) {
+    if (!this.#session) return;
+    const s = this.#session;
+    this.#forgetSession();
+    s.kept = [];
+    this.#flush();
+    this.#emit('ended', { reason, streams: [...this[STREAMS].keys()] });
   }
 
   /** Takes the pending entry answered by a frame with `id`. */
@@ -425,6 +788,40 @@ export class MethodChannel {
     if (reply === null) throw new MissingPluginException(`No implementation found for method ${method} on channel ${this.name}`);
     return this.codec.decodeEnvelope(reply);
   }
+
+  /**
+   * Holds the channel on the server (REGISTER) and answers other clients' calls with `handler({method,
+   * args})`: its result (or a promise of it) is the success envelope, a thrown PlatformException the
+   * error envelope, a thrown MissingPluginException "not implemented" (a null reply). A null handler gives
+   * the channel back. Resolves once the server has granted the channel (rejects with `channel_taken`).
+   */
+  setMethodCallHandler(handler) {
+    if (handler === null) return this.client.unregister(this.name);
+    return this.client.register(this.name, async (payload) => {
+      let call;
+      try {
+        call = this.codec.decodeMethodCall(payload);
+      } catch (error) {
+        return this.codec.encodeErrorEnvelope('bad_call', String(error.message));
+      }
+      try {
+        return this.codec.encodeSuccessEnvelope(await handler(call));
+      } catch (error) {
+        if (error instanceof MissingPluginException) return null;
+        if (error instanceof PlatformException) return this.codec.encodeErrorEnvelope(error.code, error.message, error.details);
+        return this.codec.encodeErrorEnvelope('error', String(error?.message ?? error));
+      }
+    }, { kind: 'method', codec: codecName(this.codec) });
+  }
+}
+
+/** The REGISTER payload's name of a codec of this module, or undefined (an opaque channel). */
+function codecName(codec) {
+  if (codec instanceof StandardMethodCodec || codec instanceof StandardMessageCodec) return 'standard';
+  if (codec instanceof JSONMethodCodec || codec instanceof JSONMessageCodec) return 'json';
+  if (codec instanceof StringCodec) return 'string';
+  if (codec instanceof BinaryCodec) return 'binary';
+  return undefined;
 }
 
 /** Sends messages to a server channel: Flutter's BasicMessageChannel. */
@@ -439,6 +836,17 @@ export class BasicMessageChannel {
   async send(message, options = {}) {
     const reply = await this.client.request(this.name, this.codec.encodeMessage(message), options);
     return this.codec.decodeMessage(reply);
+  }
+
+  /**
+   * Holds the channel on the server (REGISTER) and answers other clients' messages with
+   * `handler(message)` (its result, or a promise of it, is the reply). A null handler gives the channel
+   * back. Resolves once the server has granted the channel (rejects with `channel_taken`).
+   */
+  setMessageHandler(handler) {
+    if (handler === null) return this.client.unregister(this.name);
+    return this.client.register(this.name, async (payload) => this.codec.encodeMessage(await handler(this.codec.decodeMessage(payload))),
+      { kind: 'message', codec: codecName(this.codec) });
   }
 }
 
@@ -567,7 +975,8 @@ export class EventStream {
       previous[DISCONNECTED](null);
     }
     client[STREAMS].set(name, this);
-    if (client.state === 'connected') this[LISTEN]();
+    // With a session, a listen made while reconnecting waits for the connection; otherwise it is made on connecting.
+    if (client.state === 'connected' || (client.state === 'reconnecting' && client.session)) this[LISTEN]();
   }
 
   /** Sends `listen(args)` on the current connection, preceded by DEMAND when the stream is paced. */
@@ -586,7 +995,7 @@ export class EventStream {
       return this.#finish({ error });
     }
     const answered = () => { if (this.#isCurrent()) this.#answered = true; };
-    client.request(name, payload, { [ANSWERED]: answered }).then(
+    client.request(name, payload, { [ANSWERED]: answered, [REDONE]: true }).then(
       (reply) => {
         if (!this.#isCurrent()) return;
         if (reply === null) throw new MissingPluginException(`No implementation found for method listen on channel ${name}`);
@@ -644,7 +1053,7 @@ export class EventStream {
     if (!this.#isCurrent()) return;
     const { client, name, codec } = this.#channel;
     client[STREAMS].delete(name);
-    if (client.state !== 'connected') return;
+    if (!client[WRITABLE]) return;
     const payload = codec.encodeMethodCall({ method: 'cancel', args: this.#args });
     await client.request(name, payload).catch(() => {});  // "no active stream" (it had just ended) is fine too
   }
@@ -696,7 +1105,7 @@ export class EventStream {
 
   /** Grants credit as the consumer's pace allows (see the class comment). */
   #updateCredit() {
-    if (!this.#isCurrent() || this.#channel.client.state !== 'connected') return;
+    if (!this.#isCurrent() || !this.#channel.client[WRITABLE]) return;
     if (this.#window === null) {
       if (!this.#paused && this.#buffer.length < this.#highWaterMark) return;
       this.#window = this.#highWaterMark;

@@ -19,15 +19,26 @@ protocol RPCAdapter: AnyObject {
     func appendRequest(to out: inout [UInt8])
     /// Consumes complete replies; nil on a protocol error.
     func takeReplies(_ buffer: inout InboundBuffer) -> Int?
+    /// Appends what acknowledges the replies taken so far, if anything is due at `now` (a session's POSITION).
+    func appendAcknowledgement(to out: inout [UInt8], now: UInt64)
+    /// What goes before the close at the end of a run (a session's END).
+    var farewell: [UInt8] { get }
+}
+
+extension RPCAdapter {
+    func appendAcknowledgement(to out: inout [UInt8], now: UInt64) {}
+    var farewell: [UInt8] { [] }
 }
 
 /// Switchboard: `echo` of a Uint8List on `switchboard/echo`, or a raw payload on a client-held channel
-/// (`relay`: caller → server → holder → server → caller).
+/// (`relay`: caller → server → holder → server → caller); with `session`, in a resumable session.
 final class SwitchboardRPC: RPCAdapter {
     private let template: [UInt8]
     private var nextID: UInt32 = 0
+    private var acknowledger: SessionAcknowledger?
 
-    init(size: Int, relayChannel: String?) throws {
+    init(size: Int, relayChannel: String?, session: Bool = false) throws {
+        acknowledger = session ? SessionAcknowledger() : nil
         var frame: [UInt8] = []
         if let relayChannel {
             Frame.write(.message, id: 0, channel: relayChannel, payload: [UInt8](repeating: 0x5A, count: size), to: &frame)
@@ -38,11 +49,16 @@ final class SwitchboardRPC: RPCAdapter {
         template = frame
     }
 
-    var handshake: [UInt8] { Frame(.hello, id: 0x7FFF_FFFF, payload: nil).bytes }
+    var handshake: [UInt8] { Frame(.hello, id: 0x7FFF_FFFF, payload: acknowledger == nil ? nil : SessionAcknowledger.helloPayload).bytes }
 
     func isReady(_ buffer: inout InboundBuffer) -> Bool {
         var welcomed = false
-        _ = scanFrames(&buffer) { _, frame in if frame.type == Frame.Kind.welcome.rawValue { welcomed = true } }
+        _ = scanFrames(&buffer) { bytes, frame in
+            if frame.type == Frame.Kind.welcome.rawValue {
+                welcomed = true
+                acknowledger?.welcome(bytes[frame.payload])
+            }
+        }
         return welcomed
     }
 
@@ -56,10 +72,20 @@ final class SwitchboardRPC: RPCAdapter {
     func takeReplies(_ buffer: inout InboundBuffer) -> Int? {
         var count = 0, bad = false
         let ok = scanFrames(&buffer) { _, frame in
+            if acknowledger?.count(frame) == false {  // a POSITION; an END would be the session's end: an error
+                bad = bad || frame.type == Frame.Kind.end.rawValue
+                return
+            }
             if frame.type == Frame.Kind.reply.rawValue, !frame.isNull { count += 1 } else { bad = true }
         }
         return ok && !bad ? count : nil
     }
+
+    func appendAcknowledgement(to out: inout [UInt8], now: UInt64) {
+        acknowledger?.appendPosition(to: &out, now: now)
+    }
+
+    var farewell: [UInt8] { acknowledger == nil ? [] : SessionAcknowledger.end }
 }
 
 /// Redis: pipelined `ECHO` with an S-byte argument (RESP2).
@@ -209,25 +235,50 @@ protocol FanoutAdapter: AnyObject {
     func appendPost(_ payload: [UInt8], to out: inout [UInt8])
     /// Consumes acknowledgements of posts; nil on a protocol error.
     func acknowledgements(_ buffer: inout InboundBuffer) -> Int?
+    /// Appends what acknowledges what was received so far, if anything is due at `now` (a session's POSITION).
+    func appendAcknowledgement(to out: inout [UInt8], now: UInt64)
+    /// What goes before the close at the end of a run (a session's END).
+    var farewell: [UInt8] { get }
 }
 
-func makeFanoutAdapter(_ target: BenchTarget) -> any FanoutAdapter {
+extension FanoutAdapter {
+    func appendAcknowledgement(to out: inout [UInt8], now: UInt64) {}
+    var farewell: [UInt8] { [] }
+}
+
+func makeFanoutAdapter(_ target: BenchTarget, session: Bool = false) -> any FanoutAdapter {
     switch target {
-    case .switchboard: SwitchboardFanout()
+    case .switchboard: SwitchboardFanout(session: session)
     case .redis: RedisFanout()
     case .nats: NATSFanout()
     }
 }
 
-/// Switchboard: listen on `switchboard/room`, post to `switchboard/room.post` (acknowledged by its reply).
+/// Switchboard: listen on `switchboard/room`, post to `switchboard/room.post` (acknowledged by its reply);
+/// with `session`, each connection in a resumable session (a listener's HELLO goes before its listen, and
+/// it is ready at the WELCOME: the listen's REPLY may come with the first events).
 final class SwitchboardFanout: FanoutAdapter {
     private var nextID: UInt32 = 0
-    let listenHandshake = (try? Frame.call(id: 1, channel: "switchboard/room", method: "listen")) ?? []
-    let publisherHandshake = Frame(.hello, id: 1, payload: nil).bytes
+    private var acknowledger: SessionAcknowledger?
+    let listenHandshake: [UInt8]
+    let publisherHandshake: [UInt8]
+
+    init(session: Bool) {
+        acknowledger = session ? SessionAcknowledger() : nil
+        let listen = (try? Frame.call(id: 1, channel: "switchboard/room", method: "listen")) ?? []
+        let hello = Frame(.hello, id: 0x7FFF_FFFF, payload: session ? SessionAcknowledger.helloPayload : nil).bytes
+        listenHandshake = session ? hello + listen : listen
+        publisherHandshake = hello
+    }
 
     func isReady(_ buffer: inout InboundBuffer) -> Bool {
         var ready = false
-        _ = scanFrames(&buffer) { _, frame in
+        _ = scanFrames(&buffer) { bytes, frame in
+            if frame.type == Frame.Kind.welcome.rawValue {
+                acknowledger?.welcome(bytes[frame.payload])
+            } else {
+                _ = acknowledger?.count(frame)
+            }
             if frame.type == Frame.Kind.reply.rawValue || frame.type == Frame.Kind.welcome.rawValue { ready = true }
         }
         return ready
@@ -236,6 +287,10 @@ final class SwitchboardFanout: FanoutAdapter {
     func deliveries(_ buffer: inout InboundBuffer, _ body: (ArraySlice<UInt8>) -> Void) -> Bool {
         var ok = true
         let framesOK = scanFrames(&buffer) { bytes, frame in
+            if let counted = acknowledger?.count(frame) {  // a session: skip POSITION, and the listen's REPLY
+                guard counted else { ok = ok && frame.type != Frame.Kind.end.rawValue; return }
+                guard frame.type != Frame.Kind.reply.rawValue || frame.id != 1 else { return }
+            }
             // A success envelope holding a Uint8List: 00 08 size(1, 3 or 5 bytes) bytes…
             let p = frame.payload
             guard frame.type == Frame.Kind.message.rawValue, p.count >= 3, bytes[p.lowerBound] == 0, bytes[p.lowerBound + 1] == 8 else {
@@ -255,9 +310,21 @@ final class SwitchboardFanout: FanoutAdapter {
 
     func acknowledgements(_ buffer: inout InboundBuffer) -> Int? {
         var count = 0, bad = false
-        let ok = scanFrames(&buffer) { _, frame in if frame.type == Frame.Kind.reply.rawValue { count += 1 } else { bad = true } }
+        let ok = scanFrames(&buffer) { _, frame in
+            if acknowledger?.count(frame) == false {  // a POSITION; an END would be the session's end: an error
+                bad = bad || frame.type == Frame.Kind.end.rawValue
+                return
+            }
+            if frame.type == Frame.Kind.reply.rawValue { count += 1 } else { bad = true }
+        }
         return ok && !bad ? count : nil
     }
+
+    func appendAcknowledgement(to out: inout [UInt8], now: UInt64) {
+        acknowledger?.appendPosition(to: &out, now: now)
+    }
+
+    var farewell: [UInt8] { acknowledger == nil ? [] : SessionAcknowledger.end }
 }
 
 /// Redis: SUBSCRIBE room / PUBLISH room (acknowledged by its integer reply).

@@ -15,6 +15,7 @@ struct Bench: ParsableCommand {
               switchboard bench rpc --tls --ca ca.pem --port 7421     (Redis too: --target redis)
               switchboard bench fanout --ws                           (WebSocket, Switchboard only)
               switchboard bench handshakes -c 8 --tls --ca ca.pem --port 7421
+              switchboard bench rpc --session        (each connection in a resumable session, acknowledged)
             relay on NATS is request/reply through a responder connection (the same two hops).
             Run with a release build; quote results as ratios measured side by side in one run.
             """
@@ -50,6 +51,11 @@ struct Bench: ParsableCommand {
     @Option(help: "CA certificates (PEM) to trust with --tls (default: the system's).") var ca: String?
     @Option(help: "The name the server's certificate must carry (default: the host).") var serverName: String?
     @Flag(help: "Speak through a WebSocket (switchboard only).") var ws = false
+    @Flag(help: """
+        rpc and fanout on Switchboard: every connection asks for a resumable session and acknowledges what it \
+        receives with POSITION as protocol/resumption.md says (never cut: what resumability costs).
+        """)
+    var session = false
 
     func validate() throws {
         guard connections > 0, depth > 0, count > 0, size >= 0, duration > 0, warmup >= 0, operations ?? 1 > 0 else {
@@ -59,6 +65,9 @@ struct Bench: ParsableCommand {
         if ws, target != .switchboard { throw ValidationError("--ws is for Switchboard") }
         if !listenPort.isEmpty, workload != .fanout { throw ValidationError("--listen-port is for fanout") }
         if holderPort != nil, workload != .relay { throw ValidationError("--holder-port is for relay") }
+        if session, target != .switchboard || ![.rpc, .fanout].contains(workload) {
+            throw ValidationError("--session is for rpc and fanout on Switchboard")
+        }
     }
 
     func run() throws {
@@ -79,13 +88,13 @@ struct Bench: ParsableCommand {
         switch workload {
         case .rpc, .relay:
             let rpc = RPCWorkload(loop: loop, target: target, connections: connections, depth: depth, size: size,
-                                  relay: workload == .relay || target == .nats, limit: operations)
+                                  relay: workload == .relay || target == .nats, session: session, limit: operations)
             workloads.append(rpc)
             try rpc.run(dialer: dialer, responderDialer: holderPort.map(dialer.to(port:)) ?? dialer, warmup: warmup,
                         duration: duration, completion: done)
         case .fanout:
             let fanout = FanoutWorkload(loop: loop, target: target, listeners: count, size: size, window: depth,
-                                        posts: operations)
+                                        session: session, posts: operations)
             workloads.append(fanout)
             fanout.run(dialer: dialer, listenerDialers: listenPort.isEmpty ? [dialer] : listenPort.map(dialer.to(port:)),
                        warmup: warmup, duration: duration, completion: done)

@@ -14,6 +14,8 @@ struct ScannedFrame {
     let id: UInt32
     /// Payload bounds, as indices of the slice handed to the body.
     let payload: Range<Int>
+    /// The whole frame's bytes, length field included.
+    let size: Int
     var isNull: Bool { flags & 1 != 0 }
 }
 
@@ -29,7 +31,7 @@ func scanFrames(_ buffer: inout InboundBuffer, _ body: (ArraySlice<UInt8>, Scann
         let channelLength = Int(bytes[i + 6]) << 8 | Int(bytes[i + 7])
         let id = UInt32(bytes[i + 8]) << 24 | UInt32(bytes[i + 9]) << 16 | UInt32(bytes[i + 10]) << 8 | UInt32(bytes[i + 11])
         let payloadStart = i + 12 + channelLength
-        body(bytes, ScannedFrame(type: bytes[i + 4], flags: bytes[i + 5], id: id, payload: payloadStart..<(i + 4 + length)))
+        body(bytes, ScannedFrame(type: bytes[i + 4], flags: bytes[i + 5], id: id, payload: payloadStart..<(i + 4 + length), size: 4 + length))
         i += 4 + length
         consumed += 4 + length
     }

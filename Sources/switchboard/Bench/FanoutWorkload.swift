@@ -9,6 +9,8 @@ final class FanoutWorkload {
     let loop: EventLoop
     let target: BenchTarget
     let listenerCount: Int, size: Int, window: Int
+    /// Whether every connection asks for a resumable session and acknowledges its stream (`--session`).
+    let session: Bool
     /// Posts to make in all, when fixed (`--operations`): done once every listener has every one.
     let posts: Int?
     private var listeners: [Listener] = []
@@ -20,12 +22,13 @@ final class FanoutWorkload {
     private var nextSequence: UInt64 = 0
     private var unacknowledged = 0
 
-    init(loop: EventLoop, target: BenchTarget, listeners: Int, size: Int, window: Int, posts: Int?) {
+    init(loop: EventLoop, target: BenchTarget, listeners: Int, size: Int, window: Int, session: Bool = false, posts: Int?) {
         self.loop = loop
         self.target = target
         listenerCount = listeners
         self.size = max(size, 16)
         self.window = window
+        self.session = session
         self.posts = posts
         clock = BenchClock(loop: loop)
     }
@@ -45,7 +48,7 @@ final class FanoutWorkload {
         var ready = 0
         for index in 0..<listenerCount {
             let listener = Listener()
-            listener.adapter.value = makeFanoutAdapter(target)
+            listener.adapter.value = makeFanoutAdapter(target, session: session)
             listeners.append(listener)
             open(listener, dialer: listenerDialers[index % listenerDialers.count],
                  handshake: listener.adapter.value!.listenHandshake) { [unowned self] in
@@ -79,7 +82,7 @@ final class FanoutWorkload {
 
     private func startPublisher(dialer: Dialer, warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         let publisher = Listener()
-        publisher.adapter.value = makeFanoutAdapter(target)
+        publisher.adapter.value = makeFanoutAdapter(target, session: session)
         self.publisher = publisher
         open(publisher, dialer: dialer, handshake: publisher.adapter.value!.publisherHandshake) { [unowned self] in
             while unacknowledged < window, mayStillPost { post() }
@@ -91,15 +94,19 @@ final class FanoutWorkload {
     }
 
     private func finish(_ completion: (BenchResult) -> Void) {
-        for listener in listeners { listener.transport?.closeNow() }
-        publisher?.transport?.closeNow()
+        for connection in listeners + [publisher].compactMap({ $0 }) {
+            var farewell = connection.adapter.value!.farewell
+            connection.transport?.write(&farewell)
+            connection.transport?.closeNow()
+        }
         var errors: [(String, Int)] = []
         if gaps > 0 { errors.append(("gaps", gaps)) }
         if reordered > 0 { errors.append(("out of order", reordered)) }
         if protocolErrors > 0 { errors.append(("protocol errors", protocolErrors)) }
         if let posts, totalDelivered < posts * listenerCount { errors.append(("undelivered", posts * listenerCount - totalDelivered)) }
         completion(BenchResult(
-            workload: "fanout", parameters: "\(target.rawValue) \(listenerCount) listeners × \(size) B, window \(window)",
+            workload: "fanout", parameters: "\(target.rawValue) \(listenerCount) listeners × \(size) B, window \(window)"
+                + (session ? " in sessions" : ""),
             rate: Double(delivered) / clock.seconds, unit: "deliveries/s", latency: histogram, errors: errors,
             extra: [("posts/s", .int(Int(Double(delivered) / clock.seconds / Double(listenerCount))))]))
     }
@@ -125,6 +132,7 @@ final class FanoutWorkload {
             abortBench("unexpected answer to a post from \(target.rawValue)")
         }
         unacknowledged -= count
+        publisher.adapter.value!.appendAcknowledgement(to: &publisher.outbound, now: EventLoop.nanoseconds())
         while unacknowledged < window, mayStillPost { post() }
         if !publisher.outbound.isEmpty { publisher.transport?.write(&publisher.outbound) }
     }
@@ -151,6 +159,8 @@ final class FanoutWorkload {
             if measuring { _ = histogram.record((now &- sentAt) / 1000) }
         }
         listener.expected = expected
+        listener.adapter.value!.appendAcknowledgement(to: &listener.outbound, now: now)
+        if !listener.outbound.isEmpty { listener.transport?.write(&listener.outbound) }
         totalDelivered += count
         if measuring { delivered += count }
         self.gaps += gaps

@@ -7,6 +7,8 @@ import SwitchboardWire
 final class RPCWorkload {
     let loop: EventLoop
     let target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool
+    /// Whether each caller asks for a resumable session and acknowledges its stream (`--session`).
+    let session: Bool
     /// Calls to make in all, when fixed (`--operations`).
     let limit: Int?
     private var sent = 0
@@ -18,13 +20,15 @@ final class RPCWorkload {
     /// Holds the callers back while a holder on another node is made known.
     private var delay: Timer?
 
-    init(loop: EventLoop, target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool, limit: Int?) {
+    init(loop: EventLoop, target: BenchTarget, connections: Int, depth: Int, size: Int, relay: Bool, session: Bool = false,
+         limit: Int?) {
         self.loop = loop
         self.target = target
         self.connections = connections
         self.depth = depth
         self.size = size
         self.relay = relay
+        self.session = session
         self.limit = limit
         clock = BenchClock(loop: loop)
     }
@@ -105,7 +109,7 @@ final class RPCWorkload {
 
     private func makeAdapter(index: Int) throws -> any RPCAdapter {
         switch target {
-        case .switchboard: try SwitchboardRPC(size: size, relayChannel: relay ? "bench/relay" : nil)
+        case .switchboard: try SwitchboardRPC(size: size, relayChannel: relay ? "bench/relay" : nil, session: session)
         case .redis: RedisRPC(size: size)
         case .nats: NATSRPC(size: size, inbox: "_INBOX.bench.\(index)")
         }
@@ -131,7 +135,9 @@ final class RPCWorkload {
     }
 
     private var scheme = "tcp"
-    private var parameters: String { "\(target.rawValue) \(connections)×\(depth)×\(size) B" + (scheme == "tcp" ? "" : " over \(scheme)") }
+    private var parameters: String {
+        "\(target.rawValue) \(connections)×\(depth)×\(size) B" + (scheme == "tcp" ? "" : " over \(scheme)") + (session ? " in sessions" : "")
+    }
 
     private func startLoad(warmup: Double, duration: Double, completion: @escaping (BenchResult) -> Void) {
         for client in clients {
@@ -141,7 +147,11 @@ final class RPCWorkload {
         clock.start(warmup: warmup, duration: duration, label: relay ? "relay" : "rpc", count: { [unowned self] in totalCompleted },
                     onMeasure: { [unowned self] in completed = 0; errors = 0; histogram.reset() },
                     onDone: { [unowned self] in
-            for client in clients { client.transport?.closeNow() }
+            for client in clients {
+                var farewell = client.adapter.farewell
+                client.transport?.write(&farewell)
+                client.transport?.closeNow()
+            }
             responder?.transport.closeNow()
             completion(BenchResult(
                 workload: relay ? "relay" : "rpc", parameters: parameters, rate: Double(completed) / clock.seconds,
@@ -192,6 +202,7 @@ final class RPCWorkload {
             }
             if mayStillSend { send(client) }
         }
+        client.adapter.appendAcknowledgement(to: &client.outbound, now: now)
         if totalCompleted == limit { clock.finish() }
         if !client.outbound.isEmpty { client.transport?.write(&client.outbound) }
     }

@@ -2,7 +2,6 @@
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -11,37 +10,9 @@ import {
   BinaryCodec, JSONMethodCodec, Float64, PlatformException, MissingPluginException, FormatError, FrameType,
   encodeFrame, decodeFrame,
 } from '../client.js';
+import { startServer, stopServers, within, sleep, nextEvent, rejectsWithCode, startWithRetry } from './helpers.js';
 
-const binary = process.env.SWITCHBOARD ?? fileURLToPath(new URL('../../../.build/debug/switchboard', import.meta.url));
-const servers = new Set();
 const clients = new Set();
-
-/** Starts `switchboard serve` and resolves once it listens: `{process, port, url, exited}`. */
-function startServer({ port = 0, args = [] } = {}) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(binary, ['serve', '--port', String(port), '--log-level', 'notice', ...args], {
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
-    const server = { process: child, exited: new Promise((done) => child.on('exit', (code, signal) => done({ code, signal }))) };
-    servers.add(server);
-    server.exited.then(() => servers.delete(server));
-    let log = '';
-    const timer = setTimeout(() => reject(new Error(`the server did not start within 30 s:\n${log}`)), 30_000);
-    child.on('error', reject);
-    child.stderr.setEncoding('utf8');
-    child.stderr.on('data', (chunk) => {
-      log += chunk;
-      const match = /listening on 127\.0\.0\.1:(\d+)/.exec(log);
-      if (match && !server.port) {
-        clearTimeout(timer);
-        server.port = Number(match[1]);
-        server.url = `ws://127.0.0.1:${server.port}/`;
-        resolve(server);
-      }
-    });
-    server.exited.then(({ code }) => { clearTimeout(timer); reject(new Error(`the server exited with ${code}:\n${log}`)); });
-  });
-}
 
 async function connect(server, options = {}) {
   const client = await SwitchboardClient.connect(server.url, { name: 'js-test', ...options });
@@ -49,39 +20,9 @@ async function connect(server, options = {}) {
   return client;
 }
 
-/** Resolves with `promise`, or rejects after `ms` naming `what`. */
-function within(ms, what, promise) {
-  let timer;
-  return Promise.race([
-    promise.finally(() => clearTimeout(timer)),
-    new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`${what}: nothing within ${ms} ms`)), ms); }),
-  ]);
-}
-
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** Resolves with the first value `emitter` sends for `event` that `accept` takes. */
-function nextEvent(client, event, accept = () => true) {
-  return new Promise((resolve) => {
-    const stop = client.on(event, (value) => {
-      if (accept(value)) { stop(); resolve(value); }
-    });
-  });
-}
-
-/** Asserts that `promise` rejects with a PlatformException of `code` (and `message`, when given). */
-async function rejectsWithCode(promise, code, message) {
-  await assert.rejects(promise, (error) => {
-    assert.ok(error instanceof PlatformException, `expected a PlatformException, got ${error}`);
-    assert.equal(error.code, code);
-    if (message !== undefined) assert.equal(error.message, message);
-    return true;
-  });
-}
-
 after(async () => {
   await Promise.all([...clients].map((client) => client.close()));
-  for (const server of servers) server.process.kill('SIGKILL');
+  stopServers();
 });
 
 describe('frames', () => {
@@ -417,15 +358,3 @@ describe('losing the server', { timeout: 180_000 }, () => {
     assert.ok(received.every((v, i) => v === i), 'events in order before the end');
   });
 });
-
-/** Starts a server on `port`, retrying while the port is still held by the one that died. */
-async function startWithRetry(port) {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      return await startServer({ port });
-    } catch (error) {
-      if (attempt >= 20) throw error;
-      await sleep(250);
-    }
-  }
-}

@@ -13,8 +13,9 @@ from .codec import (  # noqa: E402
 )
 from .errors import (  # noqa: E402
     ConnectionClosedError, ForbiddenError, FormatError, MissingPluginException, PlatformException, RateLimitedError,
-    RefusedError, ServerError, SwitchboardError, UnauthorizedError,
+    RefusedError, ServerError, SessionLostError, SwitchboardError, UnauthorizedError,
 )
+from .session import FailedRequest, SessionEvent  # noqa: E402
 from .client import Client, connect  # noqa: E402
 from .channels import BasicMessageChannel, EventChannel, EventStream, MethodChannel  # noqa: E402
 
@@ -25,4 +26,5 @@ __all__ = [
     "StringCodec", "BinaryCodec",
     "SwitchboardError", "FormatError", "PlatformException", "MissingPluginException", "ServerError",
     "UnauthorizedError", "RefusedError", "ForbiddenError", "RateLimitedError", "ConnectionClosedError",
+    "SessionLostError", "SessionEvent", "FailedRequest",
 ]

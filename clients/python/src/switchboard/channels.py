@@ -138,10 +138,12 @@ class EventChannel:
 class _StreamState:
     """What the client delivers to one listened stream: its event payloads, in order, then its end."""
 
-    __slots__ = ("channel", "payloads", "ended", "error", "wakeup", "cancelling")
+    __slots__ = ("channel", "payloads", "ended", "error", "wakeup", "cancelling", "listen_payload", "codec")
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, listen_payload: Optional[bytes] = None, codec: Optional[MethodCodec] = None) -> None:
         self.channel = channel
+        self.listen_payload = listen_payload  # what a resumable client sends to listen again on a new session
+        self.codec = codec
         self.payloads: deque = deque()
         self.ended = False  # no more payloads will come
         self.error: Optional[BaseException] = None  # raised once the payloads run out
@@ -206,8 +208,8 @@ class EventStream:
         client, name, codec = self._client, self.channel.name, self.channel.codec
         if self._credit is not None:
             await client.demand(name, self._credit)
-        state = _StreamState(name)
         payload = codec.encode_method_call(MethodCall("listen", self.arguments))
+        state = _StreamState(name, payload, codec)
 
         def on_answer(frame: Any) -> None:
             # Runs as the REPLY is read: events of an earlier stream on the channel came before it.
@@ -312,6 +314,7 @@ class EventStream:
         def on_answer(_frame: Any) -> None:
             if streams.get(name) is state:
                 del streams[name]
+                self._client._credit.pop(name, None)  # credit ends with its stream
             state.finish()
         return on_answer
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 __all__ = [
     "SwitchboardError", "FormatError", "PlatformException", "MissingPluginException", "ServerError",
     "UnauthorizedError", "RefusedError", "ForbiddenError", "RateLimitedError", "ConnectionClosedError",
+    "SessionLostError",
 ]
 
 
@@ -93,6 +94,17 @@ class ConnectionClosedError(SwitchboardError, ConnectionError):
         super().__init__(message if error is None else f"{message}: {error}")
         self.error = error
         self.goaway = goaway
+
+
+class SessionLostError(PlatformException):
+    """``session_lost``: a request written on a resumable session that could not be resumed. The server may
+    have run it (as with ``handler_gone``); ``reason`` is why the session was lost (``details["reason"]``:
+    a ``cannot_resume`` reason of protocol/resumption.md, or the client's own ``unsupported``,
+    ``position``, ``expired``, ``taken``). Not a :class:`ConnectionClosedError`: the client goes on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("session_lost", f"the session was lost ({reason}); the request may have run", {"reason": reason})
+        self.reason = reason
 
 
 _ERRORS_BY_CODE = {

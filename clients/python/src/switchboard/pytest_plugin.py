@@ -2,7 +2,11 @@
 
 - ``switchboard_server``: a fresh server for the test, with the arguments of the test's
   ``@pytest.mark.switchboard("--token", "s3cret", …)`` marker (``switchboard serve`` options), on a free port.
-- ``switchboard_client``: a client connected to it (with the server's ``--token``), for ``async def`` tests.
+- ``switchboard_client``: a client connected to it (with the server's ``--token``), for ``async def`` tests;
+  ``@pytest.mark.switchboard_client(resumable=True, …)`` passes options to :func:`switchboard.connect`.
+- ``switchboard_cut_seed``: a seed for a :class:`~switchboard.cutting_proxy.CuttingProxy` (a proxy that cuts
+  connections at random byte offsets, to test resumable sessions), printed so that a failing test shows it;
+  ``SWITCHBOARD_CUT_SEED`` sets it.
 - ``switchboard_server_factory``: ``start(*args)`` starts one more server; every one is stopped after the test.
 
 The binary is ``$SWITCHBOARD`` or ``switchboard`` on the PATH. Each server is stopped with SIGTERM and must
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import random
 import re
 import shutil
 import signal
@@ -200,8 +205,9 @@ def switchboard_server(request, switchboard_server_factory):
 class _ClientToConnect:
     """What ``switchboard_client`` is until the async test starts: connected in the test's own event loop."""
 
-    def __init__(self, server: SwitchboardServer) -> None:
+    def __init__(self, server: SwitchboardServer, options: Dict[str, Any]) -> None:
         self.server = server
+        self.options = options
 
     def __getattr__(self, name: str) -> Any:
         raise RuntimeError("switchboard_client is a connected client only in an `async def` test that this plugin "
@@ -209,14 +215,27 @@ class _ClientToConnect:
 
 
 @pytest.fixture
-def switchboard_client(switchboard_server):
-    """A client connected to ``switchboard_server`` (with its ``--token``), in an ``async def`` test."""
-    return _ClientToConnect(switchboard_server)
+def switchboard_client(request, switchboard_server):
+    """A client connected to ``switchboard_server`` (with its ``--token``), in an ``async def`` test, with the
+    :func:`switchboard.connect` options of its ``@pytest.mark.switchboard_client(...)`` marker."""
+    marker = request.node.get_closest_marker("switchboard_client")
+    return _ClientToConnect(switchboard_server, dict(marker.kwargs) if marker else {})
+
+
+@pytest.fixture
+def switchboard_cut_seed():
+    """A seed for a cutting proxy: ``$SWITCHBOARD_CUT_SEED``, else a random one; printed, so a failure shows it."""
+    configured = os.environ.get("SWITCHBOARD_CUT_SEED")
+    seed = int(configured) if configured else random.randrange(1 << 32)
+    print(f"cutting proxy seed {seed} (SWITCHBOARD_CUT_SEED={seed} repeats it)")
+    return seed
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "switchboard(*args): options of `switchboard serve` for the "
                                        "switchboard_server fixture, such as \"--token\", \"s3cret\"")
+    config.addinivalue_line("markers", "switchboard_client(**options): options of switchboard.connect for the "
+                                       "switchboard_client fixture, such as resumable=True")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -236,7 +255,7 @@ async def _run_async_test(test: Any, arguments: Dict[str, Any]) -> None:
     try:
         for name, value in arguments.items():
             if isinstance(value, _ClientToConnect):
-                client = await value.server.connect()
+                client = await value.server.connect(**value.options)
                 clients.append(client)
                 arguments[name] = client
         await test(**arguments)

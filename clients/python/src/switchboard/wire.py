@@ -31,6 +31,8 @@ class FrameType(enum.IntEnum):
     UNREGISTER = 0x0A
     CANCEL = 0x0B
     DEMAND = 0x0C
+    POSITION = 0x0D  # resumable sessions (protocol/resumption.md): a received position, u64
+    END = 0x0E  # resumable sessions: the session ends
 
 
 @dataclass(frozen=True)
