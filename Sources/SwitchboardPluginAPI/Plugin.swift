@@ -268,10 +268,19 @@ public struct InboundRequest {
 public struct Rejection: Error, Sendable, Equatable {
     package let error: WireError
 
-    /// A refusal with any code.
+    /// A refusal with a code of the plugin's own. One that the protocol gives a meaning a refusal must
+    /// not have (an ERROR after which the server closes, or one a resumable session's client leaves out
+    /// of its stream: ``reservedCodes``) is sent as `plugin_error`, its message naming the code.
     public init(code: String, message: String, details: ChannelValue? = nil) {
-        error = .plugin(code: code, message: message, details: details)
+        error = Self.reservedCodes.contains(code)
+            ? .plugin(code: "plugin_error", message: "\(code): \(message)", details: details)
+            : .plugin(code: code, message: message, details: details)
     }
+
+    /// Codes a plugin's refusal cannot carry (wire.md's closing errors, and resumption.md's).
+    public static let reservedCodes: Set<String> = ["malformed_frame", "frame_too_large", "unauthorized", "bad_hello",
+                                                    "unsupported_version", "slow_consumer", "timeout", "cannot_resume",
+                                                    "session_taken"]
 
     /// `forbidden` (wire-v1's code for access control).
     public static func forbidden(_ message: String) -> Rejection { Rejection(error: .forbidden(message)) }

@@ -54,6 +54,7 @@ struct ReplayBuffer {
             let left = chunks[freed].count - firstOffset
             if drop < left {
                 firstOffset += drop
+                compactFirst(from: freed, largerThan: Self.chunkSize)
                 break
             }
             drop -= left
@@ -62,6 +63,20 @@ struct ReplayBuffer {
         }
         chunks.removeFirst(freed)
         if chunks.isEmpty { firstOffset = 0 }
+    }
+
+    /// Copies what is left of the chunk at `index` (which becomes the first) into an array of its size,
+    /// when that is under half the array it is in, and the array holds more than `largerThan` bytes: a
+    /// large flush kept whole is not held for its last unacknowledged bytes. (Acknowledgements leave
+    /// chunks of at most ``chunkSize`` alone: the hot path's, of which a session has few.)
+    private mutating func compactFirst(from index: Int, largerThan: Int) {
+        let chunk = chunks[index]
+        guard chunk.capacity > largerThan, 2 * (chunk.count - firstOffset) < chunk.capacity else { return }
+        var rest: [UInt8] = []
+        rest.reserveCapacity(chunk.count - firstOffset)
+        rest.append(contentsOf: chunk[firstOffset...])
+        chunks[index] = rest
+        firstOffset = 0
     }
 
     /// The bytes kept from `position` on, for a resume; `position` lies from ``start`` to ``end``.
@@ -81,14 +96,20 @@ struct ReplayBuffer {
         return out
     }
 
-    /// Lets go of the room the last chunk reserved and does not use (a parked session's may wait long).
+    /// Lets go of the room the last chunk reserved and does not use, and of what the first holds that is
+    /// acknowledged (a parked session's may wait long).
     mutating func trimCapacity() {
+        if !chunks.isEmpty { compactFirst(from: 0, largerThan: 0) }
         guard let last = chunks.indices.last, chunks[last].capacity > 2 * chunks[last].count else { return }
         var chunk: [UInt8] = []
         chunk.reserveCapacity(chunks[last].count)
         chunk.append(copying: chunks[last])
         chunks[last] = chunk
     }
+
+    /// The bytes its arrays hold, used or not: about twice ``count`` at most, besides one chunk of
+    /// ``chunkSize`` at either end.
+    var heldCapacity: Int { chunks.reduce(0) { $0 + $1.capacity } }
 
     /// Forgets everything, keeping the positions.
     mutating func removeAll() {

@@ -68,6 +68,16 @@ func decidingPlugin(deciders: DeciderBox) -> TestPlugin {
 
 @Suite("Plugins: the pipeline")
 struct PluginPipelineTests {
+    /// A refusal cannot carry a code the protocol gives another meaning (a closing ERROR, which a
+    /// session's client would leave out of its stream): it goes as `plugin_error`, naming the code.
+    @Test func refusalWithAReservedCodeIsAPluginError() {
+        for code in ["timeout", "unauthorized", "cannot_resume", "session_taken"] {
+            let rejection = Rejection(code: code, message: "no")
+            #expect(rejection.code == "plugin_error" && rejection.error.message == "\(code): no", "\(code)")
+        }
+        #expect(Rejection(code: "quota", message: "no").code == "quota")
+    }
+
     @Test("every inbound decision, in binary mode: go on, rewrite, reject, answer, fail, decide later")
     func binaryDecisions() throws {
         let deciders = DeciderBox()

@@ -39,6 +39,23 @@ import Testing
         #expect(replay.bytes(from: 0) == sent)
     }
 
+    /// A large flush kept whole and acknowledged all but its last bytes is not held whole for them, and
+    /// a parked session's first chunk lets go of what was acknowledged.
+    @Test func whatIsAcknowledgedOfALargeFlushIsLetGo() {
+        var replay = ReplayBuffer()
+        replay.append(Array(repeating: 7, count: 1 << 20), limit: 2 << 20)
+        replay.release(upTo: (1 << 20) - 100)
+        #expect(replay.heldCapacity < 4096)
+        #expect(replay.bytes(from: (1 << 20) - 100) == Array(repeating: 7, count: 100))
+        var small = ReplayBuffer()
+        small.append(Array(repeating: 1, count: 30_000), limit: 1 << 20)
+        small.append(Array(repeating: 2, count: 3_000), limit: 1 << 20)
+        small.release(upTo: 32_000)
+        small.trimCapacity()
+        #expect(small.heldCapacity < 4096)
+        #expect(small.bytes(from: 32_000) == Array(repeating: 2, count: 1_000))
+    }
+
     @Test func trimmingKeepsEveryByte() {
         let stream = Self.flushes().flatMap { $0 }
         var replay = ReplayBuffer()

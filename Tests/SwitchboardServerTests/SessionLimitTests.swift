@@ -72,16 +72,21 @@ import SwitchboardWire
         }
     }
 
-    /// A token is good only with the identity that made it: another user's HELLO with it is answered
-    /// as for an unknown token (counted as `identity`), and the session is not touched.
-    @Test func tokenOfAnotherUserIsRefused() throws {
+    /// A server with access control (alice and bob), and alice's connection in a new session, with its token.
+    static func aliceInASession() throws -> (EmbeddedServer, InMemoryTransport, String) {
         let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: accessRules())))
         let embedded = try EmbeddedServer(plugins: plugins)
         let alice = embedded.connect()
         alice.send(Frame(.hello, id: 1, payload: Array(#"{"token":"alice-token","session":{}}"#.utf8)))
         embedded.run()
         let welcome = try #require(try alice.frames().first?.payload)
-        let token = try #require(try JSONText.parse(welcome)["session"]?["token"]?.stringValue)
+        return (embedded, alice, try #require(try JSONText.parse(welcome)["session"]?["token"]?.stringValue))
+    }
+
+    /// A token is good only with the identity that made it: another user's HELLO with it is answered
+    /// as for an unknown token (counted as `identity`), and the session is not touched.
+    @Test func tokenOfAnotherUserIsRefused() throws {
+        let (embedded, alice, token) = try Self.aliceInASession()
         alice.peerCloses()
         embedded.run()
         for credentials in [#""token":"bob-token","#, ""] {
@@ -101,13 +106,7 @@ import SwitchboardWire
     /// A later HELLO on a session's connection may not name another identity: `bad_hello`, the close,
     /// and the session ends (it would otherwise pass to the other user).
     @Test func laterHelloOfAnotherIdentityEndsTheSession() throws {
-        let plugins = PluginConfiguration.plugins(reading: LiveSettings(PluginConfiguration(access: accessRules())))
-        let embedded = try EmbeddedServer(plugins: plugins)
-        let alice = embedded.connect()
-        alice.send(Frame(.hello, id: 1, payload: Array(#"{"token":"alice-token","session":{}}"#.utf8)))
-        embedded.run()
-        let welcome = try #require(try alice.frames().first?.payload)
-        let token = try #require(try JSONText.parse(welcome)["session"]?["token"]?.stringValue)
+        let (embedded, alice, token) = try Self.aliceInASession()
         alice.send(Frame(.hello, id: 2, payload: Array(#"{"token":"alice-token"}"#.utf8)))
         embedded.run()
         #expect(try alice.frames().map(\.kind) == [.welcome])  // the same identity: answered as any HELLO

@@ -28,6 +28,27 @@ import SwitchboardWire
         return Client(peer: peer, token: try #require(session["token"]?.stringValue), received: 0)
     }
 
+    /// A holder of `channels` (REGISTER frames from id 2) in a new session whose connection is then
+    /// lost: parked, having read the answers to its REGISTERs.
+    static func parkedHolder(_ embedded: EmbeddedServer, of channels: [(name: String, kind: String?)]) throws -> Client {
+        var holder = try newSession(embedded)
+        for (index, channel) in channels.enumerated() {
+            let declaration = channel.kind.map { Array(#"{"kind":"\#($0)"}"#.utf8) }
+            holder.peer.send(Frame(.register, id: UInt32(index + 2), channel: channel.name, payload: declaration))
+        }
+        embedded.run()
+        holder.received = stream(try holder.peer.frames()).bytes
+        holder.peer.peerCloses()
+        embedded.run()
+        return holder
+    }
+
+    /// `resumed` answers the forwarded request in `frames` on `channel` with a success envelope of `value`.
+    static func answer(_ frames: [Frame], on channel: String, over resumed: InMemoryTransport, with value: ChannelValue) throws {
+        let forwarded = try #require(frames.first { $0.kind == .message && $0.channel == channel })
+        resumed.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope(value)))
+    }
+
     static func resumingHello(_ token: String, position: UInt64, id: UInt32 = 1) -> Frame {
         Frame(.hello, id: id, payload: Array(#"{"version":1,"session":{"token":"\#(token)","position":\#(position)}}"#.utf8))
     }
@@ -108,20 +129,14 @@ import SwitchboardWire
     /// holder when it resumes; its REPLY reaches the caller.
     @Test func parkedHolderKeepsItsCallers() throws {
         let embedded = try EmbeddedServer(demoChannels: false)
-        let holder = try Self.newSession(embedded)
-        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
-        embedded.run()
-        let registered = Self.stream(try holder.peer.frames())
-        holder.peer.peerCloses()
-        embedded.run()
+        let holder = try Self.parkedHolder(embedded, of: [("held", nil)])
         let caller = embedded.connect()
         caller.send(try .call(7, "held", "work"))
         embedded.run()
         #expect(try caller.frames().isEmpty)  // waits: no handler_gone
 
-        let (resumed, frames) = try Self.resume(embedded, Client(peer: holder.peer, token: holder.token, received: registered.bytes))
-        let forwarded = try #require(frames.first { $0.kind == .message && $0.channel == "held" })
-        resumed.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
+        let (resumed, frames) = try Self.resume(embedded, holder)
+        try Self.answer(frames, on: "held", over: resumed, with: "done")
         embedded.run()
         #expect(try caller.frames().first?.envelope() == .success("done"))
     }
@@ -132,22 +147,16 @@ import SwitchboardWire
         var config = ServerConfiguration()
         config.sessionBytes = 2048
         let embedded = try EmbeddedServer(configuration: config, demoChannels: false)
-        let holder = try Self.newSession(embedded)
-        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
-        embedded.run()
-        let registered = Self.stream(try holder.peer.frames())
-        holder.peer.peerCloses()
-        embedded.run()
+        let holder = try Self.parkedHolder(embedded, of: [("held", nil)])
         let caller = embedded.connect()
         caller.send(try .call(7, "held", "work", .string(String(repeating: "w", count: 4000))))
         embedded.run()
         #expect(try caller.frames().map(\.errorCode) == ["handler_busy"])
         caller.send(try .call(8, "held", "work"))
         embedded.run()
-        let (resumed, frames) = try Self.resume(embedded, Client(peer: holder.peer, token: holder.token, received: registered.bytes))
+        let (resumed, frames) = try Self.resume(embedded, holder)
         #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
-        let forwarded = try #require(frames.first { $0.kind == .message && $0.channel == "held" })
-        resumed.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
+        try Self.answer(frames, on: "held", over: resumed, with: "done")
         embedded.run()
         #expect(try caller.frames().first?.envelope() == .success("done"))
     }
@@ -158,17 +167,11 @@ import SwitchboardWire
         var config = ServerConfiguration()
         config.sessionBytes = 2048
         let embedded = try EmbeddedServer(configuration: config, demoChannels: false)
-        let holder = try Self.newSession(embedded)
-        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
-        holder.peer.send(Frame(.register, id: 3, channel: "feed", payload: Array(#"{"kind":"event"}"#.utf8)))
-        embedded.run()
-        let registered = Self.stream(try holder.peer.frames())
-        holder.peer.peerCloses()
-        embedded.run()
+        let holder = try Self.parkedHolder(embedded, of: [("held", nil), ("feed", "event")])
         let caller = embedded.connect()
         caller.send(Frame(.message, id: 0, channel: "held", payload: [UInt8](repeating: 1, count: 4000)))
         // A request that leaves 5 bytes of room: its CANCEL (12 bytes) cannot follow it.
-        let body = 2048 - 5 - Int(registered.bytes) - Frame.headerSize - "held".utf8.count
+        let body = 2048 - 5 - Int(holder.received) - Frame.headerSize - "held".utf8.count
         caller.send(Frame(.message, id: 7, channel: "held", payload: [UInt8](repeating: 2, count: body)))
         caller.send(Frame(.cancel, id: 7, payload: nil))
         caller.send(try .call(8, "feed", "listen"))
@@ -178,7 +181,7 @@ import SwitchboardWire
         guard case .failure(let refusal)? = try answers.last?.envelope() else { throw ChannelError(code: "test", message: "listen not refused") }
         #expect(refusal.code == "handler_busy")
         #expect(embedded.server.core.value.sessions.droppedCounts == ["message": 1, "cancel": 1])
-        let (_, frames) = try Self.resume(embedded, Client(peer: holder.peer, token: holder.token, received: registered.bytes))
+        let (_, frames) = try Self.resume(embedded, holder)
         #expect(try Self.welcomeSession(frames.first)?["resumed"] == true)
         #expect(frames.filter { $0.channel == "held" }.map(\.id) == [1])  // the request, without its CANCEL
     }
@@ -254,11 +257,7 @@ import SwitchboardWire
         var config = ServerConfiguration()
         config.sessionTTLMs = 5000
         let embedded = try EmbeddedServer(configuration: config, demoChannels: false)
-        let holder = try Self.newSession(embedded)
-        holder.peer.send(Frame(.register, id: 2, channel: "held", payload: nil))
-        embedded.run()
-        holder.peer.peerCloses()
-        embedded.run()
+        let holder = try Self.parkedHolder(embedded, of: [("held", nil)])
         let caller = embedded.connect()
         caller.send(try .call(7, "held", "work"))
         embedded.advanceTime(byMs: 4000)
