@@ -129,19 +129,11 @@ import SwitchboardWire
     @Test func sessionMadeOverWebSocketResumesOverTCP() async throws {
         try await withServer { _, port in  // on several loops, the resuming TCP socket moves to the session's
             var ws: RawWebSocket? = try #require(RawWebSocket(port: port))
-            func frames(_ message: (opcode: UInt8, payload: [UInt8])?) throws -> [Frame] {
-                var buffer = InboundBuffer()
-                buffer.append(message?.payload ?? [])
-                var decoder = FrameDecoder(maxFrame: 1 << 20)
-                var out: [Frame] = []
-                while case .frame(let frame)? = try decoder.next(from: &buffer) { out.append(frame) }
-                return out
-            }
             ws?.send(opcode: 2, Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)).bytes)
-            let welcome = try #require(try frames(ws?.receive()).first)
+            let welcome = try #require(try RawWebSocket.frames(ws?.receive()).first)
             let token = try #require(try JSONText.parse(welcome.payload ?? [])["session"]?["token"]?.stringValue)
             ws?.send(opcode: 2, Frame(.register, id: 2, channel: "held", payload: nil).bytes)
-            let registered = try frames(ws?.receive())
+            let registered = try RawWebSocket.frames(ws?.receive())
             #expect(registered.map(\.kind) == [.reply])
             ws = nil  // lost
             let caller = try RawConnection(port: port)

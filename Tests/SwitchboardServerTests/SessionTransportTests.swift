@@ -10,16 +10,6 @@ import SwitchboardWire
 @Suite struct SessionTransportTests {
     static let loopCounts = Array(Set([1, 4, ServerConfiguration.testLoops])).sorted()
 
-    /// The frames in a WebSocket message's payload.
-    static func frames(_ message: (opcode: UInt8, payload: [UInt8])?) throws -> [Frame] {
-        var buffer = InboundBuffer()
-        buffer.append(message?.payload ?? [])
-        var decoder = FrameDecoder(maxFrame: 1 << 20)
-        var out: [Frame] = []
-        while case .frame(let frame)? = try decoder.next(from: &buffer) { out.append(frame) }
-        return out
-    }
-
     static func resumingHello(_ token: String, position: Int, id: UInt32) -> Frame {
         Frame(.hello, id: id, payload: Array(#"{"session":{"token":"\#(token)","position":\#(position)}}"#.utf8))
     }
@@ -44,10 +34,10 @@ import SwitchboardWire
             let resumer = try #require(RawWebSocket(port: port))
             resumer.send(opcode: 2, Self.resumingHello(token, position: registered.bytes.count, id: 3).bytes)
             resumer.send(opcode: 2, Frame(.ping, id: 4, payload: nil).bytes)  // before the answer: the stream's next frame
-            let welcome = try #require(try Self.frames(resumer.receive()).first)
+            let welcome = try #require(try RawWebSocket.frames(resumer.receive()).first)
             #expect(try JSONText.parse(welcome.payload ?? [])["session"]?["resumed"] == true, "\(welcome)")
             var received: [Frame] = []
-            while received.count < 2, let message = resumer.receive() { received += try Self.frames(message) }
+            while received.count < 2, let message = resumer.receive() { received += try RawWebSocket.frames(message) }
             #expect(received.map(\.kind).sorted { $0.rawValue < $1.rawValue } == [.message, .pong])
             let forwarded = try #require(received.first { $0.kind == .message })
             #expect(forwarded.channel == "held.ws")
@@ -63,11 +53,11 @@ import SwitchboardWire
         try await withServer({ $0.loops = loops }) { _, port in
             let old = try #require(RawWebSocket(port: port))
             old.send(opcode: 2, Frame(.hello, id: 1, payload: Array(#"{"session":{}}"#.utf8)).bytes)
-            let token = try Self.token(try Self.frames(old.receive()).first)
+            let token = try Self.token(try RawWebSocket.frames(old.receive()).first)
             let resumer = try RawConnection(port: port)
             try resumer.send(Self.resumingHello(token, position: 0, id: 2))
             #expect(try JSONText.parse(try await resumer.frame().payload ?? [])["session"]?["resumed"] == true)
-            let error = try #require(try Self.frames(old.receive()).first)
+            let error = try #require(try RawWebSocket.frames(old.receive()).first)
             #expect(error.errorCode == "session_taken" && error.id == 0)
             let close = try #require(old.receive())
             #expect(close.opcode == 8 && RawWebSocket.closeCode(close.payload) == 1000)
@@ -94,7 +84,7 @@ import SwitchboardWire
                     if let ws { ws.send(opcode: 2, frame.bytes) } else { try tcp?.send(frame) }
                 }
                 func next() async throws -> Frame? {
-                    if let ws { return try Self.frames(ws.receive()).first }
+                    if let ws { return try RawWebSocket.frames(ws.receive()).first }
                     return try await tcp?.frame()
                 }
                 let landed = (Int(real.loop) + (transport == "ws" ? 2 : 1)) % loops

@@ -58,6 +58,16 @@ final class RawWebSocket {
         return (header[0] & 0x0F, socket.read(exactly: length))
     }
 
+    /// The Switchboard frames in a message's payload (binary mode): none when there is no message.
+    static func frames(_ message: (opcode: UInt8, payload: [UInt8])?) throws -> [Frame] {
+        var buffer = InboundBuffer()
+        buffer.append(message?.payload ?? [])
+        var decoder = FrameDecoder(maxFrame: 1 << 20)
+        var out: [Frame] = []
+        while case .frame(let frame)? = try decoder.next(from: &buffer) { out.append(frame) }
+        return out
+    }
+
     /// The close code of a close frame's payload.
     static func closeCode(_ payload: [UInt8]) -> Int? {
         payload.count >= 2 ? Int(payload[0]) << 8 | Int(payload[1]) : nil
