@@ -509,7 +509,7 @@ extension ServerCore {
            registration.early.count < events.queueLimit || payload == nil {
             registration.early.append(event)
         }
-        for stream in events.listeners.all { stream.deliver(event) }
+        events.listeners.deliver(event)
         if !registration.remoteListeners.isEmpty { publishFromHolder(event, registration) }
         if payload == nil, case .active = registration.upstream {
             registration.upstream = .idle

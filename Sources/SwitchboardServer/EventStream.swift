@@ -321,6 +321,20 @@ struct Listeners {
 
     var isEmpty: Bool { all.isEmpty }
 
+    /// Delivers `event` to every listener there is when it is called: a delivery that ends a stream
+    /// (which removes it) changes neither the order nor who gets it.
+    ///
+    /// Each stream is lent to its delivery unretained, where a `for in` loop retained and released it
+    /// per delivery (two atomic operations of fan-out's cost). Sound: `self` is a value this method
+    /// cannot change, so its array holds every stream strongly until the loop is over, whatever the
+    /// deliveries do to the channel's own list.
+    func deliver(_ event: OutboundEvent) {
+        let streams = all.span
+        for index in streams.indices {
+            unsafe Unmanaged.passUnretained(streams[index])._withUnsafeGuaranteedRef { $0.deliver(event) }
+        }
+    }
+
     mutating func add(_ stream: EventStream) {
         stream.listenerIndex = all.count
         all.append(stream)

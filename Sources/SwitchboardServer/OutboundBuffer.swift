@@ -37,7 +37,7 @@ extension Connection {
         var bytes = takeOutbound()
         Frame.write(kind, id: id, channel: channel, payload: payload, to: &bytes)
         outbound.unflushedFrames += 1
-        restoreOutbound(bytes)
+        restoreOutbound(consume bytes)
         markDirty()
     }
 
@@ -64,7 +64,7 @@ extension Connection {
         guard !isClosed else { return }
         var buffer = takeOutbound()
         buffer.append(copying: bytes)
-        restoreOutbound(buffer)
+        restoreOutbound(consume buffer)
         outbound.unflushedFrames += 1
         markDirty()
     }
@@ -86,12 +86,20 @@ extension Connection {
     /// Writes an event in this connection's encoding; false if it could not be encoded (counted as a drop).
     @discardableResult
     func writeEvent(_ event: OutboundEvent) -> Bool {
-        guard let bytes = mode == .text ? event.textLine : event.binaryFrame else {
+        // Two paths, not one `?:`: the binary frame is a constant of the event, read borrowed, while a
+        // text line is made here; merged, both would be owned, and fan-out would retain the shared frame.
+        if mode == .text {
+            guard let line = event.textLine else { return unencodable() }
+            writeRaw(line)
+        } else {
+            guard let frame = event.binaryFrame else { return unencodable() }
+            writeRaw(frame)
+        }
+        return true
+        func unencodable() -> Bool {
             core.countDrop("unencodable")
             return false
         }
-        writeRaw(bytes)
-        return true
     }
 
     /// Hands the outbound bytes to the transport: for every dirty connection once per loop turn, and at once
@@ -124,7 +132,7 @@ extension Connection {
         guard session.isPositionDue else { return }
         var bytes = takeOutbound()  // no access to the buffer spans a call: its accesses stay unchecked
         Self.appendPosition(of: session, to: &bytes)
-        restoreOutbound(bytes)
+        restoreOutbound(consume bytes)
         outbound.unflushedFrames += 1
     }
 
@@ -137,12 +145,12 @@ extension Connection {
             try codec.encodeSuccessEnvelope(value, appendingTo: &bytes)
         } catch {
             bytes.removeSubrange(start...)
-            restoreOutbound(bytes)
+            restoreOutbound(consume bytes)
             return writeBinaryAnswer(.failure(ChannelError(code: "encode_failed", message: "\(error)"), codec), id: id)
         }
         Frame.finishFrame(startingAt: start, in: &bytes)
         outbound.unflushedFrames += 1
-        restoreOutbound(bytes)
+        restoreOutbound(consume bytes)
         markDirty()
     }
 

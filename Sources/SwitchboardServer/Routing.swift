@@ -134,7 +134,7 @@ extension ServerCore {
         guard case .event(let entry)? = directory.channels[name] else { return }
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, content: content, codec: entry.codec)
-        for stream in entry.listeners.all { stream.deliver(event) }  // the array is a snapshot: ends may remove
+        entry.listeners.deliver(event)
         // To the sibling loops in-process, never by a bus, which may be down or hung (protocol/cluster.md).
         siblings?.publish(event)
         cluster?.publish(event)
@@ -144,7 +144,7 @@ extension ServerCore {
     func endListeners(on name: String) {
         guard case .event(let entry)? = directory.channels[name] else { return }
         let end = OutboundEvent(channel: name, content: .end, codec: entry.codec)
-        for stream in entry.listeners.all { stream.deliver(end) }
+        entry.listeners.deliver(end)
     }
 
     /// Whether `entry` gets events from elsewhere: a server-side channel's broadcasts, or the events
@@ -174,7 +174,7 @@ extension ServerCore {
         }
         entry.counts.events += 1
         let event = OutboundEvent(channel: name, envelope: envelope, frame: frame, codec: entry.codec)
-        for stream in entry.listeners.all { stream.deliver(event) }
+        entry.listeners.deliver(event)
         if holderNode != nil, envelope == nil { directory.retireRemoteStream(name) }  // the holder ended it
     }
 

@@ -402,7 +402,7 @@ final class ServerCore {
     /// Serves `name` by `entry`, or no longer (nil): the listeners of the channel it replaces get the end.
     func setChannel(_ name: String, _ entry: ChannelEntry?) {
         if case .event(let old)? = directory.channels[name] {
-            for stream in old.listeners.all { stream.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec)) }
+            old.listeners.deliver(OutboundEvent(channel: name, content: .end, codec: old.codec))
             (old.handler as? any RemovalObserving)?.handlerWasRemoved()
         }
         if let old = directory.channels[name] { channelGone(old.counts) }

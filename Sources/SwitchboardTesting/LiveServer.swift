@@ -2,7 +2,6 @@ import Logging
 import SwitchboardCodec
 import SwitchboardDemo
 import SwitchboardServer
-import SwitchboardTesting
 
 /// Runs `body` against a live server on an ephemeral port, then shuts it down and waits for it.
 package func withServer(
