@@ -13,7 +13,13 @@ typealias RemoteMessages = SwitchboardClient.BasicMessageChannel
 /// A producer that counts 0 … n-1 on listen, as fast as it can, then ends.
 final class Counter: EventProducer {
     let count: Int
-    init(count: Int) { self.count = count }
+    /// What the producer waits for before its events: by default a tenth of a second of real time, for
+    /// the other listeners to join the server's fan-out, which the producer cannot see.
+    let start: @Sendable () async -> Void
+    init(count: Int, start: @escaping @Sendable () async -> Void = { try? await Task.sleep(for: .milliseconds(100)) }) {
+        self.count = count
+        self.start = start
+    }
     let listens = Mutex(0)
     let cancels = Mutex(0)
     func onListen(arguments: ChannelValue, sink: ProducerSink) async -> ChannelError? {
@@ -21,7 +27,7 @@ final class Counter: EventProducer {
         if arguments == "refuse" { return ChannelError(code: "refused") }
         guard arguments != "hold" else { return nil }
         Task {
-            try await Task.sleep(for: .milliseconds(100))  // real time: the other listeners join the server's fan-out, which the producer cannot see
+            await start()
             for i in 0..<count { sink.success(.int(i)) }
             sink.endOfStream()
         }
@@ -171,7 +177,10 @@ final class Counter: EventProducer {
     @Test func aHundredListenersOnAClientHeldEventChannel() async throws {
         let server = try startServer()
         let holder = try await connect(server)
-        let producer = Counter(count: 500)
+        // The events begin once every listener is in (on four loops under a sanitizer, a tenth of a
+        // second was not always enough, and a late listen started a second stream).
+        let (everyoneIn, letThemGo) = AsyncStream<Void>.makeStream()
+        let producer = Counter(count: 500) { for await _ in everyoneIn { break } }
         try await RemoteEvents(name: "sensors/imu", client: holder).setStreamHandler(producer)
         var listeners: [RawConnection] = []
         for _ in 0..<100 {
@@ -185,10 +194,13 @@ final class Counter: EventProducer {
             let reply = try await listener.frame()
             #expect(reply.id == 1)
             #expect(try reply.envelope() == .success(nil))
+        }
+        #expect(try await text.line() == ["id": 1, "result": nil])
+        letThemGo.yield()
+        for listener in listeners {
             for i in 0..<500 { #expect(try await listener.frame().envelope() == .success(.int(i))) }
             #expect(try await listener.frame().payload == nil)  // end of stream
         }
-        #expect(try await text.line() == ["id": 1, "result": nil])
         for i in 0..<500 { #expect(try await text.line() == ["event": "sensors/imu", "data": .int(i)]) }
         #expect(try await text.line() == ["event": "sensors/imu", "end": true])
         #expect(producer.listens.withLock { $0 } == 1)  // only the first listen reached the holder
