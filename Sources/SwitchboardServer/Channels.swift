@@ -95,13 +95,13 @@ public struct MethodNotImplemented: Error, Sendable {
 /// The one answer to one method call: success, error or not implemented. Callable from any thread;
 /// only the first answer counts (the loop ignores later ones). A small value: copies answer the same call.
 public struct MethodResult: Sendable {
-    let request: LoopBound<PendingRequest>
+    let request: HandedRequest
     /// The caller.
     public let client: ClientID
 
-    init(request: consuming PendingRequest, loop: LoopHandle) {
+    init(request: consuming PendingRequest) {
         client = ClientID(request.connectionID)
-        self.request = LoopBound(request, loop: loop)
+        self.request = HandedRequest(request)
     }
 
     /// The request, moved back out once the handler has returned (loop thread only).
@@ -112,12 +112,12 @@ public struct MethodResult: Sendable {
 
     /// Answers with a success envelope.
     public func success(_ value: ChannelValue) {
-        if request.loop.isInLoopThread { request.value.answerSuccess(value) } else { request.onLoop { $0.answerSuccess(value) } }
+        if request.isOnItsLoop { request.value.answerSuccess(value) } else { request.onLoop { $0.answerSuccess(value) } }
     }
 
     /// Answers with an error envelope.
     public func error(_ error: ChannelError) {
-        if request.loop.isInLoopThread { request.value.answerError(error) } else { request.onLoop { $0.answerError(error) } }
+        if request.isOnItsLoop { request.value.answerError(error) } else { request.onLoop { $0.answerError(error) } }
     }
 
     /// Refuses the call with an ERROR, as a plugin's refusal is answered (loop thread only).
@@ -125,7 +125,7 @@ public struct MethodResult: Sendable {
 
     /// Answers with a null reply ("not implemented").
     public func notImplemented() {
-        if request.loop.isInLoopThread { request.value.answer(.notImplemented) } else { request.onLoop { $0.answer(.notImplemented) } }
+        if request.isOnItsLoop { request.value.answer(.notImplemented) } else { request.onLoop { $0.answer(.notImplemented) } }
     }
 
     /// Runs `body` if the caller cancels (CANCEL frame) before an answer is given. The cancel itself is
@@ -358,7 +358,6 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
     public func setMessageHandler(_ handler: (@Sendable (Codec.Message, MessageReply<Codec>) -> Void)?) {
         let name = self.name, codec = self.codec
         cores.onEveryLoop { core in
-            let loop = core.handle  // not the core: the channel table must not keep the core alive
             core.setChannel(name, handler.map { handler in
                 .message(MessageEntry(codecName: Introspection.codecName(codec), encode: { value throws(CodecError) in try codec.encode(codec.message(from: value)) }) { input, request in
                     let message: Codec.Message
@@ -370,7 +369,7 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
                     } catch {
                         return request.answer(.error(.badPayload("message could not be decoded: \(error)")))
                     }
-                    handler(message, MessageReply(request: request, codec: codec, loop: loop))
+                    handler(message, MessageReply(request: request, codec: codec))
                 })
             })
         }
@@ -397,13 +396,13 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
 
 /// The one reply to one message. Callable from any thread; only the first reply counts.
 public final class MessageReply<Codec: MessageCodec>: Sendable {
-    private let request: LoopBound<PendingRequest>
+    private let request: HandedRequest
     private let codec: Codec
     /// The sender.
     public let client: ClientID
 
-    init(request: PendingRequest, codec: Codec, loop: LoopHandle) {
-        self.request = LoopBound(request, loop: loop)
+    init(request: PendingRequest, codec: Codec) {
+        self.request = HandedRequest(request)
         self.codec = codec
         self.client = ClientID(request.connectionID)
     }

@@ -1,5 +1,6 @@
 import SwitchboardCodec
 import SwitchboardPluginAPI
+import SwitchboardTransport
 import SwitchboardWire
 
 /// The one answer a request gets, before it is put in the requester's encoding.
@@ -33,6 +34,9 @@ final class PendingRequest {
     /// and both break this back reference (a weak one cost a side-table allocation per request).
     var connection: Connection?
     let connectionID: UInt64
+    /// The loop whose thread alone touches the request (a constant, the one thing other threads read:
+    /// see ``HandedRequest``).
+    let loop: LoopHandle
     private(set) var origin: Origin
     /// Orders open requests; 0 for a detached request (one its connection does not keep).
     private(set) var serial: UInt64
@@ -73,26 +77,32 @@ final class PendingRequest {
     init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
         self.connection = connection
         self.connectionID = connection.id
+        loop = connection.core.handle
         self.origin = origin
         self.serial = serial
         self.methodCodec = methodCodec
     }
 
     /// A request nobody waits for (a MESSAGE with id 0): handlers run as usual, the answer goes nowhere.
-    private init(connectionID: UInt64) {
+    private init(connectionID: UInt64, loop: LoopHandle) {
         self.connectionID = connectionID
+        self.loop = loop
         origin = .binary(id: 0)
         serial = 0
         methodCodec = nil
     }
 
-    static func detached(connectionID: UInt64) -> PendingRequest { PendingRequest(connectionID: connectionID) }
+    static func detached(connectionID: UInt64, loop: LoopHandle) -> PendingRequest {
+        PendingRequest(connectionID: connectionID, loop: loop)
+    }
 
     /// A request from a client on another node (protocol/cluster.md): `answer` sends its one answer
     /// back over the bus; `text` says whether that client speaks text mode, which decides the form of
     /// a relayed answer; without `wantsAnswer` it is detached.
-    init(remoteText text: Bool, wantsAnswer: Bool, methodCodec: SharedMethodCodec?, answer: @escaping (Answer) -> Void) {
+    init(remoteText text: Bool, wantsAnswer: Bool, methodCodec: SharedMethodCodec?, loop: LoopHandle,
+         answer: @escaping (Answer) -> Void) {
         connectionID = 0
+        self.loop = loop
         origin = text ? .text(id: nil, kind: .call) : .binary(id: 0)
         serial = wantsAnswer ? 1 : 0
         self.methodCodec = methodCodec
@@ -185,6 +195,42 @@ final class PendingRequest {
         onCancel = .nothing
         defer { connection = nil }
         return connection
+    }
+}
+
+/// A request in a handler's hands (``MethodResult``, ``MessageReply``), which may keep it and answer
+/// from any thread. A ``LoopBound`` of the request without a loop of its own: the request's is found
+/// through it, so handing a request over retains nothing (a `LoopBound` retained its loop handle,
+/// two atomic operations per call).
+///
+/// `@unchecked Sendable` is sound as `LoopBound`'s is: the request's state is touched only through
+/// ``value``, ``take()`` and ``onLoop(_:)``, on its loop's thread (checked in debug builds), and other
+/// threads read nothing of it but ``PendingRequest/loop``, a constant.
+struct HandedRequest: @unchecked Sendable {
+    private let request: PendingRequest
+
+    init(_ request: consuming PendingRequest) { self.request = request }
+
+    /// Whether the caller is the request's loop thread.
+    var isOnItsLoop: Bool { request.loop.isInLoopThread }
+
+    /// The request; its loop's thread only.
+    var value: PendingRequest {
+        assert(isOnItsLoop || !request.loop.isRunning, "a request touched off its loop's thread")
+        return request
+    }
+
+    /// The request, moved out (no retain where ``value`` would copy it); its loop's thread only.
+    consuming func take() -> PendingRequest {
+        assert(isOnItsLoop || !request.loop.isRunning, "a request touched off its loop's thread")
+        return request
+    }
+
+    /// Runs `body` with the request on its loop's thread: at once when already there, else queued.
+    func onLoop(_ body: @escaping @Sendable (PendingRequest) -> Void) {
+        if isOnItsLoop { return body(request) }
+        let handed = self
+        request.loop.execute { body(handed.value) }
     }
 }
 
