@@ -164,9 +164,11 @@ final class PendingRequest {
 
     /// Answers a method call with a success envelope in its channel's codec.
     func answerSuccess(_ value: ChannelValue) {
-        guard let methodCodec else { return answer(.notImplemented) }  // set for every method call
-        if remoteAnswer != nil { return answer(.success(value, methodCodec.codec)) }
-        take()?.finish(self, success: value, codec: methodCodec.codec)
+        // The codec itself, copied out of the shared box: holding the box across the answer (which
+        // may change the request's codec) retained and released it per call.
+        guard let codec = methodCodec?.codec else { return answer(.notImplemented) }  // set for every method call
+        if remoteAnswer != nil { return answer(.success(value, codec)) }
+        take()?.finish(self, success: value, codec: codec)
     }
 
     /// Answers a method call with an error envelope in its channel's codec.
