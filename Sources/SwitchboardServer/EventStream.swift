@@ -325,9 +325,11 @@ struct Listeners {
     /// (which removes it) changes neither the order nor who gets it.
     ///
     /// Each stream is lent to its delivery unretained, where a `for in` loop retained and released it
-    /// per delivery (two atomic operations of fan-out's cost). Sound: `self` is a value this method
-    /// cannot change, so its array holds every stream strongly until the loop is over, whatever the
-    /// deliveries do to the channel's own list.
+    /// per delivery (two atomic operations of fan-out's cost). Sound: every caller reads `self` out of
+    /// a channel entry (a class), which copies it, and that copy's array holds every stream strongly
+    /// until the loop is over; a delivery that ends a stream removes it from the entry's list, which
+    /// then copies its storage rather than change this one. (Were the list ever borrowed in place
+    /// instead, that removal would trap as an exclusivity violation, not free a stream.)
     func deliver(_ event: OutboundEvent) {
         let streams = all.span
         for index in streams.indices {
