@@ -393,7 +393,7 @@ extension ServerCore {
             }
             guard waitsForHolder(request, from: caller, on: registration) else { return }
             registration.upstream = .starting([(caller, request, call.arguments)])
-            let upstream = PendingRequest.detached(connectionID: registration.holder.id, loop: handle)
+            let upstream = PendingRequest.detached(connectionID: registration.holder.id)
             forward(registration, payload: payload, request: upstream) { [weak self, weak registration] result in
                 guard let self, let registration else { return }
                 self.holderAnswered(listen: result, registration: registration, events: events)
@@ -494,7 +494,7 @@ extension ServerCore {
               case .active = registration.upstream else { return }
         registration.upstream = .idle
         guard let payload = try? events.codec.encodeMethodCall(MethodCall(method: "cancel", arguments: arguments)) else { return }
-        forward(registration, payload: payload, request: .detached(connectionID: registration.holder.id, loop: handle)) { _ in }
+        forward(registration, payload: payload, request: .detached(connectionID: registration.holder.id)) { _ in }
     }
 
     /// An event from the holder goes to every listener, encoded once per wire encoding.

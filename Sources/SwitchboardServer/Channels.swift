@@ -99,9 +99,9 @@ public struct MethodResult: Sendable {
     /// The caller.
     public let client: ClientID
 
-    init(request: consuming PendingRequest) {
+    init(request: consuming PendingRequest, loop: LoopHandle) {
         client = ClientID(request.connectionID)
-        self.request = HandedRequest(request)
+        self.request = HandedRequest(request, on: loop)
     }
 
     /// The request, moved back out once the handler has returned (loop thread only).
@@ -358,6 +358,7 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
     public func setMessageHandler(_ handler: (@Sendable (Codec.Message, MessageReply<Codec>) -> Void)?) {
         let name = self.name, codec = self.codec
         cores.onEveryLoop { core in
+            let loop = core.handle  // not the core: the channel table must not keep the core alive
             core.setChannel(name, handler.map { handler in
                 .message(MessageEntry(codecName: Introspection.codecName(codec), encode: { value throws(CodecError) in try codec.encode(codec.message(from: value)) }) { input, request in
                     let message: Codec.Message
@@ -369,7 +370,7 @@ public final class BasicMessageChannel<Codec: MessageCodec>: Sendable {
                     } catch {
                         return request.answer(.error(.badPayload("message could not be decoded: \(error)")))
                     }
-                    handler(message, MessageReply(request: request, codec: codec))
+                    handler(message, MessageReply(request: request, codec: codec, loop: loop))
                 })
             })
         }
@@ -401,8 +402,8 @@ public final class MessageReply<Codec: MessageCodec>: Sendable {
     /// The sender.
     public let client: ClientID
 
-    init(request: PendingRequest, codec: Codec) {
-        self.request = HandedRequest(request)
+    init(request: PendingRequest, codec: Codec, loop: LoopHandle) {
+        self.request = HandedRequest(request, on: loop)
         self.codec = codec
         self.client = ClientID(request.connectionID)
     }

@@ -241,7 +241,7 @@ extension ServerCore {
         let listens = registration.kind == .event && heldEventCall(registration, input: input)?.method == "listen"
         let methodCodec = registration.kind == .method ? registration.sharedMethodCodec : nil
         let kindFlag = ClusterReply.kindFlag(mark: registration.channelMark)
-        let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec, loop: handle) {
+        let request = PendingRequest(remoteText: call.isText, wantsAnswer: key != nil, methodCodec: methodCodec) {
             answer in elsewhere.answer(key, with: answer, startsStream: listens, kindFlag: kindFlag)
         }
         routeToHolder(registration, input: input, request: request, from: .remote(call.caller))

@@ -109,7 +109,7 @@ extension Connection {
 
     /// A new request from this client (detached, answered nowhere, when `origin` is nil).
     func makeRequest(_ origin: PendingRequest.Origin?, methodCodec: SharedMethodCodec?) -> PendingRequest {
-        guard let origin else { return .detached(connectionID: id, loop: core.handle) }
+        guard let origin else { return .detached(connectionID: id) }
         requests.lastSerial += 1
         let request: PendingRequest
         var spare: PendingRequest?

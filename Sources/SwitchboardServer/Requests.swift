@@ -34,9 +34,12 @@ final class PendingRequest {
     /// and both break this back reference (a weak one cost a side-table allocation per request).
     var connection: Connection?
     let connectionID: UInt64
-    /// The loop whose thread alone touches the request (a constant, the one thing other threads read:
-    /// see ``HandedRequest``).
-    let loop: LoopHandle
+    /// The loop whose thread alone touches the request: set on that thread when the request is first
+    /// handed to a handler (``HandedRequest``), and never changed after, so other threads may read it.
+    /// A connection's spare request keeps it, so most calls set nothing; a request that goes to a holder
+    /// or elsewhere never needs it (a strong reference set for every new request cost a retain and a
+    /// release per relayed call).
+    private(set) var loop: LoopHandle?
     private(set) var origin: Origin
     /// Orders open requests; 0 for a detached request (one its connection does not keep).
     private(set) var serial: UInt64
@@ -77,37 +80,34 @@ final class PendingRequest {
     init(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
         self.connection = connection
         self.connectionID = connection.id
-        loop = connection.core.handle
         self.origin = origin
         self.serial = serial
         self.methodCodec = methodCodec
     }
 
     /// A request nobody waits for (a MESSAGE with id 0): handlers run as usual, the answer goes nowhere.
-    private init(connectionID: UInt64, loop: LoopHandle) {
+    private init(connectionID: UInt64) {
         self.connectionID = connectionID
-        self.loop = loop
         origin = .binary(id: 0)
         serial = 0
         methodCodec = nil
     }
 
-    static func detached(connectionID: UInt64, loop: LoopHandle) -> PendingRequest {
-        PendingRequest(connectionID: connectionID, loop: loop)
-    }
+    static func detached(connectionID: UInt64) -> PendingRequest { PendingRequest(connectionID: connectionID) }
 
     /// A request from a client on another node (protocol/cluster.md): `answer` sends its one answer
     /// back over the bus; `text` says whether that client speaks text mode, which decides the form of
     /// a relayed answer; without `wantsAnswer` it is detached.
-    init(remoteText text: Bool, wantsAnswer: Bool, methodCodec: SharedMethodCodec?, loop: LoopHandle,
-         answer: @escaping (Answer) -> Void) {
+    init(remoteText text: Bool, wantsAnswer: Bool, methodCodec: SharedMethodCodec?, answer: @escaping (Answer) -> Void) {
         connectionID = 0
-        self.loop = loop
         origin = text ? .text(id: nil, kind: .call) : .binary(id: 0)
         serial = wantsAnswer ? 1 : 0
         self.methodCodec = methodCodec
         remoteAnswer = answer
     }
+
+    /// Sets ``loop``, once (``HandedRequest``).
+    fileprivate func setLoop(_ loop: LoopHandle) { self.loop = loop }
 
     /// Makes an answered request, that nothing else refers to, a new request of the same connection:
     /// its connection keeps one such spare, and most calls are answered at once, so most calls allocate
@@ -201,30 +201,37 @@ final class PendingRequest {
 }
 
 /// A request in a handler's hands (``MethodResult``, ``MessageReply``), which may keep it and answer
-/// from any thread. A ``LoopBound`` of the request without a loop of its own: the request's is found
-/// through it, so handing a request over retains nothing (a `LoopBound` retained its loop handle,
-/// two atomic operations per call).
+/// from any thread. A ``LoopBound`` of the request without a loop handle of its own: the request keeps
+/// its loop, so handing a request over retains nothing (a `LoopBound` retained its loop handle, two
+/// atomic operations per call).
 ///
 /// `@unchecked Sendable` is sound as `LoopBound`'s is: the request's state is touched only through
 /// ``value``, ``take()`` and ``onLoop(_:)``, on its loop's thread (checked in debug builds), and other
-/// threads read nothing of it but ``PendingRequest/loop``, a constant.
+/// threads read nothing of it but ``PendingRequest/loop``, which `init` sets on that thread before the
+/// request is handed over, and which is never changed after.
 struct HandedRequest: @unchecked Sendable {
     private let request: PendingRequest
+    private var loop: LoopHandle { request.loop! }  // set by init
 
-    init(_ request: consuming PendingRequest) { self.request = request }
+    /// Hands `request` over on `loop`, the thread calling (which is the request's for good).
+    init(_ request: consuming PendingRequest, on loop: LoopHandle) {
+        if request.loop == nil { request.setLoop(loop) }
+        assert(request.loop === loop, "a request handed over on another loop than its own")
+        self.request = request
+    }
 
     /// Whether the caller is the request's loop thread.
-    var isOnItsLoop: Bool { request.loop.isInLoopThread }
+    var isOnItsLoop: Bool { loop.isInLoopThread }
 
     /// The request; its loop's thread only.
     var value: PendingRequest {
-        assert(isOnItsLoop || !request.loop.isRunning, "a request touched off its loop's thread")
+        assert(isOnItsLoop || !loop.isRunning, "a request touched off its loop's thread")
         return request
     }
 
     /// The request, moved out (no retain where ``value`` would copy it); its loop's thread only.
     consuming func take() -> PendingRequest {
-        assert(isOnItsLoop || !request.loop.isRunning, "a request touched off its loop's thread")
+        assert(isOnItsLoop || !loop.isRunning, "a request touched off its loop's thread")
         return request
     }
 
@@ -232,7 +239,7 @@ struct HandedRequest: @unchecked Sendable {
     func onLoop(_ body: @escaping @Sendable (PendingRequest) -> Void) {
         if isOnItsLoop { return body(request) }
         let handed = self
-        request.loop.execute { body(handed.value) }
+        loop.execute { body(handed.value) }
     }
 }
 

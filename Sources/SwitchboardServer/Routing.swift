@@ -38,7 +38,7 @@ extension ServerCore {
             request = connection.makeRequest(origin, methodCodec: method.codec)
             method.counts.requests += 1
             guard let call = methodCall(input, codec: method.codec.codec, request: request) else { return request }
-            method.handler(call, MethodResult(request: request))
+            method.handler(call, MethodResult(request: request, loop: handle))
         case .event(let event):
             event.counts.requests += 1
             request = connection.makeRequest(origin, methodCodec: nil)
@@ -82,7 +82,7 @@ extension ServerCore {
             return request
         }
         // The request moves into the handler's result and back out: no retain and release per call.
-        let result = MethodResult(request: request)
+        let result = MethodResult(request: request, loop: handle)
         method.handler(call, result)
         return result.takeRequest()
     }

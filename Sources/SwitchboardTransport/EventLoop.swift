@@ -223,7 +223,7 @@ public final class LoopHandle: Sendable {
     private let accepted = Atomic<UInt64>(0)
     /// The owning thread's id while the loop is running, 0 before and after: a thread created later
     /// may get the same `pthread_t`, so a finished loop's id must not linger.
-    private let loopThread = Atomic<UInt>(0)
+    @usableFromInline let loopThread = Atomic<UInt>(0)
     private let started = Atomic<Bool>(false)
     private let finished = Atomic<Bool>(false)
 
@@ -251,8 +251,9 @@ public final class LoopHandle: Sendable {
     /// How many jobs have been accepted so far (the number of the latest).
     public var acceptedJobs: UInt64 { accepted.load(ordering: .relaxed) }
 
-    /// Whether the caller is the loop's thread.
-    public var isInLoopThread: Bool { loopThread.load(ordering: .relaxed) == UInt(pthread_self()) }
+    /// Whether the caller is the loop's thread. Inlinable: answering a call asks it, and called out of
+    /// line it made the caller retain the handle around the call.
+    @inlinable public var isInLoopThread: Bool { loopThread.load(ordering: .relaxed) == UInt(pthread_self()) }
 
     /// Whether ``EventLoop/run()`` (or ``EventLoop/runOnce()``) has begun; before that, the thread
     /// setting the loop up owns it.
