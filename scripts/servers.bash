@@ -46,6 +46,55 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # cpu_ticks "PID…": the processes' user + system CPU time so far, in clock ticks.
 cpu_ticks() { local pid total=0; for pid in $1; do total=$(( total + $(awk '{print $14 + $15}' "/proc/$pid/stat") )); done; echo "$total"; }
 
+# Side-by-side runs, one loop each, a server pinned to the last core and the load (`switchboard bench`)
+# to the first: a script defines `serve NAME PORT`, which starts its server NAME on PORT in the
+# background (through "${PINNED[@]}"), and calls measure for each server, round by round.
+PINNED=(taskset -c "$(( $(nproc) - 1 ))")
+
+# measure NAME TARGET WORKLOAD-ARGS…: one run of `bench WORKLOAD-ARGS… --target TARGET` (switchboard or
+# redis) against a fresh server NAME; appends a JSON line (server, workload, rate, p99, and the server's
+# CPU time per operation over the middle of the run, which holds where the server may not get its core)
+# to $WORK/results.
+measure() {
+    local name=$1 target=$2; shift 2
+    local port pid bench before ticks
+    port=$(free_port)
+    serve "$name" "$port"
+    pid=$!
+    for _ in $(seq 1 100); do nc -z 127.0.0.1 "$port" 2>/dev/null && break; sleep 0.05; done
+    taskset -c 0 .build/release/switchboard bench "$@" --target "$target" --port "$port" --duration "${DURATION:-3}" \
+        --warmup 0.5 --json > "$WORK/run.json" &
+    bench=$!
+    sleep 1; before=$(cpu_ticks "$pid"); sleep 1.5
+    ticks=$(( $(cpu_ticks "$pid") - before ))
+    wait "$bench"
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(json.dumps({"server": sys.argv[2], "workload": sys.argv[3], "rate": r["rate"], "p99": r.get("latencyMicros", {}).get("p99"), "cpuMicros": int(sys.argv[4]) * 1e6 / int(sys.argv[5]) / 1.5 / r["rate"]}))' \
+        "$WORK/run.json" "$name" "$*" "$ticks" "$(getconf CLK_TCK)" >> "$WORK/results"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+# measured_table NAME…: the medians of $WORK/results as a table, with the first server's rate as a ratio
+# to each other's.
+measured_table() {
+    python3 - "$WORK/results" "$@" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+names = sys.argv[2:]
+print("| workload | " + " | ".join(f"{n}, ops/s" for n in names) + " | " + " | ".join(f"{names[0]} ÷ {n}" for n in names[1:])
+      + " | server CPU µs per op: " + ", ".join(names) + " | p99 µs: " + ", ".join(names) + " |")
+print("|---" * (2 * len(names) + 2) + "|")
+for workload in dict.fromkeys(r["workload"] for r in rows):
+    def median(name, key):
+        values = [r[key] for r in rows if r["workload"] == workload and r["server"] == name and r[key] is not None]
+        return statistics.median(values) if values else float("nan")
+    rates = [median(n, "rate") for n in names]
+    print(f"| {workload} | " + " | ".join(f"{r:,.0f}" for r in rates) + " | "
+          + " | ".join(f"{rates[0] / r:.3f}×" for r in rates[1:]) + " | "
+          + ", ".join(f"{median(n, 'cpuMicros'):.3f}" for n in names) + " | "
+          + ", ".join(f"{median(n, 'p99'):,.0f}" for n in names) + " |")
+PY
+}
+
 # cleanup: stops the server of start_server, then every background job still running, and removes $WORK.
 cleanup() {
     stop_server || true
