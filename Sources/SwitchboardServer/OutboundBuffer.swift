@@ -88,18 +88,15 @@ extension Connection {
     func writeEvent(_ event: OutboundEvent) -> Bool {
         // Two paths, not one `?:`: the binary frame is a constant of the event, read borrowed, while a
         // text line is made here; merged, both would be owned, and fan-out would retain the shared frame.
-        if mode == .text {
-            guard let line = event.textLine else { return unencodable() }
+        if mode == .text, let line = event.textLine {
             writeRaw(line)
-        } else {
-            guard let frame = event.binaryFrame else { return unencodable() }
+        } else if mode != .text, let frame = event.binaryFrame {
             writeRaw(frame)
-        }
-        return true
-        func unencodable() -> Bool {
+        } else {
             core.countDrop("unencodable")
             return false
         }
+        return true
     }
 
     /// Hands the outbound bytes to the transport: for every dirty connection once per loop turn, and at once
