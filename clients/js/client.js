@@ -130,6 +130,11 @@ export class SwitchboardClient {
   #hello = null;
   /** The server took the session away (session_taken) on the current connection. */
   #taken = false;
+  /**
+   * Connections that ended with a resuming HELLO unanswered: such a HELLO may still reach the server and
+   * take the session from a later connection, whose `session_taken` is then this client's own doing.
+   */
+  #unansweredResumes = 0;
 
   /**
    * Connects (HELLO, then WELCOME) and resolves with the client; rejects with a PlatformException
@@ -416,6 +421,7 @@ export class SwitchboardClient {
    */
   #loseSession(reason) {
     this.#forgetSession();
+    this.#unansweredResumes = 0;  // a late HELLO names the lost session's token, not the next one's
     this.#epoch++;
     const unwritten = new Set();
     for (const bytes of this.#held) {
@@ -569,11 +575,16 @@ export class SwitchboardClient {
     this.#ws = null;
     if (ws.readyState < 2) ws.close();
     const wasConnected = this.state === 'connected';
-    if (this.#taken) this.#loseSession('taken');
+    if (this.#taken && this.#unansweredResumes > 0) {
+      this.#unansweredResumes--;  // most likely an earlier connection of this client's, read late: resume again
+    } else if (this.#taken) {
+      this.#loseSession('taken');
+    }
     if ((this.#session || this.#restart) && this.state !== 'closed') {
       // The session is parked on the server: keep everything and resume on the next connection.
       const hello = this.#hello && this.#pending.get(this.#hello.id);
       if (hello) {
+        if (this.#hello.resuming) this.#unansweredResumes++;
         this.#pending.delete(this.#hello.id);
         hello.reject(new PlatformException('disconnected', 'the connection to the server was lost'));
       }

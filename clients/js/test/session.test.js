@@ -573,6 +573,34 @@ describe('sessions against a scripted server', { timeout: 60_000 }, () => {
     assert.deepEqual((await Promise.all(calls)).map((reply) => reply[0]), [10, 2, 3]);
   });
 
+  test("a late resuming HELLO of the client's own takes the session from its next connection: the client resumes again, not taken", async () => {
+    const { client, socket, first } = await scripted();
+    const call = client.request('c', Uint8Array.of(7));
+    let restarted = null;
+    client.on('restarted', (report) => { restarted = report; });
+    socket.close();
+    const unanswered = await ScriptedSocket.connection(first + 1);
+    await unanswered.sentFrame(isHello);
+    unanswered.close();  // cut before the WELCOME: the server may still read that HELLO
+    const resumed = nextEvent(client, 'resumed');
+    const next = await ScriptedSocket.connection(first + 2);
+    next.welcome((await next.sentFrame(isHello)).id, granted({ resumed: true, position: 0 }));
+    await resumed;
+    // The late HELLO reaches the server, which moves the session to that connection and tells this one.
+    const resumedAgain = nextEvent(client, 'resumed');
+    next.deliver({ type: FrameType.ERROR, id: 0, payload: jsonBytes({ code: 'session_taken', message: 'taken over' }) });
+    next.close();
+    const last = await ScriptedSocket.connection(first + 3);
+    const hello = await last.sentFrame(isHello);
+    assert.deepEqual(helloOf(hello).session, { token: 'T'.repeat(43), position: 0 });
+    last.welcome(hello.id, granted({ resumed: true, position: 0 }));
+    await resumedAgain;
+    assert.equal(restarted, null);
+    const [sent] = last.frames.filter(isCall);
+    last.deliver({ type: FrameType.REPLY, id: sent.id, payload: Uint8Array.of(70) });
+    assert.equal((await call)[0], 70);
+  });
+
   test('a WELCOME without a session in answer to a resume: restarted (unsupported), written calls fail, streams listen again', async () => {
     const { client, socket, first } = await scripted();
     const stream = new EventChannel('t', client).receiveBroadcastStream();

@@ -358,6 +358,38 @@ async def test_a_session_taken_over_makes_the_client_fall_back(switchboard_serve
             await assert_fell_back(server, client, stream, call, "taken", held_again=False)
 
 
+@LOOPS
+async def test_a_late_resuming_hello_of_the_clients_own_is_not_a_theft(switchboard_server_factory, loops):
+    """A connection the client gave up with its resuming HELLO unanswered, whose HELLO reaches the server after a
+    later connection resumed, takes the session over: the client resumes again rather than give the session up as
+    `taken`, and a call in flight gets its real answer."""
+    server = serve(switchboard_server_factory, loops)
+    async with CuttingProxy(server.host, server.port) as proxy, await server.connect() as holder:
+        answers = asyncio.Event()
+        reached = asyncio.Event()
+
+        async def slow(call):
+            reached.set()
+            await answers.wait()
+            return call.arguments
+
+        await MethodChannel("test/slow", holder).set_method_call_handler(slow)
+        client = await switchboard.connect(proxy.host, proxy.port, resumable=True, timeout=0.3)
+        async with client:
+            proxy.hold()
+            proxy.cut()
+            await within(proxy.wait_accepted(2))  # the resuming HELLO, held in the proxy; given up after 0.3 s
+            proxy.hold(False)
+            assert (await within(next_event(client))).kind == "resumed"  # on the third connection
+            call = asyncio.ensure_future(MethodChannel("test/slow", client).invoke_method("wait", 7))
+            await within(reached.wait())
+            proxy.release(2)  # the late HELLO takes the session from the third connection
+            assert (await within(next_event(client, 1))).kind == "resumed", client.session_reports
+            answers.set()
+            assert await within(call) == 7
+            assert [event.kind for event in client.session_reports] == ["resumed", "resumed"]
+
+
 async def listens(client):
     """The `listens` of the resumable client's connection, from the server's introspection channel."""
     page = await MethodChannel("switchboard/connections", client).invoke_method("list")

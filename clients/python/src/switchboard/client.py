@@ -99,6 +99,9 @@ class Client:
         self._on_session_event: Optional[SessionEventCallback] = None
         self._session: Optional[SessionStreams] = None
         self._recovery: Optional[asyncio.Task] = None  # connecting again after a drop
+        # Connections given up with a resuming HELLO unanswered: such a HELLO may still reach the server and take
+        # the session from a later connection, whose `session_taken` is then this client's own doing.
+        self._unanswered_resumes = 0
         self._ack_timer: Optional[asyncio.TimerHandle] = None
         self._room: List[asyncio.Future] = []  # senders waiting for the kept bytes to fall within the bound
         self._held: Dict[str, Optional[bytes]] = {}  # channel → its REGISTER payload, once the server granted it
@@ -406,6 +409,9 @@ class Client:
             self._connection_ended(ended)
             return
         taken = self._closing_error is not None and self._closing_error.code == "session_taken"
+        if taken and self._unanswered_resumes > 0:
+            self._unanswered_resumes -= 1  # most likely an earlier connection of this client's, read late: resume again
+            taken = False
         self._closing_error = None
         self._reader = self._writer = None
         self._recovery = self._loop.create_task(self._recover(self._session, taken))
@@ -596,6 +602,7 @@ class Client:
             return str(details.get("reason", "unknown")), (reader, writer)
         except (OSError, ConnectionClosedError, asyncio.TimeoutError, _ssl.SSLError):
             writer.close()
+            self._unanswered_resumes += 1
             return None
         granted = welcome.get("session")
         if not isinstance(granted, dict):
@@ -616,6 +623,7 @@ class Client:
         written on it, forgets those forwarded to it, makes a new session, registers and listens again, and
         sends the frames that were never written; then reports ``restarted``."""
         welcome = self.welcome
+        self._unanswered_resumes = 0  # a late HELLO names the old session's token, which the server has ended
         if reason != "unsupported":
             deadline = self._loop.time() + old.ttl_ms / 1000
             welcome, link = await self._new_session(link, deadline)

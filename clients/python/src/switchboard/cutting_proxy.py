@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Set, Tuple
 
 __all__ = ["CuttingProxy"]
 
@@ -29,7 +29,8 @@ class CuttingProxy:
     With `cut_after` ``(low, high)``, each connection is cut once it has forwarded a number of bytes (both ways
     together) drawn from ``random.Random(seed)`` between `low` and `high`: the bytes up to that offset are
     delivered, then both sides are reset. :meth:`cut` cuts every connection now; :meth:`hold` makes new
-    connections wait (accepted, nothing forwarded) until :meth:`release`; :meth:`refuse` closes new ones at once.
+    connections wait (accepted, nothing forwarded) until :meth:`release`, which lets all of them go or one;
+    :meth:`refuse` closes new ones at once.
     Use it as ``async with CuttingProxy(...) as proxy``.
     """
 
@@ -48,8 +49,8 @@ class CuttingProxy:
         """How many connections the proxy has accepted (held ones too)."""
         self._accepting = asyncio.Condition()
         self._random = random.Random(self.seed)
-        self._open = asyncio.Event()
-        self._open.set()
+        self._holding = False
+        self._held: Dict[int, asyncio.Event] = {}
         self._refusing = False
         self._pairs: Set[_Pair] = set()
         self._tasks: Set[asyncio.Task] = set()
@@ -88,12 +89,22 @@ class CuttingProxy:
         async with self._accepting:
             await self._accepting.wait_for(lambda: self.accepted >= count)
 
-    def hold(self) -> None:
-        """New connections are accepted but wait, forwarding nothing, until :meth:`release`."""
-        self._open.clear()
+    def hold(self, holding: bool = True) -> None:
+        """New connections are accepted but wait, forwarding nothing (what their client sends waits in the
+        proxy), until :meth:`release`; ``hold(False)`` lets new ones through again and keeps those held."""
+        self._holding = holding
 
-    def release(self) -> None:
-        self._open.set()
+    def release(self, connection: Optional[int] = None) -> None:
+        """Lets the held connection numbered `connection` go (in order of acceptance, from 1; a client that has
+        given it up meanwhile still has what it sent delivered, as a packet late out of a tunnel), or, without
+        it, every held connection, and holds no more."""
+        if connection is None:
+            self._holding = False
+            held, self._held = self._held, {}
+            for gate in held.values():
+                gate.set()
+        elif connection in self._held:
+            self._held.pop(connection).set()
 
     def refuse(self, refusing: bool = True) -> None:
         """New connections are closed at once (a server out of reach), until ``refuse(False)``."""
@@ -104,9 +115,12 @@ class CuttingProxy:
         self._tasks.add(task)
         try:
             self.accepted += 1
+            number = self.accepted
             async with self._accepting:
                 self._accepting.notify_all()
-            await self._open.wait()
+            if self._holding:
+                gate = self._held[number] = asyncio.Event()
+                await gate.wait()
             if self._refusing:
                 client_writer.transport.abort()
                 return
