@@ -729,6 +729,8 @@ final class Connection {
             endStream(stream, notifyHandler: true)
         }
         dropRequests()
+        var spare: PendingRequest?
+        swap(&spare, &requests.spare)  // it names this connection back (see PendingRequest.connection)
         routeCache = RouteCache()  // it may name a channel this connection held, which names it back
         core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")

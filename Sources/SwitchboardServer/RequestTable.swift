@@ -61,7 +61,7 @@ extension Connection {
     @inline(__always)
     func dispatchCall(to method: MethodEntry, payload: ArraySlice<UInt8>?, origin: PendingRequest.Origin?) {
         let request = core.invoke(method, payload: payload, request: makeRequest(origin, methodCodec: method.codec), connection: self)
-        if origin != nil { settle(request) }
+        if origin != nil { settle(consume request) }  // moved: a copy (kept in debug builds) is never the spare
     }
 
     /// After a request's handler has run: an open request goes into the table of open requests; an
@@ -70,7 +70,10 @@ extension Connection {
     /// Takes `request` (moved, not copied: a copy would cost a retain and a release per call).
     func settle(_ request: consuming PendingRequest) {
         guard !request.isAnswered else {
-            guard isKnownUniquelyReferenced(&request) else { return }
+            guard isKnownUniquelyReferenced(&request), !isClosing else {
+                request.connection = nil  // kept for the spare (see PendingRequest.connection): not one
+                return
+            }
             var spare: PendingRequest? = consume request
             swap(&spare, &requests.spare)  // the old spare, if any, is let go outside the access
             return

@@ -31,7 +31,10 @@ final class PendingRequest {
     }
 
     /// Strong: the connection's request tables hold the request until it is answered or abandoned,
-    /// and both break this back reference (a weak one cost a side-table allocation per request).
+    /// and both break this back reference (a weak one cost a side-table allocation per request). A
+    /// success given while the handler first runs keeps it, for the request to become its connection's
+    /// spare with it (``Connection/settle(_:)`` breaks it otherwise, and a closing connection lets its
+    /// spare go): reusing the spare then sets nothing.
     var connection: Connection?
     let connectionID: UInt64
     /// The loop whose thread alone touches the request: set on that thread when the request is first
@@ -113,7 +116,7 @@ final class PendingRequest {
     /// its connection keeps one such spare, and most calls are answered at once, so most calls allocate
     /// no request.
     func reuse(connection: Connection, origin: Origin, serial: UInt64, methodCodec: SharedMethodCodec?) {
-        self.connection = connection
+        if connection !== self.connection { self.connection = connection }  // mostly kept: see ``connection``
         self.origin = origin
         self.serial = serial
         // Mostly the codec of the call before: assigning it again would retain and release it.
@@ -168,7 +171,20 @@ final class PendingRequest {
         // may change the request's codec) retained and released it per call.
         guard let codec = methodCodec?.codec else { return answer(.notImplemented) }  // set for every method call
         if remoteAnswer != nil { return answer(.success(value, codec)) }
-        take()?.finish(self, success: value, codec: codec)
+        if isRegistered {
+            take()?.finish(self, success: value, codec: codec)
+            return
+        }
+        // Answered while its handler first runs (the common call): the connection is lent to the answer
+        // unretained and stays in ``connection``. Sound: that field holds it strongly, and nothing clears
+        // the field meanwhile (only `take`, `abandon` and `reuse` do: this request is answered here, is in
+        // no table a close would abandon, and is not yet anyone's spare); its caller, the connection's own
+        // input handling, holds it as well. Taking it out and setting it again for the next call cost a
+        // retain and a release per call.
+        guard !isAnswered, let requester = unsafe connection.map({ Unmanaged.passUnretained($0) }) else { return }
+        isAnswered = true
+        onCancel = .nothing
+        unsafe requester._withUnsafeGuaranteedRef { $0.finish(self, success: value, codec: codec) }
     }
 
     /// Answers a method call with an error envelope in its channel's codec.

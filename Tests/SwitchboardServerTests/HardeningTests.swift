@@ -182,6 +182,33 @@ import SwitchboardWire
         #expect(closed == nil)
     }
 
+    /// A request answered while its handler runs keeps its connection, to be that connection's spare for
+    /// the next call: the spare names the connection back, so a closing connection must let it go, or
+    /// every connection that ever made a call would stay in memory after it had gone.
+    @Test(arguments: [false, true])
+    func aConnectionThatMadeCallsIsFreedWhenItCloses(closingGracefully: Bool) throws {
+        let embedded = try EmbeddedServer()
+        weak var closed: Connection?
+        do {
+            let caller = embedded.connect()
+            for id in 1...3 { caller.send(try .call(UInt32(id), "switchboard/echo", "echo", .string("hi"))) }
+            embedded.run()
+            #expect(try caller.frames().map(\.kind) == [.reply, .reply, .reply])
+            let connection = try #require(embedded.server.core.value.connections.values.first)
+            closed = connection
+            #expect(connection.requests.spare?.connection === connection)  // the case this is about
+            if closingGracefully {
+                connection.closeAfterFlush(.shutdown)
+                embedded.run()
+            } else {
+                caller.peerCloses(error: UVError(code: -104, operation: "read"))  // a reset: gone at once
+            }
+            embedded.advanceTime(byMs: 1_000)  // housekeeping lets go of closed connections
+        }
+        #expect(embedded.server.core.value.connections.isEmpty)
+        #expect(closed == nil)
+    }
+
     /// Another connection's one-entry route cache names the registration, which names its holder strongly:
     /// housekeeping lets go of routes the directory has changed since, or a caller that goes idle after
     /// calling a held channel would keep the holder that left in memory (with what it had read).
