@@ -13,4 +13,11 @@ extension Array where Element == UInt8 {
         // Sound for the same reason.
         unsafe bytes.withUnsafeBufferPointer { unsafe self.append(contentsOf: $0) }
     }
+
+    /// Appends a copy of the bytes `bytes` views (part of a frame read in place, say): no storage is
+    /// retained, as none is referred to.
+    package mutating func append(copying bytes: Span<UInt8>) {
+        // Sound for the same reason: the span is valid for the whole call.
+        unsafe bytes.withUnsafeBufferPointer { unsafe self.append(contentsOf: $0) }
+    }
 }

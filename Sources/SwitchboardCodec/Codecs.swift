@@ -154,7 +154,7 @@ public struct StandardMethodCodec: MethodCodec {
     public func decodeMethodCall(from payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse)
         throws(CodecError) -> MethodCall
     {
-        if let payload, let call = StandardFastPath.decodeMethodCall(payload, reusing: &reuse) { return call }
+        if let call = StandardFastPath.decodeMethodCall(payload, reusing: &reuse) { return call }
         // A method name is a string (type 7), as Flutter writes it. A legacy large int (type 5) reads as
         // text too, but is no method name: taking it for one would let a call name a method that
         // ``methodName(in:reusing:)``, which access control asks, does not see.

@@ -4,8 +4,10 @@
 /// these. Anything else (and anything malformed) returns nil, and the general reader decides, with its
 /// exact errors, so both paths accept exactly the same bytes.
 enum StandardFastPath {
-    static func decodeMethodCall(_ payload: ArraySlice<UInt8>, reusing reuse: inout MethodCallReuse) -> MethodCall? {
-        let bytes = payload.span
+    /// The call in `payload`; nil if it is none of these shapes (or there is no payload). Takes the
+    /// optional itself: unwrapped by the caller, the slice was copied (a retain and a release per call).
+    static func decodeMethodCall(_ payload: ArraySlice<UInt8>?, reusing reuse: inout MethodCallReuse) -> MethodCall? {
+        guard let bytes = payload?.span else { return nil }
         var index = 0
         guard let method = readMethod(bytes, &index, reusing: &reuse) else { return nil }
         let type = bytes[index]
@@ -31,8 +33,7 @@ enum StandardFastPath {
         case StandardType.string, StandardType.uint8List:
             guard let count = readSize(bytes, &index), count == bytes.count - index else { return nil }
             if type == StandardType.uint8List {
-                let start = payload.startIndex + index
-                arguments = .uint8List(copy(payload[start..<start + count], reusing: &reuse.bytes))
+                arguments = .uint8List(copy(bytes.extracting(index..<index + count), reusing: &reuse.bytes))
             } else {
                 guard let string = decodeUTF8(bytes, index..<index + count) else { return nil }
                 arguments = .string(string)
@@ -71,8 +72,12 @@ enum StandardFastPath {
     }
 
     /// `bytes` in the storage of `spare` when nothing else holds it (no allocation), else in new storage.
-    private static func copy(_ bytes: ArraySlice<UInt8>, reusing spare: inout [UInt8]) -> [UInt8] {
-        guard bytes.count <= MethodCallReuse.largestKept else { return Array(bytes) }
+    private static func copy(_ bytes: Span<UInt8>, reusing spare: inout [UInt8]) -> [UInt8] {
+        guard bytes.count <= MethodCallReuse.largestKept else {
+            var own: [UInt8] = []
+            own.append(copying: bytes)
+            return own
+        }
         // Storage much larger than this argument is let go: while handlers keep their arguments, each
         // would otherwise get (and keep) a copy of that size.
         spare.removeAll(keepingCapacity: spare.capacity <= 2 * bytes.count + 256)
