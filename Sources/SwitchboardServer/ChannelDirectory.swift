@@ -85,4 +85,15 @@ struct RouteCache {
     var route: Route?
     /// The ``ChannelDirectory/version`` the route belongs to (-1: none yet).
     var version = -1
+    /// The local method ``route`` leads to, if it is one, unretained: ``route`` holds it. For the calls
+    /// a connection handles while it processes input (see ``Connection/handleMessage``), where nothing
+    /// replaces the cache.
+    let method: Unmanaged<MethodEntry>?
+
+    init(name: String = "", route: Route? = nil, version: Int = -1) {
+        self.name = name
+        self.route = route
+        self.version = version
+        method = if case .local(.method(let entry))? = route { unsafe Unmanaged.passUnretained(entry) } else { nil }
+    }
 }

@@ -262,7 +262,10 @@ final class Connection {
     /// TCP's own backpressure, as Redis and NATS use it.
     func processInput(_ bytes: [UInt8]) {
         isProcessingInput = true
-        defer { isProcessingInput = false }
+        defer {
+            isProcessingInput = false
+            if isClosing { routeCache = RouteCache() }  // kept while input was processed (`releaseState`)
+        }
         // What the transport holds cannot change while input is processed (it changes on writes and
         // their callbacks, between turns): only `outbound` is checked per frame.
         let outboundRoom = core.config.outboundLimit - transport.queuedBytes
@@ -450,6 +453,20 @@ final class Connection {
             return
         }
         if frame.id != 0, !admitsRequest(id: frame.id) { return }
+        if plugins?.seesRequests != true {
+            refreshRoute(named: frame.channel)
+            if let method = unsafe routeCache.method {
+                // The common call: its method entry lent unretained (holding it for the call cost a retain
+                // and a release). Sound: the route cache holds it strongly, and nothing replaces the cache
+                // while input is processed (this runs only then): lookups are made only by input
+                // processing, which does not nest; housekeeping's runs between turns; and a close while
+                // input is processed leaves the cache until processing ends (`releaseState`).
+                assert(isProcessingInput, "a frame handled outside input processing")
+                return unsafe method._withUnsafeGuaranteedRef {
+                    dispatchCall(to: $0, payload: frame.payload, origin: frame.id == 0 ? nil : .binary(id: frame.id))
+                }
+            }
+        }
         let route = route(named: frame.channel)
         // Gates judge a call or a send here, then it goes on as without plugins; anything else (or any
         // other stage) takes the whole pipeline.
@@ -471,11 +488,15 @@ final class Connection {
     /// pointer comparison instead of hashing the name (twice, for a channel a client holds, or one
     /// that is nowhere on this loop: nil).
     func route(named name: String) -> Route? {
+        refreshRoute(named: name)
+        return routeCache.route
+    }
+
+    /// Points the route cache at `name`, looking it up unless the cache has it for the directory's version.
+    private func refreshRoute(named name: String) {
         let version = core.directory.version
-        if routeCache.version == version, routeCache.name == name { return routeCache.route }
-        let route = core.directory.route(named: name)
-        routeCache = RouteCache(name: name, route: route, version: version)
-        return route
+        if routeCache.version == version, routeCache.name == name { return }
+        routeCache = RouteCache(name: name, route: core.directory.route(named: name), version: version)
     }
 
     /// Forgets a cached route the directory has changed since (housekeeping): it may name a registration
@@ -731,7 +752,9 @@ final class Connection {
         dropRequests()
         var spare: PendingRequest?
         swap(&spare, &requests.spare)  // it names this connection back (see PendingRequest.connection)
-        routeCache = RouteCache()  // it may name a channel this connection held, which names it back
+        // The route cache may name a channel this connection held, which names it back; while input is
+        // processed, a call may be using its method entry (see `handleMessage`): let go of it after.
+        if !isProcessingInput { routeCache = RouteCache() }
         core.requestFinished()  // the shutdown drain may have been waiting for these
         logger.debug("connection closed: \(reason.rawValue)")
     }

@@ -209,6 +209,30 @@ import SwitchboardWire
         #expect(closed == nil)
     }
 
+    /// A call's method entry is lent to it unretained from its connection's route cache. A handler that
+    /// removes its own channel (the directory lets go of the entry) and closes its caller (the close lets
+    /// go of the cache) must still run to its end: the cache is let go only once input processing is over.
+    /// Without that, the handler's closure was freed while it ran (AddressSanitizer reports its read of
+    /// `witness`).
+    @Test func aHandlerThatRemovesItsChannelAndClosesItsCallerRunsToItsEnd() throws {
+        final class Witness: Sendable { let value = 42 }
+        let embedded = try EmbeddedServer()
+        let core = embedded.server.core
+        let ranToItsEnd = Mutex(false)
+        MethodChannel(name: "self/ending", server: embedded.server).setMethodCallHandler { [witness = Witness()] _, result in
+            core.value.setChannel("self/ending", nil)
+            core.value.connections.values.first?.closeAfterFlush(.shutdown)
+            ranToItsEnd.withLock { $0 = witness.value == 42 }
+            result.success(.null)  // to a closed connection: goes nowhere
+        }
+        embedded.run()
+        let caller = embedded.connect()
+        caller.send(try .call(1, "self/ending", "go", .null))
+        embedded.run()
+        #expect(ranToItsEnd.withLock { $0 })
+        #expect(core.value.connections.values.allSatisfy { $0.isClosing })
+    }
+
     /// Another connection's one-entry route cache names the registration, which names its holder strongly:
     /// housekeeping lets go of routes the directory has changed since, or a caller that goes idle after
     /// calling a held channel would keep the holder that left in memory (with what it had read).
