@@ -178,12 +178,13 @@ final class PendingRequest {
         // Answered while its handler first runs (the common call): the connection is lent to the answer
         // unretained and stays in ``connection``. Sound: that field holds it strongly, and nothing clears
         // the field meanwhile (only `take`, `abandon` and `reuse` do: this request is answered here, is in
-        // no table a close would abandon, and is not yet anyone's spare); its caller, the connection's own
-        // input handling, holds it as well. Taking it out and setting it again for the next call cost a
-        // retain and a release per call.
-        guard !isAnswered, let requester = unsafe connection.map({ Unmanaged.passUnretained($0) }) else { return }
+        // no table a close would abandon, and is not yet anyone's spare); and the first run happens inside
+        // the connection's own input handling (or its plugins' continuation), which holds it too. Taking
+        // it out and setting it again for the next call cost a retain and a release per call.
+        guard !isAnswered else { return }
         isAnswered = true
         onCancel = .nothing
+        guard let requester = unsafe connection.map({ Unmanaged.passUnretained($0) }) else { return }  // detached
         unsafe requester._withUnsafeGuaranteedRef { $0.finish(self, success: value, codec: codec) }
     }
 
