@@ -92,9 +92,12 @@ final class ClientCore {
     private var session: LiveSession?
     /// The current connection's HELLO presented `session`'s token.
     private var resuming = false
-    /// Connections that ended after sending a resuming HELLO and before its answer: the server may still
-    /// read such a HELLO, later, and take the session from this client's newer connection.
-    private var unansweredResumes = 0
+    /// When each connection that ended after sending a resuming HELLO and before its answer stops
+    /// explaining a `session_taken` (``EventLoop/nanoseconds()``): the server may still read such a HELLO,
+    /// later, and take the session from this client's newer connection, but not for ever (protocol/resumption.md).
+    private var unansweredResumes: [UInt64] = []
+    /// How long a connection given up with its resuming HELLO unanswered may explain a `session_taken`.
+    static let lateHelloWindow: UInt64 = 10_000_000_000
     /// What to tell the application once the new session after a failed resume is set up.
     private var restartReport: SessionRestart?
     private var ackTimer: Timer?
@@ -250,7 +253,7 @@ final class ClientCore {
         guard session != nil else { return }
         session = nil
         resuming = false
-        unansweredResumes = 0
+        unansweredResumes = []
         stopAckTimer()
         var failed: [String] = []
         for (id, entry) in pending where entry.streamEnd <= output.sent {
@@ -306,7 +309,7 @@ final class ClientCore {
     private func connectionEnded(_ reason: String, permanent: Bool = false, stopsLoop: Bool = true) {
         transport = nil
         outbound.removeAll()
-        if resuming { unansweredResumes += 1 }
+        if resuming { unansweredResumes.append(EventLoop.nanoseconds() + Self.lateHelloWindow) }
         resuming = false
         awaitingWelcome = false
         handshakeTimer?.stop()
@@ -587,14 +590,16 @@ final class ClientCore {
             }
             if code == "session_taken", frame.id == 0, session != nil {
                 transport?.closeNow()
-                guard unansweredResumes > 0 else {
+                let now = EventLoop.nanoseconds()
+                unansweredResumes.removeAll { $0 <= now }
+                guard !unansweredResumes.isEmpty else {
                     // No connection of this client's could have taken it: someone else has its token.
                     fallBack("taken")
                     return connectionEnded("the session was taken over by another connection")
                 }
                 // Most likely one of this client's own earlier connections, whose HELLO the server read
                 // late: that connection is gone, so the session is parked again. Resume it once more.
-                unansweredResumes -= 1
+                unansweredResumes.removeFirst()
                 return connectionEnded("the session moved to an earlier connection of this client")
             }
             let error = ClientError(code: code, message: body["message"]?.stringValue ?? "",
@@ -627,6 +632,7 @@ final class ClientCore {
         case .end:
             guard session != nil else { return }
             session = nil
+            unansweredResumes = []  // a late HELLO names the ended session's token
             stopAckTimer()
             output.acknowledgeWritten()
             let reason = frame.payload.flatMap { try? JSONText.parse($0) }?["reason"]?.stringValue ?? "ended"

@@ -81,10 +81,10 @@ final class ChannelDirectory {
 
 /// Where a connection's last request went (see ``Connection/route(named:)``).
 struct RouteCache {
-    var name = ""
-    var route: Route?
+    let name: String
+    let route: Route?
     /// The ``ChannelDirectory/version`` the route belongs to (-1: none yet).
-    var version = -1
+    let version: Int
     /// The local method ``route`` leads to, if it is one, unretained: ``route`` holds it. For the calls
     /// a connection handles while it processes input (see ``Connection/handleMessage``), where nothing
     /// replaces the cache.

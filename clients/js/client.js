@@ -15,6 +15,8 @@ export const FrameType = Object.freeze({
   POSITION: 0x0d, END: 0x0e,
 });
 const NULL_PAYLOAD = 0x01;
+/** How long a connection given up with its resuming HELLO unanswered may explain a `session_taken` (resumption.md). */
+const LATE_HELLO_WINDOW_MS = 10_000;
 const HEADER_SIZE = 12;
 const MAX_ID = 0xffffffff;
 
@@ -131,10 +133,11 @@ export class SwitchboardClient {
   /** The server took the session away (session_taken) on the current connection. */
   #taken = false;
   /**
-   * Connections that ended with a resuming HELLO unanswered: such a HELLO may still reach the server and
-   * take the session from a later connection, whose `session_taken` is then this client's own doing.
+   * When each connection that ended with a resuming HELLO unanswered stops explaining a `session_taken`
+   * (ms, `Date.now()`): such a HELLO may still reach the server and take the session from a later
+   * connection, whose `session_taken` is then this client's own doing, but not for ever.
    */
-  #unansweredResumes = 0;
+  #unansweredResumes = [];
 
   /**
    * Connects (HELLO, then WELCOME) and resolves with the client; rejects with a PlatformException
@@ -349,6 +352,7 @@ export class SwitchboardClient {
 
   /** A session granted by a WELCOME's `session`; positions count bytes of whole frames (resumption.md). */
   #makeSession({ token, ttlMs, ackBytes, ackMs }) {
+    this.#unansweredResumes = [];  // a late HELLO names an older token
     return {
       token, ttlMs, ackBytes, ackMs,
       /** Bytes of the server's stream received and handled, and the last position acknowledged. */
@@ -421,7 +425,7 @@ export class SwitchboardClient {
    */
   #loseSession(reason) {
     this.#forgetSession();
-    this.#unansweredResumes = 0;  // a late HELLO names the lost session's token, not the next one's
+    this.#unansweredResumes = [];  // a late HELLO names the lost session's token, not the next one's
     this.#epoch++;
     const unwritten = new Set();
     for (const bytes of this.#held) {
@@ -575,16 +579,18 @@ export class SwitchboardClient {
     this.#ws = null;
     if (ws.readyState < 2) ws.close();
     const wasConnected = this.state === 'connected';
-    if (this.#taken && this.#unansweredResumes > 0) {
-      this.#unansweredResumes--;  // most likely an earlier connection of this client's, read late: resume again
-    } else if (this.#taken) {
-      this.#loseSession('taken');
+    if (this.#taken) {
+      const now = Date.now();
+      this.#unansweredResumes = this.#unansweredResumes.filter((until) => until > now);
+      // Most likely an earlier connection of this client's, read late: resume again. Else a thief.
+      if (this.#unansweredResumes.length > 0) this.#unansweredResumes.shift();
+      else this.#loseSession('taken');
     }
     if ((this.#session || this.#restart) && this.state !== 'closed') {
       // The session is parked on the server: keep everything and resume on the next connection.
       const hello = this.#hello && this.#pending.get(this.#hello.id);
       if (hello) {
-        if (this.#hello.resuming) this.#unansweredResumes++;
+        if (this.#hello.resuming) this.#unansweredResumes.push(Date.now() + LATE_HELLO_WINDOW_MS);
         this.#pending.delete(this.#hello.id);
         hello.reject(new PlatformException('disconnected', 'the connection to the server was lost'));
       }
@@ -739,6 +745,7 @@ export class SwitchboardClient {
     if (!this.#session) return;
     const s = this.#session;
     this.#forgetSession();
+    this.#unansweredResumes = [];  // a late HELLO names the ended session's token
     s.kept = [];
     this.#flush();
     this.#emit('ended', { reason, streams: [...this[STREAMS].keys()] });

@@ -601,6 +601,32 @@ describe('sessions against a scripted server', { timeout: 60_000 }, () => {
     assert.equal((await call)[0], 70);
   });
 
+  test('a session_taken more than 10 s after the unanswered resume that might explain it is a theft: restarted (taken)', async () => {
+    const { client, socket, first } = await scripted();
+    socket.close();
+    const unanswered = await ScriptedSocket.connection(first + 1);
+    await unanswered.sentFrame(isHello);
+    unanswered.close();
+    const resumed = nextEvent(client, 'resumed');
+    const next = await ScriptedSocket.connection(first + 2);
+    next.welcome((await next.sentFrame(isHello)).id, granted({ resumed: true, position: 0 }));
+    await resumed;
+    const restarted = nextEvent(client, 'restarted');
+    const realNow = Date.now;
+    Date.now = () => realNow() + 11_000;  // past the window in which a late HELLO of its own explains it
+    try {
+      next.deliver({ type: FrameType.ERROR, id: 0, payload: jsonBytes({ code: 'session_taken', message: 'taken over' }) });
+      next.close();
+      const last = await ScriptedSocket.connection(first + 3);
+      const hello = await last.sentFrame(isHello);
+      assert.deepEqual(helloOf(hello).session, {}, 'a new session, not a resume');
+      last.welcome(hello.id, granted({ token: 'U'.repeat(43) }));
+      assert.equal((await restarted).reason, 'taken');
+    } finally {
+      Date.now = realNow;
+    }
+  });
+
   test('a WELCOME without a session in answer to a resume: restarted (unsupported), written calls fail, streams listen again', async () => {
     const { client, socket, first } = await scripted();
     const stream = new EventChannel('t', client).receiveBroadcastStream();

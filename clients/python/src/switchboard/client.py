@@ -23,6 +23,7 @@ _log = logging.getLogger("switchboard")
 #: Largest frame the client reads: the most a server can be configured to send.
 MAX_INCOMING_FRAME = 1 << 30
 _MAX_ID = 0xFFFFFFFF
+_LATE_HELLO_WINDOW = 10.0  # seconds a connection given up with its resuming HELLO unanswered may explain a `session_taken`
 #: A handler of requests on a REGISTERed channel: the request's payload in, the REPLY's payload out.
 RequestHandler = Callable[[Optional[bytes]], Awaitable[Optional[bytes]]]
 #: Told each :class:`SessionEvent` of a resumable client as it happens.
@@ -99,9 +100,10 @@ class Client:
         self._on_session_event: Optional[SessionEventCallback] = None
         self._session: Optional[SessionStreams] = None
         self._recovery: Optional[asyncio.Task] = None  # connecting again after a drop
-        # Connections given up with a resuming HELLO unanswered: such a HELLO may still reach the server and take
-        # the session from a later connection, whose `session_taken` is then this client's own doing.
-        self._unanswered_resumes = 0
+        # When each connection given up with a resuming HELLO unanswered stops explaining a `session_taken` (loop
+        # time): such a HELLO may still reach the server and take the session from a later connection, whose
+        # `session_taken` is then this client's own doing, but not for ever (protocol/resumption.md).
+        self._unanswered_resumes: List[float] = []
         self._ack_timer: Optional[asyncio.TimerHandle] = None
         self._room: List[asyncio.Future] = []  # senders waiting for the kept bytes to fall within the bound
         self._held: Dict[str, Optional[bytes]] = {}  # channel → its REGISTER payload, once the server granted it
@@ -409,9 +411,12 @@ class Client:
             self._connection_ended(ended)
             return
         taken = self._closing_error is not None and self._closing_error.code == "session_taken"
-        if taken and self._unanswered_resumes > 0:
-            self._unanswered_resumes -= 1  # most likely an earlier connection of this client's, read late: resume again
-            taken = False
+        if taken:
+            now = self._loop.time()
+            self._unanswered_resumes = [until for until in self._unanswered_resumes if until > now]
+            if self._unanswered_resumes:  # most likely an earlier connection of this client's, read late: resume again
+                self._unanswered_resumes.pop(0)
+                taken = False
         self._closing_error = None
         self._reader = self._writer = None
         self._recovery = self._loop.create_task(self._recover(self._session, taken))
@@ -602,7 +607,7 @@ class Client:
             return str(details.get("reason", "unknown")), (reader, writer)
         except (OSError, ConnectionClosedError, asyncio.TimeoutError, _ssl.SSLError):
             writer.close()
-            self._unanswered_resumes += 1
+            self._unanswered_resumes.append(self._loop.time() + _LATE_HELLO_WINDOW)
             return None
         granted = welcome.get("session")
         if not isinstance(granted, dict):
@@ -623,7 +628,7 @@ class Client:
         written on it, forgets those forwarded to it, makes a new session, registers and listens again, and
         sends the frames that were never written; then reports ``restarted``."""
         welcome = self.welcome
-        self._unanswered_resumes = 0  # a late HELLO names the old session's token, which the server has ended
+        self._unanswered_resumes = []  # a late HELLO names the old session's token
         if reason != "unsupported":
             deadline = self._loop.time() + old.ttl_ms / 1000
             welcome, link = await self._new_session(link, deadline)
