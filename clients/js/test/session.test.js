@@ -573,19 +573,26 @@ describe('sessions against a scripted server', { timeout: 60_000 }, () => {
     assert.deepEqual((await Promise.all(calls)).map((reply) => reply[0]), [10, 2, 3]);
   });
 
-  test("a late resuming HELLO of the client's own takes the session from its next connection: the client resumes again, not taken", async () => {
+  /** A scripted client that resumed on its third connection, having given up its second with the resuming
+   * HELLO unanswered (a cut before the WELCOME: the server may still read that HELLO): `{client, next, first}`. */
+  async function resumedAfterAnUnansweredHello() {
     const { client, socket, first } = await scripted();
-    const call = client.request('c', Uint8Array.of(7));
-    let restarted = null;
-    client.on('restarted', (report) => { restarted = report; });
     socket.close();
     const unanswered = await ScriptedSocket.connection(first + 1);
     await unanswered.sentFrame(isHello);
-    unanswered.close();  // cut before the WELCOME: the server may still read that HELLO
+    unanswered.close();
     const resumed = nextEvent(client, 'resumed');
     const next = await ScriptedSocket.connection(first + 2);
     next.welcome((await next.sentFrame(isHello)).id, granted({ resumed: true, position: 0 }));
     await resumed;
+    return { client, next, first };
+  }
+
+  test("a late resuming HELLO of the client's own takes the session from its next connection: the client resumes again, not taken", async () => {
+    const { client, next, first } = await resumedAfterAnUnansweredHello();
+    const call = client.request('c', Uint8Array.of(7));
+    let restarted = null;
+    client.on('restarted', (report) => { restarted = report; });
     // The late HELLO reaches the server, which moves the session to that connection and tells this one.
     const resumedAgain = nextEvent(client, 'resumed');
     next.deliver({ type: FrameType.ERROR, id: 0, payload: jsonBytes({ code: 'session_taken', message: 'taken over' }) });
@@ -602,15 +609,7 @@ describe('sessions against a scripted server', { timeout: 60_000 }, () => {
   });
 
   test('a session_taken more than 10 s after the unanswered resume that might explain it is a theft: restarted (taken)', async () => {
-    const { client, socket, first } = await scripted();
-    socket.close();
-    const unanswered = await ScriptedSocket.connection(first + 1);
-    await unanswered.sentFrame(isHello);
-    unanswered.close();
-    const resumed = nextEvent(client, 'resumed');
-    const next = await ScriptedSocket.connection(first + 2);
-    next.welcome((await next.sentFrame(isHello)).id, granted({ resumed: true, position: 0 }));
-    await resumed;
+    const { client, next, first } = await resumedAfterAnUnansweredHello();
     const restarted = nextEvent(client, 'restarted');
     const realNow = Date.now;
     Date.now = () => realNow() + 11_000;  // past the window in which a late HELLO of its own explains it
