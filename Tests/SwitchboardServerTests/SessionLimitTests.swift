@@ -143,7 +143,7 @@ import SwitchboardWire
             try resumer.send(Frame(.hello, id: 3, payload: Array(#"{"session":{"token":"\#(token)","position":\#(position)}}"#.utf8)))
             let resumed = try await resumer.frame()
             #expect(try JSONText.parse(resumed.payload ?? [])["session"]?["resumed"] == true)
-            let forwarded = try await resumer.nextNonPing()
+            let forwarded = try await resumer.nextSkippingPingsAndPositions()
             #expect(forwarded.kind == .message && forwarded.channel == "held")
             try resumer.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
             #expect(try await caller.frame().envelope() == .success("done"))
@@ -166,10 +166,10 @@ import SwitchboardWire
                              .bytes + Frame(.ping, id: 4, payload: nil).bytes)
             let resumed = try await resumer.frame()
             #expect(try JSONText.parse(resumed.payload ?? [])["session"]?["resumed"] == true)
-            #expect(try await resumer.nextNonPing().kind == .pong)  // what followed the HELLO came along
+            #expect(try await resumer.nextSkippingPingsAndPositions().kind == .pong)  // what followed the HELLO came along
             let caller = try RawConnection(port: port)  // on loop i + 2
             try caller.send(.call(7, "moved", "work"))
-            let forwarded = try await resumer.nextNonPing()
+            let forwarded = try await resumer.nextSkippingPingsAndPositions()
             #expect(forwarded.kind == .message && forwarded.channel == "moved")
             try resumer.send(Frame(.reply, id: forwarded.id, payload: try StandardMethodCodec().encodeSuccessEnvelope("done")))
             #expect(try await caller.frame().envelope() == .success("done"))
