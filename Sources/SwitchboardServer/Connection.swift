@@ -459,7 +459,7 @@ final class Connection {
                 // The common call: its method entry lent unretained (holding it for the call cost a retain
                 // and a release). Sound: the route cache holds it strongly, and nothing replaces the cache
                 // while input is processed (this runs only then): lookups are made only by input
-                // processing, which does not nest; housekeeping's runs between turns; and a close while
+                // processing, which does not nest; housekeeping runs between turns; and a close while
                 // input is processed leaves the cache until processing ends (`releaseState`).
                 assert(isProcessingInput, "a frame handled outside input processing")
                 return unsafe method._withUnsafeGuaranteedRef {
