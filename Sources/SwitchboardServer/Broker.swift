@@ -291,7 +291,7 @@ extension ServerCore {
         }
         let payload: [UInt8]?
         switch input {
-        case .bytes(let bytes): payload = bytes.map(Array.init)
+        case .bytes(let bytes): return forward(registration, payload: bytes, request: request)
         case .call(let call):
             guard registration.kind != .message, let codec = registration.methodCodec else {
                 return request.answer(.error(.badRequest("\(registration.name) declared no method codec")))
@@ -307,11 +307,20 @@ extension ServerCore {
                 return request.answer(.error(.badPayload("\(error)")))
             }
         }
+        forward(registration, payload: payload?[...], request: request)
+    }
+
+    /// Forwards a binary request on a method or message channel that a client holds: its payload read in
+    /// place goes to the holder as it came. Routed by its caller's connection itself (see
+    /// ``Connection/relayCall(to:payload:origin:)``), the rest of ``routeToHolder(_:input:request:from:)``
+    /// having nothing to do for it.
+    func forwardBytes(_ registration: Registration, payload: ArraySlice<UInt8>?, request: PendingRequest) {
+        if revokeIfRefused(registration, epoch: pipeline.gateEpoch.value) { return request.answer(.notImplemented) }
         forward(registration, payload: payload, request: request)
     }
 
     /// Sends the request to the holder under a fresh id of its own, and relays its one answer back.
-    private func forward(_ registration: Registration, payload: [UInt8]?, request: PendingRequest,
+    private func forward(_ registration: Registration, payload: ArraySlice<UInt8>?, request: PendingRequest,
                          then: ((Result<[UInt8]?, InvokeError>) -> Void)? = nil) {
         stats.forwardedRequests += 1
         let holder = registration.holder
@@ -319,7 +328,7 @@ extension ServerCore {
             guard holder.sessionHasRoom(forFrameOf: Frame.headerSize + registration.name.utf8.count + (payload?.count ?? 0)) else {
                 return holder.countDroppedForSession("message")
             }
-            holder.writeFrame(.message, id: 0, channel: registration.name, payload: payload)
+            holder.writeFrame(.message, id: 0, channel: registration.name, copying: payload)
             return
         }
         // The holder's table of requests waiting for its REPLY holds the request (or `then`) only until the
@@ -394,7 +403,7 @@ extension ServerCore {
             guard waitsForHolder(request, from: caller, on: registration) else { return }
             registration.upstream = .starting([(caller, request, call.arguments)])
             let upstream = PendingRequest.detached(connectionID: registration.holder.id)
-            forward(registration, payload: payload, request: upstream) { [weak self, weak registration] result in
+            forward(registration, payload: payload[...], request: upstream) { [weak self, weak registration] result in
                 guard let self, let registration else { return }
                 self.holderAnswered(listen: result, registration: registration, events: events)
             }
@@ -494,7 +503,7 @@ extension ServerCore {
               case .active = registration.upstream else { return }
         registration.upstream = .idle
         guard let payload = try? events.codec.encodeMethodCall(MethodCall(method: "cancel", arguments: arguments)) else { return }
-        forward(registration, payload: payload, request: .detached(connectionID: registration.holder.id)) { _ in }
+        forward(registration, payload: payload[...], request: .detached(connectionID: registration.holder.id)) { _ in }
     }
 
     /// An event from the holder goes to every listener, encoded once per wire encoding.

@@ -89,11 +89,19 @@ struct RouteCache {
     /// a connection handles while it processes input (see ``Connection/handleMessage``), where nothing
     /// replaces the cache.
     let method: Unmanaged<MethodEntry>?
+    /// The registration ``route`` leads to, if it is of a method or message channel (whose binary
+    /// requests go to the holder as they came), unretained as ``method`` is.
+    let held: Unmanaged<Registration>?
 
     init(name: String = "", route: Route? = nil, version: Int = -1) {
         self.name = name
         self.route = route
         self.version = version
         method = if case .local(.method(let entry))? = route { unsafe Unmanaged.passUnretained(entry) } else { nil }
+        held = if case .held(let registration)? = route, registration.kind != .event {
+            unsafe Unmanaged.passUnretained(registration)
+        } else {
+            nil
+        }
     }
 }

@@ -455,16 +455,19 @@ final class Connection {
         if frame.id != 0, !admitsRequest(id: frame.id) { return }
         if plugins?.seesRequests != true {
             refreshRoute(named: frame.channel)
+            // The common calls, a local method's or a holder's: the method entry or registration is lent
+            // unretained (holding it for the call cost a retain and a release). Sound: the route cache
+            // holds it strongly, and nothing replaces the cache while input is processed (this runs only
+            // then): lookups are made only by input processing, which does not nest; housekeeping runs
+            // between turns; and a close while input is processed leaves the cache until processing ends
+            // (`releaseState`).
+            assert(isProcessingInput, "a frame handled outside input processing")
+            let origin: PendingRequest.Origin? = frame.id == 0 ? nil : .binary(id: frame.id)
             if let method = unsafe routeCache.method {
-                // The common call: its method entry lent unretained (holding it for the call cost a retain
-                // and a release). Sound: the route cache holds it strongly, and nothing replaces the cache
-                // while input is processed (this runs only then): lookups are made only by input
-                // processing, which does not nest; housekeeping runs between turns; and a close while
-                // input is processed leaves the cache until processing ends (`releaseState`).
-                assert(isProcessingInput, "a frame handled outside input processing")
-                return unsafe method._withUnsafeGuaranteedRef {
-                    dispatchCall(to: $0, payload: frame.payload, origin: frame.id == 0 ? nil : .binary(id: frame.id))
-                }
+                return unsafe method._withUnsafeGuaranteedRef { dispatchCall(to: $0, payload: frame.payload, origin: origin) }
+            }
+            if let held = unsafe routeCache.held {
+                return unsafe held._withUnsafeGuaranteedRef { relayCall(to: $0, payload: frame.payload, origin: origin) }
             }
         }
         let route = route(named: frame.channel)

@@ -33,9 +33,21 @@ extension Connection {
     }
 
     func writeFrame(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", payload: [UInt8]?) {
+        appendFrame { Frame.write(kind, id: id, channel: channel, payload: payload, to: &$0) }
+    }
+
+    /// ``writeFrame(_:id:channel:payload:)`` with a payload that is part of a larger buffer (a frame read
+    /// in place), copied from there.
+    func writeFrame(_ kind: Frame.Kind, id: UInt32 = 0, channel: String = "", copying payload: ArraySlice<UInt8>?) {
+        appendFrame { Frame.write(kind, id: id, channel: channel, copying: payload, to: &$0) }
+    }
+
+    /// Appends one frame (or line), which `write` puts at the end of the outbound bytes.
+    @inline(__always)
+    private func appendFrame(_ write: (inout [UInt8]) -> Void) {
         guard !isClosed else { return }
         var bytes = takeOutbound()
-        Frame.write(kind, id: id, channel: channel, payload: payload, to: &bytes)
+        write(&bytes)
         outbound.unflushedFrames += 1
         restoreOutbound(consume bytes)
         markDirty()
@@ -61,12 +73,7 @@ extension Connection {
     }
 
     func writeRaw(_ bytes: [UInt8]) {
-        guard !isClosed else { return }
-        var buffer = takeOutbound()
-        buffer.append(copying: bytes)
-        restoreOutbound(consume buffer)
-        outbound.unflushedFrames += 1
-        markDirty()
+        appendFrame { $0.append(copying: bytes) }
     }
 
     /// Writes an ERROR frame (or, in text mode, an error line with `textID`) that leaves the connection open.

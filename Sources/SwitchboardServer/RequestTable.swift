@@ -64,6 +64,21 @@ extension Connection {
         if origin != nil { settle(consume request) }  // moved: a copy (kept in debug builds) is never the spare
     }
 
+    /// Forwards a binary request on a method or message channel to the client holding it, with its
+    /// payload read in place: the common request to a holder, which skips the routing enum.
+    func relayCall(to registration: Registration, payload: ArraySlice<UInt8>?, origin: PendingRequest.Origin?) {
+        let request = makeRequest(origin, to: registration)
+        core.forwardBytes(registration, payload: payload, request: request)
+        if origin != nil { settle(consume request) }
+    }
+
+    /// A new request from this client to the holder of `registration`, counted as the channel's unless it
+    /// is the holder's own MESSAGE with id 0 on it (an event it sends).
+    func makeRequest(_ origin: PendingRequest.Origin?, to registration: Registration) -> PendingRequest {
+        if registration.holder !== self || origin != nil { registration.countRequest() }
+        return makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
+    }
+
     /// After a request's handler has run: an open request goes into the table of open requests; an
     /// answered one becomes the spare for the next request, unless its handler kept its `MethodResult`
     /// (which a later answer would then reach).
@@ -152,13 +167,7 @@ extension Connection {
         if let plugins, plugins.tracesRequests, let trace = request.trace {
             answer = plugins.filterAnswer(answer, trace: trace, codec: request.methodCodec?.codec, on: self)
         }
-        forget(request)
-        switch request.origin {
-        case .binary(let id): writeBinaryAnswer(answer, id: id)
-        case .text(let id, let kind): TextMode.writeAnswer(answer, id: id, kind: kind, on: self)
-        case .offWire: break
-        }
-        afterAnswer(request)
+        closeRequest(request, binary: { writeBinaryAnswer(answer, id: $0) }, text: { copy answer })
     }
 
     /// ``finish(_:with:)`` for a success envelope, the common answer, without wrapping the value in an
@@ -166,10 +175,25 @@ extension Connection {
     func finish(_ request: PendingRequest, success value: ChannelValue, codec: any MethodCodec) {
         guard !isClosing else { return }
         if plugins?.tracesRequests == true { return finish(request, with: .success(value, codec)) }
+        closeRequest(request, binary: { writeSuccess(value, codec: codec, id: $0) }, text: { .success(value, codec) })
+    }
+
+    /// ``finish(_:with:)`` for a binary request relayed to a holder, with the holder's REPLY payload read
+    /// in place: copied into the REPLY to this client, with no array of its own.
+    func finish(_ request: PendingRequest, replyCopying payload: ArraySlice<UInt8>?) {
+        guard !isClosing else { return }
+        if plugins?.tracesRequests == true { return finish(request, with: .messageBytes(payload.map(Array.init))) }
+        closeRequest(request, binary: { writeFrame(.reply, id: $0, copying: payload) }, text: { .messageBytes(payload.map(Array.init)) })
+    }
+
+    /// Takes an answered request out of the tables and writes its answer where its origin says: a binary
+    /// one by `binary` (given the id), a text one as `text` makes it.
+    @inline(__always)
+    private func closeRequest(_ request: PendingRequest, binary: (UInt32) -> Void, text: () -> Answer) {
         forget(request)
         switch request.origin {
-        case .binary(let id): writeSuccess(value, codec: codec, id: id)
-        case .text(let id, let kind): TextMode.writeAnswer(.success(value, codec), id: id, kind: kind, on: self)
+        case .binary(let id): binary(id)
+        case .text(let id, let kind): TextMode.writeAnswer(text(), id: id, kind: kind, on: self)
         case .offWire: break
         }
         afterAnswer(request)
@@ -250,6 +274,15 @@ extension Connection {
         /// nil for the server's own requests (`invokeMethod`, `send`).
         let registration: Registration?
 
+        /// Completes with the client's REPLY, read in place: a binary request relayed here gets it as it
+        /// came, with no array of its own.
+        consuming func complete(reply payload: ArraySlice<UInt8>?, core: ServerCore) {
+            if case .relay(let request) = waiter, request.takesReplyAsItCame {
+                return request.answer(replyCopying: payload)
+            }
+            complete(.success(payload.map(Array.init)), core: core)
+        }
+
         consuming func complete(_ result: Result<[UInt8]?, InvokeError>, core: ServerCore) {
             switch waiter {
             case .relay(let request): core.relay(result, of: registration, to: request)
@@ -262,9 +295,9 @@ extension Connection {
     /// answer. Returns the id used on this connection (nil if it could not be sent; `waiter` then got a
     /// failure).
     @discardableResult
-    func sendRequest(channel: String, payload: [UInt8]?, forwardedOn registration: Registration? = nil,
+    func sendRequest(channel: String, payload: ArraySlice<UInt8>?, forwardedOn registration: Registration? = nil,
                      waiter: consuming Outgoing.Waiter) -> UInt32? {
-        let request = Outgoing(waiter: waiter, registration: registration)
+        let request = Outgoing(waiter: consume waiter, registration: registration)  // moved: a copy cost a retain and a release
         guard mode == .binary, !isClosing else {
             request.complete(.failure(mode == .text ? .textClient : .disconnected), core: core)
             return nil
@@ -279,7 +312,7 @@ extension Connection {
         repeat { id &+= 1 } while id == 0
         var table: [UInt32: Outgoing] = [:]
         swap(&table, &requests.outgoing)
-        var displaced = table.updateValue(request, forKey: id)
+        var displaced = table.updateValue(consume request, forKey: id)
         while let inUse = displaced {
             let ours = table.updateValue(inUse, forKey: id)!
             repeat { id &+= 1 } while id == 0
@@ -287,7 +320,7 @@ extension Connection {
         }
         swap(&table, &requests.outgoing)
         requests.lastOutgoingID = id
-        writeFrame(.message, id: id, channel: channel, payload: payload)
+        writeFrame(.message, id: id, channel: channel, copying: payload)
         return id
     }
 
@@ -325,7 +358,7 @@ extension Connection {
 
     func handleReply(_ frame: FrameDecoder.View) {
         guard let waiting = withOutgoing({ $0.removeValue(forKey: frame.id) }) else { core.stats.ignoredFrames += 1; return }
-        waiting.complete(.success(frame.payload.map(Array.init)), core: core)
+        waiting.complete(reply: frame.payload, core: core)
     }
 
     /// Fails a server-initiated request still waiting for this client's REPLY.

@@ -206,6 +206,17 @@ final class PendingRequest {
         take()?.finish(self, with: answer)
     }
 
+    /// Whether a holder's REPLY answers the request as it came (``answer(replyCopying:)``): a binary
+    /// request of this loop's client (text ones get it decoded, and others' go back where they came from).
+    var takesReplyAsItCame: Bool { remoteAnswer == nil && !isText }
+
+    /// Answers a request relayed to a holder with the holder's REPLY payload, read in place: copied into
+    /// the requester's REPLY. Only where ``takesReplyAsItCame``.
+    func answer(replyCopying payload: ArraySlice<UInt8>?) {
+        assert(takesReplyAsItCame, "a holder's reply taken as it came by a request that decodes it")
+        take()?.finish(self, replyCopying: payload)
+    }
+
     /// Closes the request: the requester's connection for the first answer (nil once it has gone),
     /// nil for any later one.
     private func take() -> Connection? {

@@ -15,8 +15,7 @@ extension ServerCore {
         switch connection.route(named: name) {
         case .local(let local)?: entry = local
         case .held(let registration)?:
-            if registration.holder !== connection || origin != nil { registration.countRequest() }  // not its own events
-            let request = connection.makeRequest(origin, methodCodec: registration.kind == .method ? registration.sharedMethodCodec : nil)
+            let request = connection.makeRequest(origin, to: registration)
             routeToHolder(registration, input: input, request: request, from: .local(connection))
             return request
         case nil:
@@ -187,7 +186,7 @@ extension ServerCore {
     func sendRequest(to client: ClientID, channel: String, payload: [UInt8]?,
                      completion: @escaping (Result<[UInt8]?, InvokeError>) -> Void) {
         guard let connection = connections[client.rawValue] else { return completion(.failure(.disconnected)) }
-        connection.sendRequest(channel: channel, payload: payload, waiter: .completion(completion))
+        connection.sendRequest(channel: channel, payload: payload?[...], waiter: .completion(completion))
     }
 
     func countDrop(_ reason: String, count: Int = 1) {

@@ -61,11 +61,27 @@ public struct Frame: Equatable, Sendable {
     public static func write(
         _ kind: Kind, id: UInt32, channel: String, payload: [UInt8]?, to out: inout [UInt8]
     ) {
-        let channelLength = channel.utf8.count
-        appendHeader(kind, id: id, channelLength: channelLength, payloadLength: payload?.count ?? 0,
-                     flags: payload == nil ? nullPayloadFlag : 0, to: &out)
-        if channelLength > 0 { out.append(contentsOf: channel.utf8) }
+        appendHeaderAndChannel(kind, id: id, channel: channel, payloadLength: payload?.count, to: &out)
         if let payload { out.append(copying: payload) }
+    }
+
+    /// ``write(_:id:channel:payload:to:)`` with a payload that is part of a larger buffer, such as a
+    /// frame read in place: copied from there, with no array of its own.
+    public static func write(
+        _ kind: Kind, id: UInt32, channel: String, copying payload: ArraySlice<UInt8>?, to out: inout [UInt8]
+    ) {
+        appendHeaderAndChannel(kind, id: id, channel: channel, payloadLength: payload?.count, to: &out)
+        if let bytes = payload?.span { out.append(copying: bytes) }  // `if let payload` would retain the slice
+    }
+
+    /// The header and the channel name of a frame whose payload follows (nil length: NULL_PAYLOAD).
+    private static func appendHeaderAndChannel(
+        _ kind: Kind, id: UInt32, channel: String, payloadLength: Int?, to out: inout [UInt8]
+    ) {
+        let channelLength = channel.utf8.count
+        appendHeader(kind, id: id, channelLength: channelLength, payloadLength: payloadLength ?? 0,
+                     flags: payloadLength == nil ? nullPayloadFlag : 0, to: &out)
+        if channelLength > 0 { out.append(contentsOf: channel.utf8) }
     }
 
     /// Appends a header whose length is left open, for a payload written in place after it; returns
