@@ -74,7 +74,7 @@ measure() {
 }
 
 # measured_table NAME…: the medians of $WORK/results as a table, with the first server's rate as a ratio
-# to each other's.
+# to each other's (— where a server did not run a workload).
 measured_table() {
     python3 - "$WORK/results" "$@" <<'PY'
 import json, statistics, sys
@@ -87,11 +87,13 @@ for workload in dict.fromkeys(r["workload"] for r in rows):
     def median(name, key):
         values = [r[key] for r in rows if r["workload"] == workload and r["server"] == name and r[key] is not None]
         return statistics.median(values) if values else float("nan")
+    def shown(value, form):
+        return "—" if value != value else format(value, form)  # NaN: not run
     rates = [median(n, "rate") for n in names]
-    print(f"| {workload} | " + " | ".join(f"{r:,.0f}" for r in rates) + " | "
-          + " | ".join(f"{rates[0] / r:.3f}×" for r in rates[1:]) + " | "
-          + ", ".join(f"{median(n, 'cpuMicros'):.3f}" for n in names) + " | "
-          + ", ".join(f"{median(n, 'p99'):,.0f}" for n in names) + " |")
+    print(f"| {workload} | " + " | ".join(shown(r, ",.0f") for r in rates) + " | "
+          + " | ".join(shown(rates[0] / r, ".3f") + ("×" if r == r else "") for r in rates[1:]) + " | "
+          + ", ".join(shown(median(n, "cpuMicros"), ".3f") for n in names) + " | "
+          + ", ".join(shown(median(n, "p99"), ",.0f") for n in names) + " |")
 PY
 }
 
