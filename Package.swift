@@ -132,7 +132,7 @@ let package = Package(
         .executableTarget(name: "ClientExample", dependencies: ["SwitchboardClient"], path: "Examples/ClientExample"),
         .testTarget(
             name: "SwitchboardCodecTests",
-            dependencies: ["SwitchboardCodec", .product(name: "PropertyBased", package: "swift-property-based")]
+            dependencies: ["SwitchboardCodec", "SwitchboardTesting", .product(name: "PropertyBased", package: "swift-property-based")]
         ),
         .testTarget(name: "SwitchboardWireTests", dependencies: ["SwitchboardWire", "SwitchboardCodec"]),
         .testTarget(name: "SwitchboardTransportTests", dependencies: ["SwitchboardTransport", "SwitchboardTesting"]),

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import Synchronization
+import SwitchboardTesting
 import SwitchboardTransport
 import SwitchboardWire
 
@@ -19,7 +20,7 @@ final class CuttingProxy: Sendable {
     private let shared: Mutex<Shared>
 
     private struct Shared {
-        var random: SplitMix64
+        var random: SeededRandom
         var target: Int
         var cutsLeft: Int
         var budget: ClosedRange<Int>
@@ -83,7 +84,7 @@ final class CuttingProxy: Sendable {
         self.seed = seed
         (listener, port) = try listenOnLoopback()
         let listener = self.listener
-        shared = Mutex(Shared(random: SplitMix64(seed: seed), target: target, cutsLeft: cuts, budget: budget))
+        shared = Mutex(Shared(random: SeededRandom(seed: seed), target: target, cutsLeft: cuts, budget: budget))
         startThread { [self] in acceptLoop(listener) }
     }
 
@@ -233,18 +234,6 @@ final class CuttingProxy: Sendable {
     }
 }
 
-/// A small seeded generator (SplitMix64), so that a failing run's cuts can be made again.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// A listening socket on 127.0.0.1 and a free port.
 func listenOnLoopback() throws -> (Int32, Int) {

@@ -1,4 +1,5 @@
 import PropertyBased
+import SwitchboardTesting
 import Testing
 @testable import SwitchboardCodec
 
@@ -16,7 +17,7 @@ private func generalDecode(_ payload: [UInt8]) -> MethodCall? {
     /// (the general reader then decides) but never accept one the general reader refuses.
     @Test func agreesWithTheGeneralReaderOnCallsAndOnMutatedBytes() async {
         await propertyCheck(count: 500, input: Gen.uint64()) { seed throws in
-            var rng = SeededRandom(state: seed)
+            var rng = SeededRandom(seed: seed)
             let arguments = randomValue(&rng)
             let method = Bool.random(using: &rng) ? "echo" : String(repeating: "m", count: Int.random(in: 0...300, using: &rng))
             var payload = try StandardMethodCodec().encodeMethodCall(MethodCall(method: method, arguments: arguments))
