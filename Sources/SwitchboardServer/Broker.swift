@@ -310,17 +310,8 @@ extension ServerCore {
         forward(registration, payload: payload?[...], request: request)
     }
 
-    /// Forwards a binary request on a method or message channel that a client holds: its payload read in
-    /// place goes to the holder as it came. Routed by its caller's connection itself (see
-    /// ``Connection/relayCall(to:payload:origin:)``), the rest of ``routeToHolder(_:input:request:from:)``
-    /// having nothing to do for it.
-    func forwardBytes(_ registration: Registration, payload: ArraySlice<UInt8>?, request: PendingRequest) {
-        if revokeIfRefused(registration, epoch: pipeline.gateEpoch.value) { return request.answer(.notImplemented) }
-        forward(registration, payload: payload, request: request)
-    }
-
     /// Sends the request to the holder under a fresh id of its own, and relays its one answer back.
-    private func forward(_ registration: Registration, payload: ArraySlice<UInt8>?, request: PendingRequest,
+    func forward(_ registration: Registration, payload: ArraySlice<UInt8>?, request: PendingRequest,
                          then: ((Result<[UInt8]?, InvokeError>) -> Void)? = nil) {
         stats.forwardedRequests += 1
         let holder = registration.holder

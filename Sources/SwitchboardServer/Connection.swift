@@ -460,8 +460,8 @@ final class Connection {
             // holds it strongly, and nothing replaces the cache while input is processed (this runs only
             // then): lookups are made only by input processing, which does not nest; housekeeping runs
             // between turns; and a close while input is processed leaves the cache until processing ends
-            // (`releaseState`).
-            assert(isProcessingInput, "a frame handled outside input processing")
+            // (`releaseState`). Checked in release builds too: a frame handled otherwise would be a use after free.
+            precondition(isProcessingInput, "a frame handled outside input processing")
             let origin: PendingRequest.Origin? = frame.id == 0 ? nil : .binary(id: frame.id)
             if let method = unsafe routeCache.method {
                 return unsafe method._withUnsafeGuaranteedRef { dispatchCall(to: $0, payload: frame.payload, origin: origin) }

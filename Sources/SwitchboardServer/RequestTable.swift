@@ -65,10 +65,13 @@ extension Connection {
     }
 
     /// Forwards a binary request on a method or message channel to the client holding it, with its
-    /// payload read in place: the common request to a holder, which skips the routing enum.
+    /// payload read in place: the common request to a holder, which skips the routing enum and the rest
+    /// of ``ServerCore/routeToHolder(_:input:request:from:)``. For a connection whose plugins see no
+    /// requests only: with no gate loaded, no reload can have taken the channel from its holder
+    /// (``ServerCore/revokeIfRefused(_:epoch:)`` finds no refusal).
     func relayCall(to registration: Registration, payload: ArraySlice<UInt8>?, origin: PendingRequest.Origin?) {
         let request = makeRequest(origin, to: registration)
-        core.forwardBytes(registration, payload: payload, request: request)
+        core.forward(registration, payload: payload, request: request)
         if origin != nil { settle(consume request) }
     }
 
