@@ -38,7 +38,6 @@ final class SlowHolder: Sendable {
             await untilCancelled()
             counts.cancelled.withLock { $0 += 1 }
             throw CancellationError()
-            return "late"
         }
     }
 
