@@ -23,12 +23,14 @@ struct OutboundBuffer {
 extension Connection {
     // MARK: Output
 
-    /// Links the connection into the server's dirty list, once until the list is flushed.
+    /// Links the connection into the server's dirty list, once until the list is flushed. The old head is
+    /// moved, not copied, into the link: copying it cost a retain and a release per loop turn.
     func markDirty() {
         if !outbound.isDirty {
             outbound.isDirty = true
-            outbound.nextDirty = core.firstDirty
-            core.firstDirty = self
+            var link: Connection? = self
+            swap(&link, &core.firstDirty)
+            outbound.nextDirty = consume link
         }
     }
 

@@ -413,14 +413,15 @@ final class ServerCore {
 
     private func flushDirty() {
         var rounds = 0
-        while let first = firstDirty, rounds < 8 {
-            firstDirty = nil  // output made while flushing starts the next round
+        while firstDirty != nil, rounds < 8 {
+            // The list taken whole: output made while flushing starts the next round. Its links are moved
+            // out (`take`, `swap`), so each connection costs the one release of the list's reference.
+            var next: Connection? = nil
+            swap(&next, &firstDirty)
             // Newest first (as Redis does): a request's reply is made after the output it caused (a room
             // post's broadcast), so its sender can send again while the other connections are written.
-            var next: Connection? = first
-            while let connection = next {
-                next = connection.outbound.nextDirty
-                connection.outbound.nextDirty = nil
+            while let connection = next.take() {
+                swap(&next, &connection.outbound.nextDirty)
                 connection.outbound.isDirty = false  // here, not in flush(): marked means linked
                 connection.flush()
             }
