@@ -305,8 +305,9 @@ final class AsyncWakeup: LoopResource {
         super.init(type: UV_ASYNC)
         let async = raw.assumingMemoryBound(to: uv_async_t.self)
         let rc = uv_async_init(loop.loop, async) { async in
-            guard let owner = LoopResource.owner(UnsafeMutableRawPointer(async), as: AsyncWakeup.self) else { return }
-            for job in owner.handleRef.takeJobs() { job() }
+            LoopResource.withOwner(UnsafeMutableRawPointer(async), as: AsyncWakeup.self) { owner in
+                for job in owner.handleRef.takeJobs() { job() }
+            }
         }
         guard rc == 0 else { discard(); throw UVError(code: rc, operation: "uv_async_init") }
         adopt()

@@ -40,10 +40,14 @@ public class LoopResource {
         }
     }
 
-    /// The owner of a handle from a callback (unretained: libuv's +1 keeps it alive).
-    static func owner<T: LoopResource>(_ handle: UnsafeMutableRawPointer?, as: T.Type) -> T? {
-        guard let handle, let data = handle.assumingMemoryBound(to: uv_handle_t.self).pointee.data else { return nil }
-        return Unmanaged<LoopResource>.fromOpaque(data).takeUnretainedValue() as? T
+    /// Runs `body` with the owner of a handle, from one of the handle's callbacks, lent without a retain
+    /// (holding it cost a retain and a release per callback: per read, and per loop turn). Sound: libuv's
+    /// +1 keeps the owner alive until the close callback, which libuv runs in its close phase, after the
+    /// callback that closed the handle has returned; and only the owner, of type `T`, installs the
+    /// handle's callbacks and its `data`.
+    static func withOwner<T: LoopResource>(_ handle: UnsafeMutableRawPointer?, as: T.Type, _ body: (T) -> Void) {
+        guard let handle, let data = handle.assumingMemoryBound(to: uv_handle_t.self).pointee.data else { return }
+        Unmanaged<T>.fromOpaque(data)._withUnsafeGuaranteedRef(body)
     }
 }
 
@@ -68,7 +72,7 @@ public final class Timer: LoopResource {
         callback = body
         if let manualClock { return manualClock.schedule(self, after: milliseconds, repeat: repeatMilliseconds) }
         uv_timer_start(raw.assumingMemoryBound(to: uv_timer_t.self), { timer in
-            LoopResource.owner(UnsafeMutableRawPointer(timer), as: Timer.self)?.callback?()
+            LoopResource.withOwner(UnsafeMutableRawPointer(timer), as: Timer.self) { $0.callback?() }
         }, milliseconds, repeatMilliseconds)
     }
 
@@ -104,7 +108,7 @@ public final class BeforeSleep: LoopResource {
         adopt()
         callback = body
         uv_prepare_start(prepare) { prepare in
-            LoopResource.owner(UnsafeMutableRawPointer(prepare), as: BeforeSleep.self)?.callback?()
+            LoopResource.withOwner(UnsafeMutableRawPointer(prepare), as: BeforeSleep.self) { $0.callback?() }
         }
         uv_unref(handle)  // never keeps the loop alive by itself
     }
@@ -128,7 +132,7 @@ public final class SignalWatcher: LoopResource {
         adopt()
         callback = body
         let started = uv_signal_start(watcher, { watcher, _ in
-            LoopResource.owner(UnsafeMutableRawPointer(watcher), as: SignalWatcher.self)?.callback?()
+            LoopResource.withOwner(UnsafeMutableRawPointer(watcher), as: SignalWatcher.self) { $0.callback?() }
         }, signal)
         if started < 0 { close(); throw UVError(code: started, operation: "uv_signal_start") }
         uv_unref(handle)

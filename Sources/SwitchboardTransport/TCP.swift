@@ -37,12 +37,10 @@ public final class TCPListener: LoopResource {
             let address = try AddressResolver.resolveNow(loop: loop, host: host, port: port)[0]
             try UVError.check(address.withSockaddr { uv_tcp_bind(tcp, $0, 0) }, "listen on \(address)")
             try UVError.check(uv_listen(stream, backlog) { server, status in
-                guard let listener = LoopResource.owner(UnsafeMutableRawPointer(server), as: TCPListener.self) else { return }
-                guard status == 0 else {
-                    listener.onAcceptError?(UVError(code: status, operation: "accept"))
-                    return
+                LoopResource.withOwner(UnsafeMutableRawPointer(server), as: TCPListener.self) { listener in
+                    guard status == 0 else { return listener.onAcceptError?(UVError(code: status, operation: "accept")) ?? () }
+                    listener.acceptOne()
                 }
-                listener.acceptOne()
             }, "listen on \(address)")
         } catch {
             close()
@@ -154,16 +152,18 @@ public final class TCPConnection: LoopResource, Transport {
         let rc = address.withSockaddr { address in
             uv_tcp_connect(request, connection.raw.assumingMemoryBound(to: uv_tcp_t.self), address) { request, status in
                 guard let request else { return }
-                let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
+                let handle = request.pointee.handle
                 request.deallocate()
-                guard let connection, let completion = connection.connectCompletion else { return }
-                connection.connectCompletion = nil
-                if status < 0 {
-                    connection.close()
-                    completion(.failure(UVError(code: status, operation: "uv_tcp_connect")))
-                } else {
-                    connection.didConnect()
-                    completion(.success(connection))
+                LoopResource.withOwner(UnsafeMutableRawPointer(handle), as: TCPConnection.self) { connection in
+                    guard let completion = connection.connectCompletion else { return }
+                    connection.connectCompletion = nil
+                    if status < 0 {
+                        connection.close()
+                        completion(.failure(UVError(code: status, operation: "uv_tcp_connect")))
+                    } else {
+                        connection.didConnect()
+                        completion(.success(connection))
+                    }
                 }
             }
         }
@@ -234,12 +234,11 @@ public final class TCPConnection: LoopResource, Transport {
         isReading = true
         let rc = uv_read_start(stream, { handle, _, buf in
             guard let handle, let loop = handle.pointee.loop, let owner = loop.pointee.data else { return }
-            let eventLoop = Unmanaged<EventLoop>.fromOpaque(owner).takeUnretainedValue()
-            buf!.pointee = uv_buf_init(eventLoop.readBuffer.assumingMemoryBound(to: CChar.self),
-                                       UInt32(EventLoop.readBufferSize))
+            // Lent, not retained: the event loop runs this callback from its own `run`, which holds it.
+            let readBuffer = Unmanaged<EventLoop>.fromOpaque(owner)._withUnsafeGuaranteedRef { $0.readBuffer }
+            buf!.pointee = uv_buf_init(readBuffer.assumingMemoryBound(to: CChar.self), UInt32(EventLoop.readBufferSize))
         }, { stream, nread, buf in
-            guard let connection = LoopResource.owner(UnsafeMutableRawPointer(stream), as: TCPConnection.self) else { return }
-            connection.didRead(nread, buf!.pointee.base)
+            LoopResource.withOwner(UnsafeMutableRawPointer(stream), as: TCPConnection.self) { $0.didRead(nread, buf!.pointee.base) }
         })
         if rc < 0 {
             isReading = false
@@ -303,14 +302,15 @@ public final class TCPConnection: LoopResource, Transport {
         let rc = uv_write(request, stream, &buf, 1) { request, status in
             guard let request else { return }
             let count = Int(bitPattern: request.pointee.data)
-            let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
+            let handle = request.pointee.handle
             UnsafeMutableRawPointer(request).deallocate()
-            guard let connection else { return }
-            connection.writeQueueBytes -= count
-            if status < 0 {
-                if status != UV_ECANCELED.rawValue { connection.handler?(.closed(UVError(code: status, operation: "write"))) }
-            } else if connection.writeQueueBytes == 0 {
-                connection.handler?(.drained)
+            LoopResource.withOwner(UnsafeMutableRawPointer(handle), as: TCPConnection.self) { connection in
+                connection.writeQueueBytes -= count
+                if status < 0 {
+                    if status != UV_ECANCELED.rawValue { connection.handler?(.closed(UVError(code: status, operation: "write"))) }
+                } else if connection.writeQueueBytes == 0 {
+                    connection.handler?(.drained)
+                }
             }
         }
         if rc < 0 {  // the callback will never run: release now
@@ -346,11 +346,12 @@ public final class TCPConnection: LoopResource, Transport {
         request.initialize(to: uv_shutdown_t())
         let rc = uv_shutdown(request, stream) { request, _ in
             guard let request else { return }
-            let connection = LoopResource.owner(UnsafeMutableRawPointer(request.pointee.handle), as: TCPConnection.self)
+            let handle = request.pointee.handle
             request.deallocate()
-            guard let connection else { return }
-            connection.shutdownDone = true
-            if connection.peerFinished { connection.finishClosing() }
+            LoopResource.withOwner(UnsafeMutableRawPointer(handle), as: TCPConnection.self) { connection in
+                connection.shutdownDone = true
+                if connection.peerFinished { connection.finishClosing() }
+            }
         }
         if rc < 0 {
             request.deallocate()
