@@ -47,6 +47,7 @@ public class LoopResource {
     /// handle's callbacks and its `data`.
     static func withOwner<T: LoopResource>(_ handle: UnsafeMutableRawPointer?, as: T.Type, _ body: (T) -> Void) {
         guard let handle, let data = handle.assumingMemoryBound(to: uv_handle_t.self).pointee.data else { return }
+        assert(Unmanaged<LoopResource>.fromOpaque(data).takeUnretainedValue() is T, "a handle's callback named another owner type")
         Unmanaged<T>.fromOpaque(data)._withUnsafeGuaranteedRef(body)
     }
 }
