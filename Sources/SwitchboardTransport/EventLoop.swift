@@ -20,6 +20,8 @@ public final class EventLoop {
     private var wakeup: AsyncWakeup!
     /// Set once the loop and its memory are gone (after ``run()``, or in `deinit` for a loop never run).
     private var isTornDown = false
+    /// Whether libuv is running the loop on its thread now (see ``runLibUV(_:)``).
+    private var isInsideLibUV = false
     /// Where ``now`` reads the time: libuv's cached clock (`uv_loop_t.time`, the field `uv_now` returns),
     /// or a ``ManualClock``'s. Two loads and no branch: cheaper than calling `uv_now`, and the same for
     /// either clock.
@@ -94,7 +96,7 @@ public final class EventLoop {
         precondition(manualClock == nil, "EventLoop.run: a loop with a manual clock is driven by runOnce()")
         handle.markLoopThread()
         for job in handle.takeJobs() { job() }  // what was set up before the loop ran comes before any I/O
-        uv_run(loop, UV_RUN_DEFAULT)
+        runLibUV(UV_RUN_DEFAULT)
         tearDown(beforeClosing: beforeClosing)
         handle.markFinished()
     }
@@ -107,7 +109,16 @@ public final class EventLoop {
         if !handle.hasStarted { handle.markLoopThread() }
         for job in handle.takeJobs() { job() }
         manualClock?.fireDueTimers()
-        uv_run(loop, UV_RUN_NOWAIT)
+        runLibUV(UV_RUN_NOWAIT)
+    }
+
+    /// Runs libuv's loop. Never from inside one of its callbacks: a nested run would call close callbacks
+    /// early, freeing a handle's owner that the outer callback holds lent (``LoopResource/withOwner(_:as:_:)``).
+    private func runLibUV(_ mode: uv_run_mode) {
+        precondition(!isInsideLibUV, "EventLoop: the loop was run again from inside one of its own callbacks")
+        isInsideLibUV = true
+        defer { isInsideLibUV = false }
+        uv_run(loop, mode)
     }
 
     /// Ends a loop driven by ``runOnce()`` (or one that never ran): runs the jobs still accepted, then
@@ -124,6 +135,7 @@ public final class EventLoop {
     /// Closes the door to new jobs, runs the ones already accepted (``LoopHandle/execute(_:)`` promised
     /// they would run), closes every handle, lets their close callbacks run, and frees the loop.
     private func tearDown(beforeClosing: () -> Void = {}) {
+        precondition(!isInsideLibUV, "EventLoop: the loop was ended from inside one of its own callbacks")
         isTornDown = true
         for job in handle.shutDown() { job() }
         beforeClosing()
@@ -134,7 +146,7 @@ public final class EventLoop {
                 guard let handle, let data = handle.pointee.data else { return }
                 Unmanaged<LoopResource>.fromOpaque(data).takeUnretainedValue().close()
             }, nil)
-            uv_run(loop, UV_RUN_DEFAULT)  // lets every close callback (and cancelled request callback) run
+            runLibUV(UV_RUN_DEFAULT)  // lets every close callback (and cancelled request callback) run
             rc = uv_loop_close(loop)
             if rc != UV_EBUSY.rawValue { break }
         }
