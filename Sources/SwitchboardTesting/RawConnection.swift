@@ -125,19 +125,16 @@ public final class RawConnection {
     }
 
     /// The next frame that is not a PING.
-    public func nextNonPing() async throws -> Frame {
-        while true {
-            let f = try await frame()
-            if f.kind != .ping { return f }
-        }
-    }
+    public func nextNonPing() async throws -> Frame { try await next(skipping: [.ping]) }
 
     /// The next frame that is neither a PING nor a POSITION: on a session, the server's POSITION comes
     /// when its acknowledgement is due (after ackMs), which a slow test can reach between any two frames.
-    public func nextSkippingPingsAndPositions() async throws -> Frame {
+    public func nextSkippingPingsAndPositions() async throws -> Frame { try await next(skipping: [.ping, .position]) }
+
+    private func next(skipping kinds: [Frame.Kind]) async throws -> Frame {
         while true {
             let f = try await frame()
-            if f.kind != .ping, f.kind != .position { return f }
+            if !kinds.contains(f.kind) { return f }
         }
     }
 

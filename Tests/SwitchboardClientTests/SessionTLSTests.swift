@@ -100,7 +100,6 @@ final class RawTLSConnection {
         return frames
     }
 
-    /// The next frame that is not a PING.
     /// The next frame that is neither a PING nor a POSITION (which comes when the server's
     /// acknowledgement is due, after ackMs, whenever the test is slow).
     func nextSkippingPingsAndPositions() throws -> Frame {
