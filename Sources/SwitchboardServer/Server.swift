@@ -31,6 +31,9 @@ public final class Server: Sendable {
     public init(configuration: ServerConfiguration = ServerConfiguration(),
                 logger: Logger = Logger(label: "switchboard")) throws(UVError) {
         precondition(configuration.loops >= 1, "a server runs at least one loop")
+        // As documented (and as `serve --max-frame` checks): a frame forwarded to a holder adds its channel
+        // name (up to 64 KiB) to a payload of up to this, and its length must still fit the header's 32 bits.
+        precondition(configuration.maxFrame <= 1 << 30, "maxFrame is at most 1 GiB")
         self.configuration = configuration
         var cores: [ServerCore] = []
         let quota = ConnectionQuota(configuration)
