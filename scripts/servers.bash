@@ -51,13 +51,14 @@ cpu_ticks() { local pid total=0; for pid in $1; do total=$(( total + $(awk '{pri
 # background (through "${PINNED[@]}"), and calls measure for each server, round by round.
 PINNED=(taskset -c "$(( $(nproc) - 1 ))")
 
-# measure NAME TARGET WORKLOAD-ARGS…: one run of `bench WORKLOAD-ARGS… --target TARGET` (switchboard or
-# redis) against a fresh server NAME; appends a JSON line (server, workload, rate, p99, and the server's
+# measure NAME WORKLOAD-ARGS…: one run of `bench WORKLOAD-ARGS…` against a fresh server NAME (spoken to
+# as Redis when NAME is redis, else as Switchboard); appends a JSON line (server, workload, rate, p99, and the server's
 # CPU time per operation over the middle of the run, which holds where the server may not get its core)
 # to $WORK/results.
 measure() {
-    local name=$1 target=$2; shift 2
-    local port pid bench before ticks
+    local name=$1; shift
+    local port pid bench before ticks target=switchboard
+    [ "$name" = redis ] && target=redis
     port=$(free_port)
     serve "$name" "$port"
     pid=$!
